@@ -1,0 +1,167 @@
+"""The command line of CONTRACT section 2: run, validate, demo, diagram, policy.
+
+Bad input never shows a traceback: it ends with exit status 2 and one line on stderr
+naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+PROG = "flash-bootstrap"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{PROG}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Bootstrap one training attempt on a GPU host.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run one attempt (the container entrypoint)")
+    run.add_argument("--payload", help="payload file [FLASH_PAYLOAD_PATH, /root/flash/payload.json]")
+    run.add_argument("--store", help="file:///abs/dir for a local store [FLASH_STORE, the Hub]")
+    run.add_argument("--code-root", help="where code/** is fetched [FLASH_CODE_ROOT, /runcode]")
+    run.add_argument("--scratch-dir", help="console, spec and marker copies [FLASH_SCRATCH_DIR, /tmp]")
+
+    demo = sub.add_parser("demo", help="run a real attempt on a temporary local store")
+    from fsm.demo import SCENARIOS  # light: names only
+
+    demo.add_argument("--scenario", default="success", choices=sorted(SCENARIOS))
+    demo.add_argument("--keep", metavar="DIR", help="lay the demo out in DIR and keep it")
+
+    validate = sub.add_parser("validate", help="check a payload against the contract")
+    validate.add_argument("payload")
+
+    diagram = sub.add_parser("diagram", help="draw the machine")
+    diagram.add_argument("--format", default="mermaid", choices=["mermaid", "dot", "svg", "png"])
+    diagram.add_argument("-o", "--output", metavar="FILE")
+    diagram.add_argument("--marker", metavar="MARKER_JSON", help="highlight one attempt's path")
+
+    sub.add_parser("policy", help="print the failure-classification table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command: str = args.command
+    try:
+        if command == "run":
+            return _run(args)
+        if command == "validate":
+            return _validate(Path(args.payload))
+        if command == "demo":
+            from fsm.demo import run_demo
+
+            return run_demo(args.scenario, keep=Path(args.keep) if args.keep else None)
+        if command == "diagram":
+            return _diagram(args)
+        if command == "policy":
+            from fsm.policy import render_table
+
+            print(render_table())
+            return 0
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    raise AssertionError(command)  # pragma: no cover - argparse restricts the choices
+
+
+def _say(line: str) -> None:
+    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fsm import log
+    from fsm.context import Settings
+    from fsm.runner import run_attempt
+
+    log.configure()
+    settings = Settings.resolve(
+        os.environ,
+        payload=args.payload,
+        store=args.store,
+        code_root=args.code_root,
+        scratch_dir=args.scratch_dir,
+    )
+    if settings.store_url is not None:
+        problem = _store_url_problem(settings.store_url)
+        if problem:
+            _say(problem)
+            return 2
+    _prepare_transfer()
+    outcome = run_attempt(settings)
+    _say(outcome.reason)
+    return outcome.exit_code
+
+
+def _store_url_problem(url: str) -> str | None:
+    if url.startswith("file://"):
+        if not url.startswith("file:///"):
+            return f"--store {url!r}: a local store is file:///absolute/dir"
+        return None
+    if url.startswith(("http://", "https://")):
+        return None
+    return f"--store {url!r}: expected file:///abs/dir or an http(s) Hub endpoint"
+
+
+def _prepare_transfer() -> None:
+    """Switch the fast-transfer accelerator on before huggingface_hub is first imported."""
+    try:
+        from fsm.store.hub import configure_transfer
+    except ImportError:  # pragma: no cover - the Hub adapter ships with the package
+        return
+    configure_transfer(os.environ)
+
+
+def _validate(path: Path) -> int:
+    from fsm.errors import PayloadError
+    from fsm.payload import load
+
+    try:
+        payload = load(path)
+    except PayloadError as exc:
+        _say(f"payload unusable: {exc}")
+        return 2
+    print(
+        json.dumps(
+            {
+                "valid": True,
+                "mode": payload.mode,
+                "marker": payload.dest.path(payload.dest.marker_name),
+                "hf_repo": payload.dest.hf_repo,
+            }
+        )
+    )
+    return 0
+
+
+def _diagram(args: argparse.Namespace) -> int:
+    from fsm import diagram
+
+    marker = None
+    if args.marker:
+        try:
+            marker = json.loads(Path(args.marker).read_text())
+        except (OSError, ValueError) as exc:
+            _say(f"--marker {args.marker}: not a readable JSON marker ({exc})")
+            return 2
+    try:
+        data = diagram.render(args.format, marker=marker)
+    except diagram.DiagramUnavailable as exc:
+        _say(str(exc))
+        return 2
+    if args.output:
+        Path(args.output).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0

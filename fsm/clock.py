@@ -1,0 +1,51 @@
+"""Time: one deadline for the whole attempt, measured on the monotonic clock.
+
+The payload speaks wall-clock epoch seconds (``deadline_at``); everything inside the
+runner measures against ``time.monotonic`` so a clock step on the host cannot stretch
+or shrink the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An absolute deadline, anchored on both clocks when it is created."""
+
+    at: float  # epoch seconds
+    _mono_at: float = field(repr=False, compare=False)
+
+    @classmethod
+    def at_epoch(cls, at: float) -> Deadline:
+        return cls(at=at, _mono_at=time.monotonic() + (at - time.time()))
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls.at_epoch(time.time() + seconds)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        return cls(at=float("inf"), _mono_at=float("inf"))
+
+    @property
+    def mono_at(self) -> float:
+        """The deadline on the ``time.monotonic`` clock."""
+        return self._mono_at
+
+    def remaining(self) -> float:
+        """Seconds left; negative once passed."""
+        return self._mono_at - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def earlier_by(self, seconds: float) -> Deadline:
+        """The same deadline moved ``seconds`` earlier (the worker's share of the budget)."""
+        return Deadline(at=self.at - seconds, _mono_at=self._mono_at - seconds)
+
+    def bound(self, seconds: float) -> float:
+        """``seconds``, cut so that it never reaches past this deadline (never below 0)."""
+        return max(0.0, min(seconds, self.remaining()))

@@ -1,0 +1,200 @@
+"""What every state handler receives: the run's settings, collaborators and findings.
+
+Handlers get their store, clock and process machinery from here, so tests hand in real
+local ones instead of patching modules. The context carries data between states; it
+never decides where the machine goes next (handlers return events for that).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsm.clock import Deadline
+from fsm.errors import Interrupted
+from fsm.interrupt import InterruptFlag
+from fsm.marker import Publisher
+from fsm.payload import Destination, Payload
+from fsm.redact import Redactor
+from fsm.store.base import Store
+
+if TYPE_CHECKING:
+    from fsm.supervise import WorkerExit
+
+StoreFactory = Callable[[Destination, Deadline], Store]
+
+_FALSY = ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where things are: from the command line, else the environment, else defaults."""
+
+    payload_path: Path = Path("/root/flash/payload.json")
+    store_url: str | None = None
+    code_root: Path = Path("/runcode")
+    scratch_dir: Path = Path("/tmp")
+
+    @classmethod
+    def resolve(
+        cls,
+        environ: Mapping[str, str],
+        *,
+        payload: str | None = None,
+        store: str | None = None,
+        code_root: str | None = None,
+        scratch_dir: str | None = None,
+    ) -> Settings:
+        def pick(arg: str | None, var: str, default: str) -> str:
+            return arg or environ.get(var) or default
+
+        return cls(
+            payload_path=Path(pick(payload, "FLASH_PAYLOAD_PATH", "/root/flash/payload.json")),
+            store_url=store or environ.get("FLASH_STORE") or None,
+            code_root=Path(pick(code_root, "FLASH_CODE_ROOT", "/runcode")),
+            scratch_dir=Path(pick(scratch_dir, "FLASH_SCRATCH_DIR", "/tmp")),
+        )
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs read from the runner's environment merged with the payload's env."""
+
+    upload_console: bool = False
+    console_upload_interval_s: float = 30.0
+    secret_keys: tuple[str, ...] = ()
+    stop_grace_s: float = 10.0
+    exit_reserve_s: float | None = None  # None: derived from the budget
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Tuning:
+        return cls(
+            upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
+            console_upload_interval_s=max(
+                5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"), 30.0)
+            ),
+            secret_keys=tuple(
+                k.strip() for k in env.get("FLASH_SECRET_ENV_KEYS", "").split(",") if k.strip()
+            ),
+            stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
+            exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
+        )
+
+    def reserve_for(self, budget_s: float) -> float:
+        """Seconds kept back from the worker for the tail, the verification and the marker."""
+        if self.exit_reserve_s is not None:
+            return max(0.0, self.exit_reserve_s)
+        return min(60.0, max(1.0, budget_s * 0.1))
+
+
+def _float(value: str | None, default: Any) -> Any:
+    try:
+        return float(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the attempt failed: what Mark publishes."""
+
+    rule: str
+    retriable: bool
+    message: str
+    state: str
+
+
+@dataclass
+class Context:
+    settings: Settings
+    environ: Mapping[str, str]
+    open_store: StoreFactory
+    interrupt: InterruptFlag = field(default_factory=InterruptFlag)
+    redactor: Redactor = field(default_factory=Redactor)
+    python: str = sys.executable
+    out_fd: int = 1
+    publisher: Publisher = field(default_factory=Publisher)
+    # --- learned as the run goes -----------------------------------------------------
+    started_at: float = 0.0
+    deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
+    tuning: Tuning = field(default_factory=Tuning)
+    dest: Destination | None = None
+    payload: Payload | None = None
+    store: Store | None = None
+    worker_env: dict[str, str] | None = None
+    worker_result: WorkerExit | None = None
+    #: The worker's process group while it runs (the deadline watchdog kills it).
+    worker_pgid: int | None = None
+    failure: Failure | None = None
+    replayed: dict[str, Any] | None = None
+    path: list[str] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    _exit_store: Store | None = None
+    #: While False, a signal only sets the flag (the handler watches it itself).
+    raise_on_interrupt: bool = False
+
+    @property
+    def reserve_s(self) -> float:
+        """Seconds of the budget kept back for the tail, the verification and the marker."""
+        return self.tuning.reserve_for(self.deadline.at - self.started_at)
+
+    @property
+    def work_deadline(self) -> Deadline:
+        """When work (the worker included) must stop so the exit still fits."""
+        return self.deadline.earlier_by(self.reserve_s)
+
+    @property
+    def stop_deadline(self) -> Deadline:
+        """When a worker being stopped must be gone: half the reserve stays for the exit."""
+        return self.deadline.earlier_by(self.reserve_s / 2)
+
+    def require_payload(self) -> Payload:
+        assert self.payload is not None, "LoadPayload sets the payload"
+        return self.payload
+
+    def require_store(self) -> Store:
+        """The store for work, bounded by the work deadline."""
+        assert self.store is not None, "LoadPayload opens the store"
+        return self.store
+
+    def exit_store(self) -> Store:
+        """The store for the exit (console tail, verification), bounded by the attempt
+        deadline itself: these run in the reserve kept back from the work."""
+        assert self.dest is not None, "LoadPayload finds the destination"
+        if self._exit_store is None:
+            self._exit_store = self.open_store(self.dest, self.deadline)
+        return self._exit_store
+
+    @property
+    def scratch(self) -> Path:
+        return self.settings.scratch_dir
+
+    def merged_env(self) -> dict[str, str]:
+        """The runner's environment with the payload's env merged over it."""
+        env = dict(self.environ)
+        if self.payload is not None:
+            env.update(self.payload.env)
+        return env
+
+    @contextmanager
+    def interrupts_handled(self) -> Iterator[None]:
+        """Within this block the handler watches ``interrupt`` itself: a signal only sets it."""
+        previous, self.raise_on_interrupt = self.raise_on_interrupt, False
+        try:
+            yield
+        finally:
+            self.raise_on_interrupt = previous
+        if self.interrupt.is_set() and previous:
+            raise Interrupted(self.interrupt.signum or 15)
+
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        """The SIGTERM/SIGINT handler: set the flag; raise into interruptible work."""
+        self.interrupt.trigger(signum)
+        if self.raise_on_interrupt:
+            self.raise_on_interrupt = False  # raise once; the driver takes it from here
+            raise Interrupted(signum)
+

@@ -1,0 +1,90 @@
+"""The runner's exception types.
+
+A leaf module: it imports nothing from the project, so every other module can raise
+and catch these without import cycles.
+
+Failures a handler understands are raised as :class:`RetriableError` or
+:class:`FatalError` carrying the id of the policy rule that classifies them
+(``fsm.policy``). Anything else is classified by the policy from its type.
+"""
+
+from __future__ import annotations
+
+
+class FlashError(Exception):
+    """A classified failure: a message for the marker plus the deciding policy rule."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rule = rule
+
+
+class RetriableError(FlashError):
+    """Infra-shaped: the same attempt on a fresh host would likely succeed."""
+
+    retriable = True
+
+
+class FatalError(FlashError):
+    """The run cannot succeed by retrying: fail it."""
+
+    retriable = False
+
+
+class PayloadError(FatalError):
+    """The payload or the command line is unusable (exit status 2)."""
+
+    def __init__(self, message: str, *, rule: str = "payload-invalid") -> None:
+        super().__init__(message, rule=rule)
+
+
+class StoreUnavailable(RetriableError):
+    """The store could not be reached or answered 408/429/5xx after bounded retries."""
+
+    def __init__(self, message: str, *, rule: str = "store-unavailable") -> None:
+        super().__init__(message, rule=rule)
+
+
+class StoreAuthError(FatalError):
+    """The store refused our credentials (HTTP 401/403)."""
+
+    def __init__(self, message: str, *, rule: str = "store-auth") -> None:
+        super().__init__(message, rule=rule)
+
+
+class StoreNotFound(FatalError):
+    """A path the runner needs is not in the store (HTTP 404 on a download)."""
+
+    def __init__(self, message: str, *, rule: str = "store-not-found") -> None:
+        super().__init__(message, rule=rule)
+
+
+class Interrupted(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
+    """SIGTERM or SIGINT reached the runner. BaseException so no ``except Exception`` eats it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+class DeadlineExceeded(Exception):  # noqa: N818 - named for the fact, like TimeoutError
+    """The attempt's time ran out before the work finished."""
+
+
+class IllegalEvent(Exception):  # noqa: N818 - mirrors transitions' MachineError
+    """An event fired from a state that does not allow it. The machine is unchanged."""
+
+    def __init__(self, state: str, event: str, allowed: list[str]) -> None:
+        super().__init__(
+            f"event {event!r} is not allowed in state {state!r}; allowed: {', '.join(allowed) or 'none'}"
+        )
+        self.state = state
+        self.event = event
+        self.allowed = allowed
+
+
+class AttemptBusy(Exception):  # noqa: N818 - a fact about the attempt, not an error class
+    """Another live runner holds this attempt's lock: it, not we, will write the marker."""

@@ -1,0 +1,70 @@
+"""The ``transitions`` machine built from ``fsm.table``.
+
+The machine owns a dedicated model object (``transitions`` decorates its model with
+dozens of attributes), has no automatic ``to_<state>`` triggers, marks the terminal
+states final, and turns every illegal event into one typed error that names the state,
+the event and the events allowed there, leaving the state unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transitions import Machine, State
+
+from fsm import table
+from fsm.errors import IllegalEvent
+
+
+class _Model:
+    """The object ``transitions`` decorates; nothing else lives on it."""
+
+    state: str
+
+
+def machine_kwargs() -> dict[str, Any]:
+    """The arguments every machine built from the table shares (plain, graph, markup)."""
+    return {
+        "states": [State(name, final=name in table.TERMINAL) for name in table.STATES],
+        "transitions": [
+            {"trigger": event, "source": source, "dest": dest}
+            for event, source, dest in table.TRANSITIONS
+        ],
+        "initial": table.INITIAL,
+        "auto_transitions": False,
+        "ignore_invalid_triggers": False,
+        "send_event": True,
+    }
+
+
+class RunMachine:
+    """The lifecycle of one attempt. ``fire`` is the only way to move it."""
+
+    def __init__(self, initial: str = table.INITIAL) -> None:
+        self._model = _Model()
+        kwargs = machine_kwargs()
+        kwargs["initial"] = initial
+        self._machine = Machine(model=self._model, **kwargs)
+
+    @property
+    def state(self) -> str:
+        return self._model.state
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in table.TERMINAL
+
+    def allowed(self) -> list[str]:
+        """The events the current state accepts, in table order."""
+        triggers = set(self._machine.get_triggers(self.state))
+        return [event for event in table.EVENTS if event in triggers]
+
+    def fire(self, event: str) -> str:
+        """Apply ``event``; return the new state. Raises ``IllegalEvent`` and changes nothing
+        when the current state does not allow it (unknown events included)."""
+        allowed = self.allowed()
+        if event not in allowed:
+            raise IllegalEvent(self.state, event, allowed)
+        if not self._model.trigger(event):  # pragma: no cover - no conditions in the table
+            raise IllegalEvent(self.state, event, allowed)
+        return self.state

@@ -1,0 +1,46 @@
+"""The artifact store: the port (``fsm.store.base``) and how to open an adapter for a URL.
+
+Adapters are imported lazily inside :func:`open_store`: the Hub adapter pulls in
+``huggingface_hub``, which must only be imported once the transfer settings are in the
+environment (``fsm.store.hub.configure_transfer``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from fsm.clock import Deadline
+from fsm.errors import PayloadError
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store, WarmOutcome
+
+__all__ = ["PRELOAD_IGNORE_PATTERNS", "Store", "WarmOutcome", "open_store"]
+
+
+def open_store(url: str | None, *, repo_id: str, token: str | None, deadline: Deadline) -> Store:
+    """The store for ``url`` (``--store`` / ``FLASH_STORE``).
+
+    * ``file:///abs/dir``: the local directory store (the directory *is* the dataset repo);
+    * None or "": the Hugging Face Hub, at ``HF_ENDPOINT`` when that is set;
+    * ``http(s)://host``: a Hub API server at that endpoint.
+
+    Anything else is a :class:`~fsm.errors.PayloadError` (the command line is unusable).
+    """
+    if url and url.startswith("file:"):
+        parts = urlsplit(url)
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            raise PayloadError("--store: a file store must be file:///absolute/dir")
+        from fsm.store.local import LocalStore
+
+        return LocalStore(Path(path), deadline=deadline)
+    from fsm.store.hub import HubStore
+
+    if not url:
+        return HubStore(repo_id, token=token, deadline=deadline,
+                        endpoint=os.environ.get("HF_ENDPOINT") or None)
+    scheme = urlsplit(url).scheme
+    if scheme in ("http", "https"):
+        return HubStore(repo_id, token=token, deadline=deadline, endpoint=url)
+    raise PayloadError(f"--store: unsupported store URL scheme {scheme or url[:16]!r}")

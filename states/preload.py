@@ -1,0 +1,97 @@
+"""Preload: warm the mounted weight cache with the payload's models; no code, no worker.
+
+Refuses to warm ephemeral disk: the parent of ``HF_HOME`` must exist and, when the
+payload names a sentinel, hold it. ``preload_result.json`` is the completion signal the
+warm driver polls, so it is uploaded and confirmed (with bounded retries) before Mark.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fsm import table
+from fsm.context import Context
+from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS
+
+RESULT_NAME = "preload_result.json"
+CONFIRM_TRIES = 3
+log = structlog.get_logger("states.preload")
+
+
+def preload(ctx: Context) -> str:
+    p = ctx.require_payload()
+    hf_home = ctx.merged_env().get("HF_HOME", "")
+    mount = Path(hf_home.rstrip("/")).parent if hf_home else None
+    result: dict[str, Any] = {"preloaded": [], "already_cached": [], "failed": {}}
+    problem = _mount_problem(hf_home, mount, p.cache_mount_marker, p.cache_block_device)
+    if problem is None:
+        cache_dir = Path(hf_home) / "hub"
+        for repo_id in p.models:
+            try:
+                outcome = ctx.require_store().warm_model(
+                    repo_id, cache_dir, PRELOAD_IGNORE_PATTERNS
+                )
+            except DeadlineExceeded:
+                raise
+            except (FlashError, OSError, ValueError) as exc:
+                result["failed"][repo_id] = ctx.redactor.text(str(exc))[:500]
+                log.warning("preload.model_failed", repo_id=repo_id, error=str(exc))
+                if isinstance(exc, StoreAuthError):
+                    break
+                continue
+            key = "already_cached" if outcome == "cached" else "preloaded"
+            result[key].append(repo_id)
+            log.info("preload.model_ready", repo_id=repo_id, outcome=outcome, cache=str(cache_dir))
+    else:
+        result["error"] = problem
+    ctx.evidence["preload"] = {k: v for k, v in result.items() if k != "error"}
+    _publish_result(ctx, result)
+    if problem is not None:
+        raise FatalError(problem, rule="preload-unmounted")
+    if result["failed"]:
+        names = ", ".join(sorted(result["failed"]))
+        raise FatalError(f"preload failed for {names}", rule="preload-model-failed")
+    return table.CACHE_WARMED
+
+
+def _mount_problem(
+    hf_home: str, mount: Path | None, sentinel: str | None, block_device: bool
+) -> str | None:
+    if not hf_home or mount is None or not mount.is_dir():
+        return f"weight cache not mounted (HF_HOME={hf_home!r}); refusing to warm ephemeral disk"
+    if sentinel and not (mount / sentinel).exists():
+        kind = "block volume" if block_device else "NFS filesystem"
+        return (
+            f"weight cache {kind} not mounted (no sentinel {mount / sentinel}); "
+            "refusing to warm ephemeral disk"
+        )
+    return None
+
+
+def _publish_result(ctx: Context, result: dict[str, Any]) -> None:
+    """Upload preload_result.json and confirm it landed; bounded retries, never fatal."""
+    p = ctx.require_payload()
+    store = ctx.require_store()
+    local = ctx.scratch / RESULT_NAME
+    local.write_text(json.dumps(result), encoding="utf-8")
+    target = p.dest.path(RESULT_NAME)
+    for attempt in range(1, CONFIRM_TRIES + 1):
+        try:
+            store.upload_file(local, target)
+            if store.exists(target):
+                return
+        except DeadlineExceeded:
+            raise
+        except (FlashError, OSError) as exc:
+            log.warning("preload.result_upload_retry", attempt=attempt, error=str(exc))
+        if attempt < CONFIRM_TRIES:
+            time.sleep(ctx.work_deadline.bound(2.0 * attempt * random.uniform(0.5, 1.0)))
+    log.error("preload.result_upload_failed", tries=CONFIRM_TRIES,
+              note="the warm driver falls back to the attempt marker")
