@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fsm.clock import Deadline
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
-from fsm.marker import Publisher
+from fsm.marker import AttemptLock, Publisher
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
 from fsm.store.base import Store
@@ -118,6 +118,7 @@ class Context:
     python: str = sys.executable
     out_fd: int = 1
     publisher: Publisher = field(default_factory=Publisher)
+    lock: AttemptLock | None = None
     # --- learned as the run goes -----------------------------------------------------
     started_at: float = 0.0
     deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
@@ -182,14 +183,13 @@ class Context:
 
     @contextmanager
     def interrupts_handled(self) -> Iterator[None]:
-        """Within this block the handler watches ``interrupt`` itself: a signal only sets it."""
+        """Within this block the handler watches ``interrupt`` itself: a signal only sets
+        the flag. (The driver looks at the flag again before the next state.)"""
         previous, self.raise_on_interrupt = self.raise_on_interrupt, False
         try:
             yield
         finally:
             self.raise_on_interrupt = previous
-        if self.interrupt.is_set() and previous:
-            raise Interrupted(self.interrupt.signum or 15)
 
     def on_signal(self, signum: int, _frame: object = None) -> None:
         """The SIGTERM/SIGINT handler: set the flag; raise into interruptible work."""

@@ -122,6 +122,11 @@ class AttemptLock:
             self._fd = fd
             return True
 
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
 
 class Publisher:
     """Publishes the attempt's one marker: persist, local copy, upload with retries."""

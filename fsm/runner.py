@@ -84,6 +84,8 @@ def run_attempt(
             return Outcome(EXIT_FAILED, None, f"{exc}; leaving it alone", ctx)
         finally:
             watchdog.stop()
+            if ctx.lock is not None:
+                ctx.lock.release()
     return _outcome(ctx, terminal)
 
 

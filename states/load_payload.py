@@ -52,7 +52,7 @@ def load_payload(ctx: Context) -> str:
             f"attempt {parsed.dest.attempt} is held by another live runner "
             f"(lock {marker.lock_path(ctx.settings.payload_path, parsed.dest)})"
         )
-    ctx.evidence["_lock"] = lock  # held for the life of the process
+    ctx.lock = lock  # held until the attempt has ended (released by the runner)
 
     recorded = marker.read_result(marker.result_path(ctx.settings.payload_path, parsed.dest))
     if recorded is not None:

@@ -73,7 +73,7 @@ class LocalStore:
             raise StoreNotFound(f"local store: folder {folder}/ not found")
         count = 0
         for path in sorted(source.rglob("*")):
-            if path.is_file():
+            if not path.is_dir():  # files, and anything else that reads like one
                 self._check_time()
                 target = local_root / folder / path.relative_to(source)
                 target.parent.mkdir(parents=True, exist_ok=True)

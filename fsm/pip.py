@@ -1,0 +1,528 @@
+"""InstallExtras' work: ``pip install`` the payload's ``extra_pip``, classified and bounded.
+
+pip runs for real as ``<python> -m pip install ...`` in its own process group. Its console
+output goes on to the container's stdout (``out_fd``) as it comes, and its tail is kept for
+classification and for the error message. The attempt never runs past the deadline: when
+time runs out, or SIGTERM/SIGINT reaches the runner, pip's whole group is stopped
+(SIGTERM, a short grace, SIGKILL) and ``DeadlineExceeded`` / ``Interrupted`` is raised.
+
+A failed pip is classified by its output (DESIGN, policy rows ``pip-network`` and
+``pip-failed``): network-shaped failures are tried again, up to ``tries`` times with
+exponential backoff, then raised as ``RetriableError``; any other failure (no such version,
+conflicting requirements, a build error, an invalid requirement) is ``FatalError`` at once.
+
+Why pip also writes ``--log``: at its default verbosity pip reports an unreachable or
+failing index only as "Could not find a version that satisfies the requirement" (the page
+fetch error, 503s included, is logged at debug level; TRAPS, "pip"), which reads exactly
+like a real resolution failure. The ``--log`` file is always verbose, so its tail is
+classified together with the console tail, while the console stays readable. (A quirk of
+``--log``: pip then keeps a failing build's own output out of the console, so after a
+failure the end of the log is copied to ``out_fd`` for whoever reads the container log.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Literal, NamedTuple
+
+import structlog
+
+from fsm.clock import Deadline
+from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
+from fsm.interrupt import InterruptFlag
+
+__all__ = [
+    "NETWORK_SIGNATURES",
+    "NetworkSignature",
+    "classify_pip_output",
+    "install",
+    "network_signature",
+]
+
+RULE_NETWORK = "pip-network"
+RULE_FAILED = "pip-failed"
+
+# pip's own retries and socket timeout. pip retries every request 5 times by default
+# (urllib3 backoff 0.25 s doubling) with a 15 s socket timeout: against a black-holed
+# index that is ~6 x 15 s per request, times every request, times our ``tries``. We retry
+# the whole install ourselves with a longer backoff, so pip only needs to ride out a
+# short blip inside one run (a long install should not restart for one dropped
+# connection): 2 retries, 15 s timeout, i.e. at most ~46 s per stuck request per try.
+# They are passed only when the environment does not choose its own (PIP_RETRIES,
+# PIP_TIMEOUT / PIP_DEFAULT_TIMEOUT): a user who set them knows their index. Passing them
+# on the command line also overrides a pip.conf baked into the image.
+# The deadline bounds everything anyway.
+PIP_RETRIES = 2
+PIP_TIMEOUT_S = 15
+
+TAIL_BYTES = 256 * 1024  # how much of pip's console output and log is kept for classification
+MESSAGE_CHARS = 500  # the error message's bound
+STOP_GRACE_S = 2.0  # SIGTERM -> SIGKILL
+_KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the kernel to finish the group
+_PUMP_JOIN_S = 2.0  # after pip is gone, how long to wait for the rest of its output
+_CHUNK = 64 * 1024
+_REPORT_LINES = 40  # lines of pip's verbose log shown on the console after a failure
+_REPORT_LINE_CHARS = 400
+_LOG_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+ ")
+_BOX = ("\N{BOX DRAWINGS LIGHT VERTICAL}", "\N{BOX DRAWINGS LIGHT ARC UP AND RIGHT}")
+# pip's bookkeeping in the verbose log, left out of the copy shown after a failure
+_LOG_CHATTER = re.compile(
+    r"^\s*(?:Created temporary directory|Initialized build tracking|.*build tracker)"
+)
+_CROSS = "\N{MULTIPLICATION SIGN}"  # pip marks a failed subprocess's headline with it
+
+
+class NetworkSignature(NamedTuple):
+    """A named pattern in pip's output that says the failure was the network's."""
+
+    name: str
+    meaning: str
+    pattern: re.Pattern[str]
+
+
+def _sig(name: str, meaning: str, pattern: str) -> NetworkSignature:
+    return NetworkSignature(name, meaning, re.compile(pattern))
+
+
+# Checked in order; the first match names the failure in the error message, so the specific
+# causes come before the generic wrappers (NewConnectionError, pip's "Retrying" warning).
+# Case-sensitive on purpose: these are the exact spellings of urllib3, requests, pip and
+# the OS; a build log that merely mentions "timeout" must not turn a build error retriable.
+# Any match wins over the failure's last line: with an unreachable index pip ends with
+# "Could not find a version that satisfies the requirement", which alone is "other".
+# The cost of that choice: a blip pip recovered from, followed by a real failure, is tried
+# again and ends retriable; the opposite mistake would kill a run an outage interrupted.
+NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
+    _sig(
+        "connection-refused",
+        "connection refused to the package index",
+        r"Connection refused|ConnectionRefusedError|\[Errno 111\]",
+    ),
+    _sig(
+        "connection-reset",
+        "connection reset",
+        r"Connection reset by peer|ConnectionResetError|\[Errno 104\]|RemoteDisconnected"
+        r"|Connection aborted",
+    ),
+    _sig("read-timeout", "read timed out", r"ReadTimeoutError|Read timed out"),
+    _sig(
+        "connect-timeout",
+        "connect timed out",
+        r"ConnectTimeoutError|Connection to \S+ timed out|TimeoutError: \[Errno 110\]",
+    ),
+    _sig(
+        "name-resolution",
+        "the index host name did not resolve",
+        r"Name or service not known|Temporary failure in name resolution|NameResolutionError"
+        r"|nodename nor servname provided|getaddrinfo failed|No address associated with hostname"
+        r"|\[Errno -[235]\]",
+    ),
+    _sig(
+        "network-unreachable",
+        "network unreachable",
+        r"Network is unreachable|No route to host|\[Errno 101\]|\[Errno 113\]",
+    ),
+    _sig(
+        "server-error",
+        "the package index answered 5xx",
+        r"too many 5\d\d error responses|HTTP error 5\d\d"
+        r"|\b5\d\d (?:Server Error|Service Unavailable|Bad Gateway|Gateway Time-?out"
+        r"|Internal Server Error)",
+    ),
+    _sig(
+        "connection-broken",
+        "connection broken mid-transfer",
+        r"ProtocolError|IncompleteRead|ChunkedEncodingError|Connection broken",
+    ),
+    _sig(
+        "new-connection",
+        "could not connect to the package index",
+        r"NewConnectionError|Failed to establish a new connection",
+    ),
+    _sig("pip-retrying", "pip retried a broken connection", r"Retrying \(Retry\(total="),
+)
+
+
+def network_signature(text: str) -> NetworkSignature | None:
+    """The first of :data:`NETWORK_SIGNATURES` found in ``text``, if any."""
+    for sig in NETWORK_SIGNATURES:
+        if sig.pattern.search(text):
+            return sig
+    return None
+
+
+def classify_pip_output(text: str) -> Literal["network", "other"]:
+    """``network`` when a failed pip's output shows a network failure, else ``other``."""
+    return "network" if network_signature(text) is not None else "other"
+
+
+def install(
+    requirements: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    deadline: Deadline,
+    interrupt: InterruptFlag,
+    python: str = sys.executable,
+    extra_args: Sequence[str] = (),
+    tries: int = 3,
+    backoff_s: float = 2.0,
+    out_fd: int = 1,
+) -> None:
+    """``pip install`` ``requirements`` into ``python``'s environment, or raise.
+
+    ``env`` is pip's whole environment (``PYTHONUNBUFFERED=1`` is added unless set, so
+    the output streams). ``extra_args`` go before the requirements (``--target DIR``,
+    ``--index-url URL``). Raises :class:`RetriableError` (rule ``pip-network``) after
+    ``tries`` network-shaped failures, :class:`FatalError` (rule ``pip-failed``) on any
+    other failure, :class:`DeadlineExceeded` when ``deadline`` passes and
+    :class:`Interrupted` when ``interrupt`` is triggered; pip is stopped in every case.
+    """
+    reqs = list(requirements)
+    if not reqs:
+        return
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, got {tries}")
+    log = structlog.get_logger()
+    child_env = dict(env)
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    with _Waker(interrupt) as waker, tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
+        for attempt in range(1, tries + 1):
+            _raise_if_stopped(deadline, interrupt)
+            log_path = Path(tmp, f"attempt{attempt}.log")
+            argv = _pip_argv(python, env, log_path, extra_args, reqs)
+            log.info("pip.try", attempt=attempt, tries=tries, requirements=len(reqs))
+            started = time.monotonic()
+            returncode, console = _run(argv, child_env, deadline, interrupt, waker, out_fd)
+            seconds = round(time.monotonic() - started, 3)
+            if returncode == 0:
+                log.info("pip.installed", attempt=attempt, seconds=seconds)
+                return
+            sig, line = _evidence(returncode, console, log_path, out_fd)
+            log.warning(
+                "pip.failed",
+                attempt=attempt,
+                failure_class="other" if sig is None else "network",
+                signature=None if sig is None else sig.name,
+                returncode=returncode,
+                seconds=seconds,
+            )
+            if sig is None:
+                raise FatalError(
+                    _bounded(f"pip install failed (exit status {returncode}): {line}"),
+                    rule=RULE_FAILED,
+                )
+            delay = backoff_s * 2 ** (attempt - 1)
+            if attempt == tries or deadline.remaining() <= delay:
+                tried = f"{attempt} {'try' if attempt == 1 else 'tries'}"
+                if attempt < tries:
+                    tried += " (no time left for another)"
+                raise RetriableError(
+                    _bounded(f"pip install failed (network: {sig.meaning}) after {tried}: {line}"),
+                    rule=RULE_NETWORK,
+                )
+            log.info("pip.backoff", attempt=attempt, seconds=delay)
+            waker.sleep(delay, interrupt)
+
+
+def _evidence(
+    returncode: int, console: str, log_path: Path, out_fd: int
+) -> tuple[NetworkSignature | None, str]:
+    """A failed run's network signature (None: not network-shaped) and its telling line.
+
+    Also copies the end of pip's verbose log to ``out_fd``, for the human reader.
+    """
+    log_text = _read_tail(log_path)
+    log_lines = _log_lines(log_text)
+    _report_log(out_fd, log_lines)
+    line = _last_error_line(console, log_lines) or f"pip exited with status {returncode}"
+    return network_signature(console + "\n" + log_text), line
+
+
+def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
+    """The line that best says what failed ("" if none).
+
+    pip's last ``ERROR:`` console line when there is one; else, for a failed build
+    subprocess, its headline (the console line pip marks with a multiplication sign)
+    joined with the last line the subprocess printed. With ``--log`` pip sends that
+    output to the log only ("See above for output"), so it is looked up there too.
+    """
+    lines = [line.strip() for line in console.splitlines()]
+    for line in reversed(lines):
+        if line.startswith("ERROR:"):
+            return line
+    headline = next((ln[1:].strip() for ln in reversed(lines) if ln.startswith(_CROSS)), "")
+    if headline:
+        cause = _subprocess_cause(lines) or _subprocess_cause(log_lines)
+        return f"{headline}: {cause}" if cause else headline
+    noise = ("note:", "hint:", "[notice]", "WARNING:", *_BOX)
+    return next((ln for ln in reversed(lines) if ln and not ln.startswith(noise)), "")
+
+
+def _subprocess_cause(lines: Sequence[str]) -> str:
+    """The last line a failed subprocess printed, in pip's console or its log."""
+    stripped = [line.strip() for line in lines]
+    if "[end of output]" in stripped:  # the console's boxed copy of the output
+        end = len(stripped) - 1 - stripped[::-1].index("[end of output]")
+        return next((ln for ln in reversed(stripped[:end]) if ln), "")
+    starts = [i for i, ln in enumerate(stripped) if ln.startswith("Running command ")]
+    if not starts:
+        return ""
+    cause = ""
+    for line in stripped[starts[-1] + 1 :]:  # the log: the output, then pip's ERROR line
+        if line.startswith("ERROR:"):
+            break
+        cause = line or cause
+    return cause
+
+
+def _log_lines(log_text: str) -> list[str]:
+    """pip's verbose log without timestamps, cut before pip's own traceback."""
+    lines = [_LOG_TIMESTAMP.sub("", line, count=1) for line in log_text.splitlines()]
+    if "Exception information:" in lines:
+        lines = lines[: lines.index("Exception information:")]
+    return lines
+
+
+def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
+    """Show the end of pip's verbose log on the console: it holds what pip's console omits
+    at its default verbosity (failed index fetches, a failed build's own output)."""
+    telling = [line for line in log_lines if not _LOG_CHATTER.match(line)]
+    tail = [line[:_REPORT_LINE_CHARS] for line in telling[-_REPORT_LINES:]]
+    if not tail:
+        return
+    banner = "[flash-bootstrap] pip failed; the end of its verbose log:"
+    text = "\n".join([banner, *("  " + line for line in tail), ""])
+    with contextlib.suppress(OSError):
+        _write_all(out_fd, text.encode("utf-8", "replace"))
+
+
+def _pip_argv(
+    python: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    extra_args: Sequence[str],
+    requirements: Sequence[str],
+) -> list[str]:
+    argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    argv += ["--progress-bar", "off", "--log", str(log_path)]
+    if not env.get("PIP_RETRIES"):
+        argv += ["--retries", str(PIP_RETRIES)]
+    if not (env.get("PIP_TIMEOUT") or env.get("PIP_DEFAULT_TIMEOUT")):
+        argv += ["--timeout", str(PIP_TIMEOUT_S)]
+    return [*argv, *extra_args, *requirements]
+
+
+def _raise_if_stopped(deadline: Deadline, interrupt: InterruptFlag) -> None:
+    if interrupt.is_set():
+        raise Interrupted(interrupt.signum or signal.SIGTERM)
+    if deadline.expired():
+        raise DeadlineExceeded("pip install did not finish before the run deadline")
+
+
+def _run(
+    argv: list[str],
+    env: Mapping[str, str],
+    deadline: Deadline,
+    interrupt: InterruptFlag,
+    waker: _Waker,
+    out_fd: int,
+) -> tuple[int, str]:
+    """Run pip once; its exit status and console tail. Stops it on deadline or interrupt."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killpg reaches its builds too
+        )
+    except OSError as exc:
+        raise FatalError(
+            _bounded(f"pip install failed: cannot start {argv[0]}: {exc}"), rule=RULE_FAILED
+        ) from exc
+    assert proc.stdout is not None
+    tail = _Tail(TAIL_BYTES)
+    exited = threading.Event()
+    pump = threading.Thread(
+        target=_pump, args=(proc.stdout, out_fd, tail), name="pip-output", daemon=True
+    )
+    watcher = threading.Thread(
+        target=_watch_exit, args=(proc.pid, exited, waker), name="pip-exit", daemon=True
+    )
+    pump.start()
+    watcher.start()
+    stopped_by: Literal["deadline", "interrupt"] | None = None
+    try:
+        while not exited.is_set():
+            if interrupt.is_set():
+                stopped_by = "interrupt"
+                break
+            remaining = deadline.remaining()
+            if remaining <= 0:
+                stopped_by = "deadline"
+                break
+            waker.wait(None if math.isinf(remaining) else remaining)
+    finally:
+        if not exited.is_set():
+            _stop_group(proc.pid, exited, waker)
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever pip left behind in its group
+        try:
+            proc.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            structlog.get_logger().error("pip.unkillable", pid=proc.pid)
+        pump.join(_PUMP_JOIN_S)  # a process that left the group may still hold the pipe
+    if stopped_by == "interrupt":
+        raise Interrupted(interrupt.signum or signal.SIGTERM)
+    if stopped_by == "deadline":
+        raise DeadlineExceeded("pip install did not finish before the run deadline")
+    return proc.returncode, tail.text()
+
+
+def _watch_exit(pid: int, exited: threading.Event, waker: _Waker) -> None:
+    """Wait for pip to exit without reaping it: while it is a zombie its process group id
+    cannot be reused, so the group can still be signalled safely."""
+    with contextlib.suppress(ChildProcessError):  # already reaped
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    exited.set()
+    waker.poke()
+
+
+def _stop_group(pid: int, exited: threading.Event, waker: _Waker) -> None:
+    """SIGTERM pip's group, give it ``STOP_GRACE_S``, then SIGKILL it."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, _KILL_WAIT_S)):
+        _signal_group(pid, sig)
+        end = time.monotonic() + wait_s
+        while not exited.is_set() and (left := end - time.monotonic()) > 0:
+            waker.wait(left)
+        if exited.is_set():
+            return
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+        os.killpg(pgid, sig)
+
+
+def _pump(src: IO[bytes], out_fd: int, tail: _Tail) -> None:
+    """Copy pip's output to ``out_fd`` in large chunks, keeping its tail."""
+    fd = src.fileno()
+    forward = True
+    try:
+        while chunk := os.read(fd, _CHUNK):
+            tail.add(chunk)
+            if forward:
+                try:
+                    _write_all(out_fd, chunk)
+                except OSError:
+                    forward = False  # our stdout is gone; keep draining so pip never blocks
+    finally:
+        src.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a file, read by seeking ("" when it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _bounded(message: str) -> str:
+    message = " ".join(message.split())  # one line
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return message[: MESSAGE_CHARS - 3] + "..."
+
+
+class _Tail:
+    """The last ``limit`` bytes written to it; thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        with self._lock:
+            self._buf += chunk
+            if len(self._buf) > 2 * self._limit:  # trim in batches, not on every chunk
+                del self._buf[: -self._limit]
+
+    def text(self) -> str:
+        with self._lock:
+            return bytes(self._buf[-self._limit :]).decode("utf-8", "replace")
+
+
+class _Waker:
+    """What the waiting thread blocks on: pip's exit, the interrupt, or a timeout.
+
+    The interrupt listener runs inside the runner's signal handler, so it must not take a
+    lock the interrupted thread might hold (``threading.Event.set`` does): it only sends a
+    byte on a non-blocking socket. Once the socket is closed a late listener call fails
+    with ``OSError`` instead of writing to a reused file descriptor.
+    """
+
+    def __init__(self, interrupt: InterruptFlag) -> None:
+        self._recv, self._send = socket.socketpair()
+        self._recv.setblocking(False)
+        self._send.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._recv, selectors.EVENT_READ)
+        self._unsubscribe = interrupt.subscribe(lambda _signum: self.poke())
+
+    def __enter__(self) -> _Waker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._unsubscribe()
+        self._selector.close()
+        self._send.close()
+        self._recv.close()
+
+    def poke(self) -> None:
+        # OSError: the socket is full (a wake-up is pending anyway) or closed (nobody waits).
+        with contextlib.suppress(OSError):
+            self._send.send(b"!")
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until poked or ``timeout`` seconds pass."""
+        if self._selector.select(timeout):
+            with contextlib.suppress(BlockingIOError):
+                while self._recv.recv(4096):
+                    pass
+
+    def sleep(self, seconds: float, interrupt: InterruptFlag) -> None:
+        """Sleep ``seconds``; raise ``Interrupted`` as soon as the interrupt fires."""
+        end = time.monotonic() + seconds
+        while not interrupt.is_set() and (left := end - time.monotonic()) > 0:
+            self.wait(left)
+        if interrupt.is_set():
+            raise Interrupted(interrupt.signum or signal.SIGTERM)

@@ -1,0 +1,517 @@
+"""The worker's process: start it, pump its console, stop it, and leave nothing behind.
+
+The worker runs in its own session and process group. Its stdout and stderr are one pipe,
+pumped in large binary chunks to an output fd (the container's stdout) and to the console
+file; bytes are never decoded, so any output is safe. Stopping the worker means SIGTERM to
+the group, a grace period that never runs past the attempt deadline, then SIGKILL to the
+group. Whatever way the worker ends, the group gets a SIGKILL before :func:`supervise`
+returns, so no grandchild survives holding a GPU or the pipe.
+
+Every wait is on a file descriptor: a reaper thread, the pump and the interrupt listener
+each write a byte to a self-pipe, and the main thread blocks in ``poll`` with the time left
+as its timeout. Writing to a pipe is safe inside a signal handler, where taking a lock is
+not.
+
+The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
+its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
+so ``killpg`` never reaches a stranger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from fsm.clock import Deadline
+from fsm.interrupt import InterruptFlag
+
+__all__ = ["TAIL_BYTES", "WorkerExit", "read_tail", "supervise"]
+
+TAIL_BYTES = 64_000
+"""How much of the console's end is uploaded as the tail."""
+
+_CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
+_PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
+_KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
+_JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
+_MAX_POLL_MS = 2**31 - 1  # poll(2) takes a C int
+
+ExitReason = Literal["exited", "deadline", "interrupted"]
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How the worker ended.
+
+    ``reason`` says who ended it: ``"exited"`` when the leader exited before the supervisor
+    had to stop it, ``"deadline"`` or ``"interrupted"`` when the supervisor stopped the group.
+    ``returncode`` is set when the leader exited normally, ``signal`` when a signal killed
+    it; both are ``None`` when the worker was never started (the deadline had passed or the
+    runner was interrupted already) or could not be reaped.
+    """
+
+    reason: ExitReason
+    returncode: int | None
+    signal: int | None
+    duration_s: float
+    console_path: Path
+    console_bytes: int  # the console file's size when supervise returned, cap line included
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
+    """The last ``limit`` bytes of the file at ``path`` (all of it when shorter).
+
+    Seeks to the end instead of reading the file, so the cost does not grow with the
+    console. Raises ``OSError`` when the file cannot be opened.
+    """
+    if limit <= 0:
+        return b""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read(limit)
+
+
+def supervise(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    console_path: Path,
+    deadline: Deadline,
+    stop_by: Deadline,
+    interrupt: InterruptFlag,
+    grace_s: float = 10.0,
+    out_fd: int = 1,
+    tail_sink: Callable[[bytes], None] | None = None,
+    tail_interval_s: float = 30.0,
+    drain_timeout_s: float = 2.0,
+) -> WorkerExit:
+    """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
+
+    The console (stdout and stderr, one stream) goes to ``out_fd`` and to ``console_path``
+    (truncated first). On the deadline or an interrupt the group gets SIGTERM, then up to
+    ``grace_s`` (never past ``stop_by``) to end, then SIGKILL; on the deadline a cap line is
+    appended to the console. After the leader exits, descendants get ``drain_timeout_s`` to
+    release the pipe; then the whole group is killed.
+
+    With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
+    ``tail_interval_s`` seconds; ticks are skipped while a call is in flight and exceptions
+    are logged and swallowed. A call may still be in flight when this returns: a caller
+    whose final upload must land last should serialise it with the sink (a shared lock).
+
+    Raises ``OSError`` when the worker cannot be started (no such executable, bad ``cwd``)
+    or the console file cannot be created.
+    """
+    if tail_interval_s <= 0:
+        raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
+    log = structlog.get_logger()
+    started = time.monotonic()
+    console_fd = os.open(
+        console_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
+    )
+    waker = _Waker()
+    unsubscribe = interrupt.subscribe(lambda _signum: waker.wake())
+    try:
+        # A trigger that came before subscribe() was not delivered: look at the flag too.
+        if interrupt.is_set() or deadline.expired():
+            reason: ExitReason = "interrupted" if interrupt.is_set() else "deadline"
+            log.warning("worker.not_started", reason=reason)
+            _append_console(console_fd, _cap_line(reason, interrupt, after=b""))
+            return _result(reason, None, started, console_path, console_fd)
+        run = _Run(argv, cwd=cwd, env=env, console_fd=console_fd, out_fd=out_fd, waker=waker)
+        log.info("worker.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
+        stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s)
+        try:
+            reason = _wait_and_stop(
+                run,
+                waker=waker,
+                deadline=deadline,
+                stop_by=stop_by,
+                interrupt=interrupt,
+                grace_s=grace_s,
+                drain_timeout_s=drain_timeout_s,
+            )
+            if reason != "exited":
+                line = _cap_line(reason, interrupt, after=run.pump.last_byte)
+                _append_console(console_fd, line)
+                if run.pump.finished:  # out_fd is free: no interleaving, no blocked writer
+                    with contextlib.suppress(OSError):
+                        _write_all(out_fd, memoryview(line))
+        finally:
+            stop_ticks.set()
+            run.close()
+        result = _result(reason, run.proc.returncode, started, console_path, console_fd)
+        log.info(
+            "worker.exited",
+            reason=result.reason,
+            returncode=result.returncode,
+            signal=result.signal,
+            duration_s=round(result.duration_s, 3),
+            console_bytes=result.console_bytes,
+        )
+        return result
+    finally:
+        unsubscribe()
+        os.close(console_fd)
+
+
+def _wait_and_stop(
+    run: _Run,
+    *,
+    waker: _Waker,
+    deadline: Deadline,
+    stop_by: Deadline,
+    interrupt: InterruptFlag,
+    grace_s: float,
+    drain_timeout_s: float,
+) -> ExitReason:
+    """Wait for the worker's end, stop it if it does not come, kill what is left of the group."""
+    log = structlog.get_logger()
+    exited, eof = run.watch.exited.is_set, run.pump.eof.is_set
+    waker.wait_until(lambda: exited() or interrupt.is_set(), deadline.mono_at)
+    reason: ExitReason = "exited"
+    if not exited():
+        reason = "interrupted" if interrupt.is_set() else "deadline"
+        grace = stop_by.bound(grace_s)
+        log.warning("worker.stopping", reason=reason, pgid=run.pid, grace_s=round(grace, 3))
+        _killpg(run.pid, signal.SIGTERM)
+        grace_end = time.monotonic() + grace
+        # The rest of the group got the same SIGTERM: it may close the pipe within the grace.
+        if waker.wait_until(exited, grace_end):
+            waker.wait_until(eof, min(grace_end, time.monotonic() + drain_timeout_s))
+    elif not waker.wait_until(eof, time.monotonic() + stop_by.bound(drain_timeout_s)):
+        log.warning("worker.pipe_held", pgid=run.pid, drain_timeout_s=drain_timeout_s)
+
+    # Whatever is left of the group goes now. The leader is not reaped yet (at worst a
+    # zombie), so the group id still names this worker's group.
+    survivors = _group_members(run.pid)
+    if survivors:
+        log.warning("worker.killing", pgid=run.pid, pids=survivors)
+    _killpg(run.pid, signal.SIGKILL)
+    kill_end = time.monotonic() + _KILL_WAIT_S
+    if not waker.wait_until(lambda: exited() and eof(), kill_end):
+        log.error("worker.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
+    run.pump.finish()
+    if exited():
+        run.proc.wait()
+    left = _await_group_gone(run.pid, kill_end)
+    if left:
+        log.error("worker.survivors", pgid=run.pid, pids=left)
+    return reason
+
+
+def _cap_line(reason: ExitReason, interrupt: InterruptFlag, *, after: bytes) -> bytes:
+    """The line that says why the console ends here, on a line of its own after ``after``."""
+    if reason == "deadline":
+        text = "--- flash-bootstrap: worker hit the run wall deadline; stopped ---\n"
+    else:
+        name = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
+        text = f"--- flash-bootstrap: runner got {name}; worker stopped ---\n"
+    return (b"\n" if after not in (b"", b"\n") else b"") + text.encode()
+
+
+def _append_console(console_fd: int, line: bytes) -> None:
+    try:
+        _write_all(console_fd, memoryview(line))
+    except OSError as exc:
+        structlog.get_logger().error(
+            "worker.console_write_failed", target="console", error=str(exc)
+        )
+
+
+def _result(
+    reason: ExitReason,
+    returncode: int | None,
+    started: float,
+    console_path: Path,
+    console_fd: int,
+) -> WorkerExit:
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    return WorkerExit(
+        reason=reason,
+        returncode=None if sig is not None else returncode,
+        signal=sig,
+        duration_s=time.monotonic() - started,
+        console_path=console_path,
+        console_bytes=os.fstat(console_fd).st_size,
+    )
+
+
+class _Waker:
+    """A self-pipe: ``wake()`` from any thread or a signal handler, ``wait_until`` in one.
+
+    The fds close when the last reference goes, never earlier: a thread or a listener that
+    still holds the waker can never write into an fd number that was closed and reused.
+    """
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        weakref.finalize(self, _close_fds, self.fd, self._w)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+
+    def wake(self) -> None:
+        # One write(2), no lock: safe inside a signal handler. A full pipe is awake already.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._w, b"\0")
+
+    def wait_until(self, done: Callable[[], bool], until_mono: float) -> bool:
+        """Block until ``done()`` or the monotonic time ``until_mono``; returns ``done()``."""
+        while True:
+            with contextlib.suppress(BlockingIOError):  # drain before looking: no lost wake-up
+                while os.read(self.fd, 4096):
+                    pass
+            if done():
+                return True
+            left = until_mono - time.monotonic()
+            if left <= 0:
+                return False
+            self._poll.poll(None if left == math.inf else min(math.ceil(left * 1000), _MAX_POLL_MS))
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _LeaderWatch:
+    """A daemon thread that notices the leader's exit without reaping it."""
+
+    def __init__(self, pid: int, waker: _Waker) -> None:
+        self.exited = threading.Event()
+        self._pid = pid
+        self._waker = waker
+        threading.Thread(target=self._watch, name=f"worker-watch-{pid}", daemon=True).start()
+
+    def _watch(self) -> None:
+        with contextlib.suppress(ChildProcessError):  # reaped by someone else: gone anyway
+            os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOWAIT)
+        self.exited.set()
+        self._waker.wake()
+
+
+class _Pump:
+    """Copies the console pipe to ``out_fd`` and the console file in 1 MiB chunks.
+
+    Owns the pipe's read end. Write errors drop that target and the pump keeps draining,
+    so the worker never blocks on a full pipe because a destination failed.
+    """
+
+    def __init__(self, pipe_fd: int, out_fd: int, console_fd: int, waker: _Waker) -> None:
+        self.eof = threading.Event()
+        self.last_byte = b""
+        self._pipe_fd = pipe_fd
+        self._targets = {"out": out_fd, "console": console_fd}
+        self._waker = waker
+        self._stop = _Waker()
+        self.finished = False
+        self._thread = threading.Thread(target=self._run, name="worker-pump", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> bool:
+        """Stop pumping (what is in the pipe already is copied first); True once it ended."""
+        if not self.finished:
+            self._stop.wake()
+            self._thread.join(_JOIN_S)
+            if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
+                structlog.get_logger().error("worker.pump_stuck")
+                return False
+            self.finished = True
+            os.close(self._pipe_fd)
+        return True
+
+    def _run(self) -> None:
+        view = memoryview(bytearray(_CHUNK))
+        poll = select.poll()
+        poll.register(self._pipe_fd, select.POLLIN)
+        poll.register(self._stop.fd, select.POLLIN)
+        stopping = False
+        try:
+            while True:
+                ready = {fd for fd, _ in poll.poll(0 if stopping else None)}
+                if self._stop.fd in ready:
+                    poll.unregister(self._stop.fd)
+                    stopping = True
+                if self._pipe_fd not in ready:
+                    if stopping:
+                        return  # told to stop and nothing is left to copy
+                    continue
+                n = os.readv(self._pipe_fd, [view])
+                if n == 0:
+                    return
+                self._copy(view[:n])
+        except OSError as exc:
+            structlog.get_logger().error("worker.pump_failed", error=str(exc))
+        finally:
+            self.eof.set()
+            self._waker.wake()
+
+    def _copy(self, chunk: memoryview) -> None:
+        for name, fd in list(self._targets.items()):
+            try:
+                _write_all(fd, chunk)
+            except OSError as exc:
+                structlog.get_logger().error(
+                    "worker.console_write_failed", target=name, error=str(exc)
+                )
+                del self._targets[name]
+        self.last_byte = bytes(chunk[-1:])
+
+
+class _Run:
+    """A started worker: its process, its pump, and the clean-up that kills its group."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        console_fd: int,
+        out_fd: int,
+        waker: _Waker,
+    ) -> None:
+        r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
+        try:
+            with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
+                fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            self.proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=w,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)  # only the worker's group holds the write end: its exit means EOF
+        self.pid = self.proc.pid
+        self.console_fd = console_fd
+        self.out_fd = out_fd
+        try:
+            self.pump = _Pump(r, out_fd, console_fd, waker)
+            self.watch = _LeaderWatch(self.pid, waker)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Make sure the group is dead and the leader reaped (also when unwinding)."""
+        if self.proc.returncode is None:
+            _killpg(self.pid, signal.SIGKILL)  # unreaped leader: the group id is still ours
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(_KILL_WAIT_S)
+        if hasattr(self, "pump"):
+            self.pump.finish()
+        _reap_zombies(self.pid)
+
+
+def _start_ticks(
+    sink: Callable[[bytes], None] | None, console_path: Path, interval_s: float
+) -> threading.Event:
+    """Start the periodic tail uploads (when there is a sink); returns what stops them."""
+    stop = threading.Event()
+    if sink is None:
+        return stop
+
+    def tick() -> None:
+        log = structlog.get_logger()
+        while not stop.wait(interval_s):  # a call in flight simply delays the next tick
+            try:
+                sink(read_tail(console_path))
+            except Exception as exc:
+                log.warning("worker.tail_upload_failed", error=f"{type(exc).__name__}: {exc}")
+
+    threading.Thread(target=tick, name="worker-tail", daemon=True).start()
+    return stop
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``, from /proc; empty when unknowable."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold anything, so split after its ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            members.append(int(name))
+    return members
+
+
+def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
+    """Wait (bounded) until no live process is left in group ``pgid``; returns the rest.
+
+    Waits on pidfds, which turn readable when their process exits. Without pidfds (an old
+    kernel, a seccomp profile that denies them) it takes one look instead.
+    """
+    fds: list[int] = []
+    try:
+        for pid in _group_members(pgid):
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                continue
+            except OSError:
+                return _group_members(pgid)
+        poll = select.poll()
+        for fd in fds:
+            poll.register(fd, select.POLLIN)
+        pending = len(fds)
+        while pending:
+            left = until_mono - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poll.poll(min(math.ceil(left * 1000), _MAX_POLL_MS)):
+                poll.unregister(fd)
+                pending -= 1
+        return _group_members(pgid) if fds else []
+    finally:
+        _close_fds(*fds)
+
+
+def _reap_zombies(pgid: int) -> None:
+    """Reap the group's zombies that are our children (orphans re-parented to a PID 1 runner)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:
+            pass

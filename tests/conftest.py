@@ -1,0 +1,196 @@
+"""Shared fixtures: a run laid out on a local store, with workers the tests write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from fsm import log
+from fsm.context import Settings
+from fsm.runner import Outcome, run_attempt
+
+REPO = "org/flash-runs"
+PREFIX = "sft/run-1/seed3"
+ARM = "lambda"
+CANARY = "hf_CANARY_token_must_never_leak_0123456789"
+
+#: Every test worker starts with this: it speaks the worker side of CONTRACT section 5
+#: against the local store named by FLASH_STORE.
+WORKER_PRELUDE = '''
+import json, os, shutil, sys, time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+STORE = Path(unquote(urlparse(os.environ["FLASH_STORE"]).path))
+if os.environ.get("FLASH_JOB_SPEC_PATH"):
+    SPEC = json.loads(Path(os.environ["FLASH_JOB_SPEC_PATH"]).read_text())
+else:
+    SPEC = json.loads(os.environ["FLASH_JOB_SPEC_JSON"])
+PREFIX = SPEC["hf_prefix"]
+SCRATCH = Path(os.environ["FLASH_SCRATCH_DIR"])
+
+
+def upload(local, name):
+    target = STORE / PREFIX / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(local, str(target) + ".part")
+    os.replace(str(target) + ".part", target)
+
+
+def write_metrics():
+    path = SCRATCH / "metrics.json"
+    path.write_text(json.dumps({"loss": 0.25}))
+    return path
+
+
+def complete():
+    upload(write_metrics(), "metrics.json")
+    done = SCRATCH / "DONE"
+    done.write_text(str(time.time()))
+    upload(done, "DONE")
+'''
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _logs_to_stderr() -> None:
+    log.configure(sys.stderr, json=True)
+
+
+@dataclass
+class Layout:
+    """One attempt's world: a local store, a payload, scratch and code directories."""
+
+    root: Path
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def code_root(self) -> Path:
+        return self.root / "runcode"
+
+    @property
+    def payload_path(self) -> Path:
+        return self.root / "flash" / "payload.json"
+
+    @property
+    def store_url(self) -> str:
+        return self.store.as_uri()
+
+    def write_worker(self, body: str) -> None:
+        worker = self.store / "code" / "flash" / "engine" / "worker" / "__main__.py"
+        worker.parent.mkdir(parents=True, exist_ok=True)
+        worker.write_text(WORKER_PRELUDE + "\n" + textwrap.dedent(body))
+
+    def payload(self, **overrides: Any) -> dict[str, Any]:
+        spec = overrides.pop("spec", {})
+        payload: dict[str, Any] = {
+            "hf_repo": REPO,
+            "hf_prefix": PREFIX,
+            "phase": "sft",
+            "seed": 3,
+            "flash_arm": ARM,
+            "attempt": 0,
+            "run_id": "run-1",
+            "job_spec_json": json.dumps({"hf_prefix": PREFIX, **spec}),
+            "env": {"HF_TOKEN": CANARY, "FLASH_STOP_GRACE_S": "2"},
+        }
+        payload.update(overrides)
+        return {k: v for k, v in payload.items() if v is not None}
+
+    def write_payload(self, payload: dict[str, Any] | str | bytes | None = None, **kw: Any) -> Path:
+        data = self.payload(**kw) if payload is None else payload
+        if isinstance(data, dict):
+            data = json.dumps(data)
+        if isinstance(data, str):
+            data = data.encode()
+        self.payload_path.write_bytes(data)
+        return self.payload_path
+
+    def settings(self) -> Settings:
+        return Settings(
+            payload_path=self.payload_path,
+            store_url=self.store_url,
+            code_root=self.code_root,
+            scratch_dir=self.scratch,
+        )
+
+    def run(self, *, environ: dict[str, str] | None = None, **payload: Any) -> Outcome:
+        """One attempt in this process (signals not installed), the worker's console to a file."""
+        if payload or not self.payload_path.exists():
+            self.write_payload(**payload)
+        with open(self.root / "stdout.bin", "ab") as out:
+            return run_attempt(
+                self.settings(),
+                {**os.environ, **(environ or {})},
+                out_fd=out.fileno(),
+                handle_signals=False,
+            )
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
+            ) -> subprocess.CompletedProcess[bytes]:
+        """``python -m fsm`` as a real process."""
+        return subprocess.run(
+            [sys.executable, "-m", "fsm", *args],
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def run_args(self) -> list[str]:
+        return [
+            "run",
+            "--payload", str(self.payload_path),
+            "--store", self.store_url,
+            "--code-root", str(self.code_root),
+            "--scratch-dir", str(self.scratch),
+        ]
+
+    def artifact(self, name: str) -> Path:
+        return self.store / PREFIX / name
+
+    def marker(self, attempt: int = 0, arm: str = ARM) -> dict[str, Any] | None:
+        path = self.artifact(f"{arm}_attempt{attempt}.json")
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def markers(self) -> list[Path]:
+        return sorted((self.store / PREFIX).glob("*_attempt*.json")) if (
+            self.store / PREFIX
+        ).exists() else []
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Iterator[Layout]:
+    lay = Layout(tmp_path)
+    for sub in ("store", "scratch", "runcode", "flash"):
+        (tmp_path / sub).mkdir()
+    yield lay
+
+
+@pytest.fixture
+def captured_logs() -> Iterator[list[dict[str, Any]]]:
+    with structlog.testing.capture_logs() as logs:
+        yield logs
+
+
+def assert_no_secret(root: Path, secret: str = CANARY) -> None:
+    """The secret is in no file under ``root`` except the payload that carries it."""
+    for path in root.rglob("*"):
+        if path.is_file() and path.name != "payload.json":
+            assert secret.encode() not in path.read_bytes(), f"secret leaked into {path}"

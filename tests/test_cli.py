@@ -1,0 +1,200 @@
+"""The command line: bad input ends with one clear line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ARM, PREFIX, Layout
+
+from fsm.policy import render_table
+
+
+def _last_line(proc: subprocess.CompletedProcess[bytes]) -> str:
+    lines = proc.stderr.decode().strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _assert_one_clear_line(proc: subprocess.CompletedProcess[bytes], *words: str) -> None:
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr
+    line = _last_line(proc)
+    assert line.startswith("flash-bootstrap: "), line
+    for word in words:
+        assert word in line, (word, line)
+
+
+def test_a_missing_payload_file_exits_2_naming_it(layout: Layout) -> None:
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "does not exist", str(layout.payload_path))
+    assert layout.markers() == []
+
+
+def test_an_unreadable_payload_exits_2(layout: Layout) -> None:
+    layout.payload_path.mkdir()  # a directory where the file should be
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "unreadable")
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"{not json", ["not JSON", "line 1"]),
+        (b"\xff\xfe\x00garbage", ["not UTF-8"]),
+        (b"[1, 2]", ["JSON object", "array"]),
+    ],
+)
+def test_a_payload_that_is_not_a_json_object_exits_2(
+    layout: Layout, content: bytes, words: list[str]
+) -> None:
+    layout.write_payload(content)
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, *words)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"phase": None}, ["'phase'", "required"]),
+        ({"seed": "3"}, ["'seed'", "integer", "string"]),
+        ({"seed": True}, ["'seed'", "integer"]),
+        ({"phase": "../../etc"}, ["'phase'"]),
+        ({"phase": "a/b"}, ["'phase'"]),
+        ({"attempt": -1}, ["'attempt'", ">= 0"]),
+        ({"env": {"A": 1}}, ["'env'", "'A'", "string"]),
+        ({"extra_pip": "torch"}, ["'extra_pip'", "list"]),
+        ({"max_wall_s": 0}, ["'max_wall_s'"]),
+        ({"mode": "warm"}, ["'mode'"]),
+        ({"mode": "preload"}, ["'models'", "required"]),
+    ],
+)
+def test_an_invalid_payload_exits_2_and_leaves_a_fatal_marker(
+    layout: Layout, overrides: dict[str, object], words: list[str]
+) -> None:
+    layout.write_payload(**overrides)
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "payload", *words)
+    marker_attempt = 0
+    marker = layout.marker(attempt=marker_attempt)
+    assert marker is not None, "the destination was known, so a marker is written"
+    assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "payload-invalid")
+
+
+def test_an_invalid_payload_without_a_destination_writes_no_marker(layout: Layout) -> None:
+    layout.write_payload(hf_prefix="../escape")
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "'hf_prefix'")
+    assert not list(layout.store.rglob("*.json"))
+
+
+def test_unknown_payload_keys_are_ignored(layout: Layout) -> None:
+    layout.write_worker("complete()")
+    layout.write_payload(future_key={"x": 1})
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert _last_line(proc) == "flash-bootstrap: attempt 0 succeeded"
+
+
+def test_the_store_and_paths_come_from_the_environment_when_not_given(layout: Layout) -> None:
+    layout.write_worker("complete()")
+    layout.write_payload()
+    proc = layout.cli("run", env={
+        "FLASH_PAYLOAD_PATH": str(layout.payload_path),
+        "FLASH_STORE": layout.store_url,
+        "FLASH_CODE_ROOT": str(layout.code_root),
+        "FLASH_SCRATCH_DIR": str(layout.scratch),
+    })
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert layout.marker() is not None
+
+
+def test_a_malformed_store_url_exits_2(layout: Layout) -> None:
+    layout.write_payload()
+    args = layout.run_args()
+    args[args.index("--store") + 1] = "file://relative/dir"
+    proc = layout.cli(*args)
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "--store")
+
+
+def test_an_unknown_option_exits_2_with_one_line(layout: Layout) -> None:
+    proc = layout.cli("run", "--no-such-flag")
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "--no-such-flag")
+
+
+def test_logs_are_json_lines_on_stderr_with_one_state_changed_per_transition(
+    layout: Layout,
+) -> None:
+    layout.write_worker("print('worker says hi'); complete()")
+    layout.write_payload()
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 0
+    events = [json.loads(line) for line in proc.stderr.decode().splitlines()
+              if line.startswith("{")]
+    changes = [e for e in events if e["msg"] == "state.changed"]
+    assert [(c["from"], c["event"], c["to"]) for c in changes] == [
+        ("LoadPayload", "train_requested", "InstallExtras"),
+        ("InstallExtras", "extras_installed", "FetchCode"),
+        ("FetchCode", "code_fetched", "ResolveSpec"),
+        ("ResolveSpec", "spec_resolved", "Train"),
+        ("Train", "worker_exited", "VerifyRemote"),
+        ("VerifyRemote", "completion_confirmed", "Mark"),
+        ("Mark", "marked_succeeded", "Succeeded"),
+    ]
+    for change in changes:
+        assert change["run_id"] == "run-1"
+        assert change["attempt"] == 0
+        assert change["seconds"] >= 0
+    # The worker's own output goes to stdout, untouched.
+    assert proc.stdout == b"worker says hi\n"
+
+
+def test_validate_accepts_a_good_payload_and_names_the_marker(layout: Layout) -> None:
+    layout.write_payload()
+    proc = layout.cli("validate", str(layout.payload_path))
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["marker"] == f"{PREFIX}/{ARM}_attempt0.json"
+
+
+def test_validate_rejects_a_bad_payload_with_one_line(layout: Layout) -> None:
+    layout.write_payload(seed="x")
+    proc = layout.cli("validate", str(layout.payload_path))
+    assert proc.returncode == 2
+    _assert_one_clear_line(proc, "'seed'")
+    assert layout.markers() == []  # validate never writes anything
+
+
+def test_policy_prints_the_table(layout: Layout) -> None:
+    proc = layout.cli("policy")
+    assert proc.returncode == 0
+    assert proc.stdout.decode().strip() == render_table()
+
+
+def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
+    script = subprocess.run(
+        [sys.executable, "-c", "from fsm.cli import main; raise SystemExit(main(['policy']))"],
+        capture_output=True, check=True,
+    )
+    module = subprocess.run([sys.executable, "-m", "fsm", "policy"], capture_output=True,
+                            check=True)
+    assert script.stdout == module.stdout
+
+
+@pytest.mark.parametrize("scenario", ["success", "crash", "crash-after-done", "preload"])
+def test_the_demo_runs_each_scenario_offline_as_described(scenario: str, tmp_path: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsm", "demo", "--scenario", scenario],
+        capture_output=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    out = proc.stdout.decode()
+    assert "states     LoadPayload ->" in out
+    assert '"ok":' in out

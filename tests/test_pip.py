@@ -1,0 +1,471 @@
+"""InstallExtras' pip: real pip against a local index on 127.0.0.1, no mocks.
+
+Every pip run here is isolated from the machine's pip configuration (``PIP_CONFIG_FILE``
+is the null device, the environment is built from scratch) and is pointed at the local
+index or ``--no-index``, so nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pypi_server import PypiServer, build_wheel
+from structlog.testing import capture_logs
+
+from fsm.clock import Deadline
+from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
+from fsm.interrupt import InterruptFlag
+from fsm.pip import (
+    MESSAGE_CHARS,
+    NETWORK_SIGNATURES,
+    PIP_RETRIES,
+    STOP_GRACE_S,
+    classify_pip_output,
+    install,
+    network_signature,
+)
+
+SECRET = "hf_s3cr3t-value-never-logged"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheels"), "flashdemo", "1.0")
+
+
+@pytest.fixture
+def index(wheel: Path) -> Iterator[PypiServer]:
+    with PypiServer([wheel], hang_limit_s=30) as server:
+        yield server
+
+
+@pytest.fixture
+def marker() -> str:
+    """A value put in pip's environment, to find any process pip left behind."""
+    return uuid.uuid4().hex
+
+
+class Pip:
+    """Runs ``install`` into a throwaway ``--target`` with an isolated pip environment."""
+
+    def __init__(self, tmp_path: Path, marker: str) -> None:
+        self.target = tmp_path / "target"
+        self.console = tmp_path / "console.txt"
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path),
+            "PIP_CONFIG_FILE": os.devnull,  # no /etc/xdg/pip: no find-links, extra index
+            "PIP_NO_CACHE_DIR": "1",
+            "HF_TOKEN": SECRET,
+            "FLASH_PIP_TEST_MARK": marker,
+        }
+
+    def __call__(
+        self,
+        requirements: Sequence[str],
+        *args: str,
+        deadline: Deadline | None = None,
+        interrupt: InterruptFlag | None = None,
+        tries: int = 3,
+        backoff_s: float = 0.05,
+        **env: str,
+    ) -> None:
+        with self.console.open("ab") as out:
+            install(
+                requirements,
+                env={**self.env, **env},
+                deadline=deadline or Deadline.after(60),
+                interrupt=interrupt or InterruptFlag(),
+                python=sys.executable,
+                extra_args=["--target", str(self.target), *args],
+                tries=tries,
+                backoff_s=backoff_s,
+                out_fd=out.fileno(),
+            )
+
+
+@pytest.fixture
+def pip(tmp_path: Path, marker: str) -> Pip:
+    return Pip(tmp_path, marker)
+
+
+def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def survivors(marker: str, settle_s: float = 2.0) -> list[int]:
+    """Live processes whose environment holds ``marker`` (given ``settle_s`` to die)."""
+    end = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours
+        if not found or time.monotonic() > end:
+            return found
+        time.sleep(0.05)
+
+
+def hanging_project(root: Path, url: str) -> Path:
+    """A source tree whose build backend blocks on ``url`` (so a pip grandchild hangs)."""
+    root.mkdir()
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "hangbackend"\nbackend-path = ["."]\n'
+    )
+    (root / "hangbackend.py").write_text(
+        textwrap.dedent(f"""\
+        import urllib.request
+
+        def get_requires_for_build_wheel(config_settings=None):
+            urllib.request.urlopen({url!r}, timeout=60).read()
+            return []
+        """)
+    )
+    return root
+
+
+def assert_one_line(message: str) -> None:
+    assert "\n" not in message
+    assert 0 < len(message) <= MESSAGE_CHARS
+
+
+# --- success ---------------------------------------------------------------------------
+
+
+def test_no_requirements_runs_nothing(tmp_path: Path) -> None:
+    """An empty extra_pip returns at once: no pip is started (this python does not exist)."""
+    with capture_logs() as logs:
+        install(
+            [],
+            env={},
+            deadline=Deadline.after(10),
+            interrupt=InterruptFlag(),
+            python=str(tmp_path / "no-such-python"),
+        )
+    assert logs == []
+
+
+def test_installs_a_local_wheel_file(pip: Pip, wheel: Path) -> None:
+    """A wheel path installs; pip's output reaches out_fd; env values never reach the log."""
+    with capture_logs() as logs:
+        pip([str(wheel)], "--no-index")
+    assert (pip.target / "flashdemo.py").read_text() == 'VERSION = "1.0"\n'
+    assert "Successfully installed flashdemo-1.0" in pip.console.read_text()
+    assert [e["attempt"] for e in events(logs, "pip.try")] == [1]
+    assert len(events(logs, "pip.installed")) == 1
+    assert SECRET not in repr(logs)
+
+
+def test_installs_from_the_local_index(pip: Pip, index: PypiServer) -> None:
+    """A requirement resolves against the index and installs from it."""
+    pip(["flashdemo==1.0"], "--index-url", index.url)
+    assert (pip.target / "flashdemo.py").exists()
+    assert "/simple/flashdemo/" in index.paths
+    assert "/files/flashdemo-1.0-py3-none-any.whl" in index.paths
+
+
+# --- network failures: retried, then retriable -------------------------------------------
+
+
+def test_unavailable_index_is_tried_tries_times_then_retriable(pip: Pip, index: PypiServer) -> None:
+    """An index answering 503 is network-shaped: pip runs `tries` times, then pip-network."""
+    index.mode = "unavailable"
+    with capture_logs() as logs, pytest.raises(RetriableError) as err:
+        # PIP_RETRIES=0 in the env: pip makes one request per run, and install() keeps it.
+        pip(["flashdemo"], "--index-url", index.url, tries=3, PIP_RETRIES="0")
+    assert err.value.rule == "pip-network"
+    assert index.hits == 3
+    assert [e["attempt"] for e in events(logs, "pip.try")] == [1, 2, 3]
+    assert {e["failure_class"] for e in events(logs, "pip.failed")} == {"network"}
+    assert "(network: the package index answered 5xx) after 3 tries" in err.value.message
+    assert "No matching distribution found for flashdemo" in err.value.message
+    assert_one_line(err.value.message)
+
+
+def test_pip_own_retries_are_bounded_when_env_does_not_choose(pip: Pip, index: PypiServer) -> None:
+    """Without PIP_RETRIES, pip retries a failing request PIP_RETRIES times, not its 5."""
+    index.mode = "unavailable"
+    with pytest.raises(RetriableError, match=r"after 1 try: "):
+        pip(["flashdemo"], "--index-url", index.url, tries=1)
+    assert index.hits == 1 + PIP_RETRIES
+
+
+def test_closed_port_is_network_and_retriable(pip: Pip) -> None:
+    """Connection refused ends as pip-network, although pip's last line reads 'not found'."""
+    url = f"http://127.0.0.1:{closed_port()}/simple/"
+    with capture_logs() as logs, pytest.raises(RetriableError) as err:
+        pip(["flashdemo"], "--index-url", url, tries=2, PIP_RETRIES="0")
+    assert err.value.rule == "pip-network"
+    assert "connection refused" in err.value.message
+    assert len(events(logs, "pip.try")) == 2
+
+
+def test_no_time_for_another_try_ends_retriable_at_once(pip: Pip) -> None:
+    """When the backoff would outlast the deadline, the network failure is raised now."""
+    url = f"http://127.0.0.1:{closed_port()}/simple/"
+    started = time.monotonic()
+    with pytest.raises(RetriableError, match=r"after 1 try \(no time left for another\)"):
+        pip(["flashdemo"], "--index-url", url, deadline=Deadline.after(20), backoff_s=30)
+    assert time.monotonic() - started < 10
+
+
+# --- other failures: fatal at once -------------------------------------------------------
+
+
+def test_missing_version_is_fatal_on_the_first_try(pip: Pip, index: PypiServer) -> None:
+    """A version the healthy index does not have is pip-failed, without retries."""
+    with capture_logs() as logs, pytest.raises(FatalError) as err:
+        pip(["flashdemo==9.9"], "--index-url", index.url)
+    assert err.value.rule == "pip-failed"
+    assert not err.value.retriable
+    assert len(events(logs, "pip.try")) == 1
+    assert events(logs, "pip.failed")[0]["failure_class"] == "other"
+    assert "No matching distribution found for flashdemo==9.9" in err.value.message
+    assert_one_line(err.value.message)
+
+
+def test_failing_build_is_fatal(pip: Pip, tmp_path: Path) -> None:
+    """A source tree whose build fails is pip-failed, and the message says why."""
+    project = tmp_path / "broken"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "failbackend"\nbackend-path = ["."]\n'
+    )
+    (project / "failbackend.py").write_text(
+        "def get_requires_for_build_wheel(config_settings=None):\n"
+        "    raise RuntimeError('this project cannot be built')\n"
+    )
+    with capture_logs() as logs, pytest.raises(FatalError) as err:
+        pip([str(project)], "--no-index")
+    assert err.value.rule == "pip-failed"
+    assert len(events(logs, "pip.try")) == 1
+    assert err.value.message.endswith(
+        "Getting requirements to build wheel did not run successfully.: "
+        "RuntimeError: this project cannot be built"
+    )
+    assert_one_line(err.value.message)
+    assert "RuntimeError: this project cannot be built" in pip.console.read_text()
+
+
+def test_invalid_requirement_is_fatal(pip: Pip) -> None:
+    """A requirement pip cannot parse is pip-failed on the first try."""
+    with pytest.raises(FatalError, match=r"Invalid requirement") as err:
+        pip(["not a requirement!"], "--no-index")
+    assert err.value.rule == "pip-failed"
+
+
+# --- time and signals ----------------------------------------------------------------------
+
+
+def test_deadline_stops_a_hung_pip(pip: Pip, index: PypiServer, marker: str) -> None:
+    """An index that never answers cannot hold the run past its deadline."""
+    index.mode = "hang"
+    started = time.monotonic()
+    with capture_logs() as logs, pytest.raises(DeadlineExceeded):
+        pip(["flashdemo"], "--index-url", index.url, deadline=Deadline.after(2.0))
+    elapsed = time.monotonic() - started
+    assert index.hits >= 1
+    assert 2.0 <= elapsed < 2.0 + STOP_GRACE_S + 1.5
+    assert len(events(logs, "pip.try")) == 1
+    assert survivors(marker) == []
+
+
+def test_sigterm_stops_pip_and_its_build_subprocess(
+    pip: Pip, index: PypiServer, marker: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a build hook hangs: Interrupted promptly, no pip process survives."""
+    index.mode = "hang"
+    project = hanging_project(tmp_path / "hangs", index.url + "hook")
+    flag = InterruptFlag()
+    fired: list[float] = []
+
+    def send_sigterm() -> None:
+        if index.first_hit.wait(30):  # the build hook (pip's grandchild) is blocked now
+            fired.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: flag.trigger(signum))
+    try:
+        threading.Thread(target=send_sigterm, daemon=True).start()
+        with pytest.raises(Interrupted) as err:
+            pip([str(project)], "--no-index", interrupt=flag)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert err.value.signum == signal.SIGTERM
+    assert fired, "the build hook never reached the index"
+    assert time.monotonic() - fired[0] < STOP_GRACE_S + 1.5
+    assert survivors(marker) == []
+
+
+def test_interrupt_cuts_the_backoff_short(pip: Pip) -> None:
+    """An interrupt during the wait between tries raises Interrupted without sleeping it out."""
+    url = f"http://127.0.0.1:{closed_port()}/simple/"
+    flag = InterruptFlag()
+    timer = threading.Timer(3.0, flag.trigger, args=(signal.SIGINT,))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as err:
+            pip(
+                ["flashdemo"],
+                "--index-url",
+                url,
+                deadline=Deadline.after(600),
+                interrupt=flag,
+                backoff_s=60,
+                PIP_RETRIES="0",
+            )
+    finally:
+        timer.cancel()
+    assert err.value.signum == signal.SIGINT
+    assert time.monotonic() - started < 10
+
+
+def test_already_stopped_runs_nothing(tmp_path: Path) -> None:
+    """A set interrupt or a passed deadline raises before pip is started."""
+    flag = InterruptFlag()
+    flag.trigger(signal.SIGTERM)
+    missing = str(tmp_path / "no-such-python")
+    with pytest.raises(Interrupted):
+        install(["x"], env={}, deadline=Deadline.after(10), interrupt=flag, python=missing)
+    with pytest.raises(DeadlineExceeded):
+        install(
+            ["x"], env={}, deadline=Deadline.after(-1), interrupt=InterruptFlag(), python=missing
+        )
+
+
+# --- classification of pip's output ----------------------------------------------------------
+
+# Real lines printed by pip 23.2 (console, or its --log file), shortened where long.
+REFUSED_RETRY = (
+    "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) "
+    "after connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection."
+    "HTTPConnection object at 0x7fad815e2510>: Failed to establish a new connection: "
+    "[Errno 111] Connection refused')': /simple/flashdemo/"
+)
+NOT_FOUND = (
+    "ERROR: Could not find a version that satisfies the requirement flashdemo "
+    "(from versions: none)\nERROR: No matching distribution found for flashdemo\n"
+)
+NETWORK_OUTPUTS = {
+    "traps-retry-then-not-found": ("connection-refused", f"{REFUSED_RETRY}\n{NOT_FOUND}"),
+    "index-503-in-log": (
+        "server-error",
+        "Could not fetch URL http://127.0.0.1:42641/simple/flashdemo/: HTTPConnectionPool("
+        "host='127.0.0.1', port=42641): Max retries exceeded with url: /simple/flashdemo/ "
+        "(Caused by ResponseError('too many 503 error responses')) - skipping\n" + NOT_FOUND,
+    ),
+    "file-503": (
+        "server-error",
+        "ERROR: Could not install packages due to an OSError: HTTPConnectionPool(host="
+        "'127.0.0.1', port=44487): Max retries exceeded with url: /files/flashdemo-1.0-py3-none"
+        "-any.whl (Caused by ResponseError('too many 503 error responses'))",
+    ),
+    "http-error-502": (
+        "server-error",
+        "ERROR: HTTP error 502 while getting https://files.example/x-1.0-py3-none-any.whl",
+    ),
+    "503-reason": ("server-error", "503 Service Unavailable"),
+    "read-timeout": (
+        "read-timeout",
+        "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None))"
+        " after connection broken by 'ReadTimeoutError(\"HTTPConnectionPool(host='127.0.0.1', "
+        "port=44509): Read timed out. (read timeout=2.0)\")': /simple/flashdemo/\n" + NOT_FOUND,
+    ),
+    "connect-timeout": (
+        "connect-timeout",
+        "after connection broken by 'ConnectTimeoutError(<pip._vendor.urllib3.connection."
+        "HTTPSConnection object at 0x7f>, 'Connection to pypi.org timed out. "
+        "(connect timeout=15)')': /simple/torch/",
+    ),
+    "reset": (
+        "connection-reset",
+        "after connection broken by 'ProtocolError('Connection aborted.', "
+        "ConnectionResetError(104, 'Connection reset by peer'))': /simple/torch/",
+    ),
+    "dns": (
+        "name-resolution",
+        "after connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection."
+        "HTTPSConnection object at 0x7f>: Failed to establish a new connection: [Errno -3] "
+        "Temporary failure in name resolution')': /simple/torch/",
+    ),
+    "incomplete-read": (
+        "connection-broken",
+        "ERROR: Exception: ... pip._vendor.urllib3.exceptions.ProtocolError: ('Connection "
+        "broken: IncompleteRead(1048576 bytes read, 2097152 more expected)', IncompleteRead(...))",
+    ),
+    "bare-retrying": ("pip-retrying", "WARNING: Retrying (Retry(total=4, connect=None)) after x"),
+}
+OTHER_OUTPUTS = {
+    "not-found-alone (TRAPS: this alone is not evidence of a network failure)": NOT_FOUND,
+    "no-such-version": (
+        "ERROR: Could not find a version that satisfies the requirement flashdemo==9.9 "
+        "(from versions: 1.0)\nERROR: No matching distribution found for flashdemo==9.9"
+    ),
+    "conflict": (
+        "ERROR: Cannot install a==1.0 and b==2.0 because these package versions have "
+        "conflicting dependencies.\nERROR: ResolutionImpossible: for help visit "
+        "https://pip.pypa.io/en/latest/topics/dependency-resolution/#dealing-with-dependency-"
+        "conflicts"
+    ),
+    "invalid": "ERROR: Invalid requirement: 'not a requirement!'",
+    "build": (
+        "  error: subprocess-exited-with-error\n"
+        "  \N{MULTIPLICATION SIGN} Getting requirements to build wheel did not run successfully.\n"
+        "  │ exit code: 1\n      RuntimeError: this project cannot be built\n"
+        "      [end of output]\n  note: This error originates from a subprocess, and is likely "
+        "not a problem with pip."
+    ),
+    "hashes": "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.",
+    "resolution-traceback-in-log": (
+        "pip._vendor.resolvelib.resolvers.RequirementsConflicted: Requirements conflict: "
+        "SpecifierRequirement('flashdemo')\npip._internal.exceptions.DistributionNotFound: "
+        "No matching distribution found for flashdemo"
+    ),
+}
+
+
+@pytest.mark.parametrize(("signature", "text"), NETWORK_OUTPUTS.values(), ids=list(NETWORK_OUTPUTS))
+def test_network_shaped_output_is_network(signature: str, text: str) -> None:
+    """Each network failure pip reports is classified network, by the expected signature."""
+    assert classify_pip_output(text) == "network"
+    found = network_signature(text)
+    assert found is not None
+    assert found.name == signature
+
+
+@pytest.mark.parametrize("text", OTHER_OUTPUTS.values(), ids=list(OTHER_OUTPUTS))
+def test_other_failures_are_other(text: str) -> None:
+    """Resolution, parse and build failures are not network-shaped."""
+    assert classify_pip_output(text) == "other"
+
+
+def test_signatures_are_printable_data() -> None:
+    """The signatures are a table the policy docs can print: unique names, a meaning each."""
+    names = [s.name for s in NETWORK_SIGNATURES]
+    assert len(names) == len(set(names))
+    for sig in NETWORK_SIGNATURES:
+        assert sig.meaning
+        assert sig.pattern.pattern

@@ -1,0 +1,152 @@
+"""Real signals and real deadlines against the runner as a real process."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Layout
+
+
+def _start(layout: Layout, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fsm", *layout.run_args()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _wait_for_output(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> None:
+    """Read the runner's stdout (the worker's console) until ``needle`` shows up."""
+    assert proc.stdout is not None
+    seen = b""
+    give_up = time.monotonic() + timeout
+    while needle not in seen:
+        left = give_up - time.monotonic()
+        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {needle!r}; got {seen[-500:]!r}"
+            seen += chunk
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_training_stops_the_worker_and_leaves_a_retriable_marker(
+    layout: Layout, signum: int
+) -> None:
+    layout.write_worker("""
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    layout.write_payload()
+    proc = _start(layout)
+    _wait_for_output(proc, b"ready")
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=15)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 1, stderr.decode()[-2000:]
+    assert elapsed < 5, elapsed
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, True, "interrupted", "Train"
+    )
+    assert layout.artifact("console_sft.txt").read_bytes().startswith(b"ready")
+
+
+def test_a_signal_while_a_store_call_hangs_still_leaves_a_retriable_marker(
+    layout: Layout, tmp_path: Path
+) -> None:
+    layout.write_worker("complete()")
+    # A FIFO in the code tree: copying it blocks in open() until a writer comes (never).
+    os.mkfifo(layout.store / "code" / "stuck.fifo")
+    layout.write_payload()
+    proc = _start(layout)
+    assert proc.stderr is not None
+    _wait_for_stderr(proc, b'"to": "FetchCode"')
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=15)
+    assert proc.returncode == 1
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["retriable"], marker["rule"], marker["state"]) == (
+        True, "interrupted", "FetchCode"
+    )
+
+
+def _wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> None:
+    assert proc.stderr is not None
+    seen = b""
+    give_up = time.monotonic() + timeout
+    while needle not in seen:
+        left = give_up - time.monotonic()
+        assert left > 0, f"never saw {needle!r}; got {seen[-800:]!r}"
+        ready, _, _ = select.select([proc.stderr], [], [], left)
+        if ready:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            assert chunk, f"stderr closed before {needle!r}"
+            seen += chunk
+
+
+def test_a_worker_past_the_deadline_is_stopped_and_the_run_fails_fatally_with_124(
+    layout: Layout,
+) -> None:
+    layout.write_worker("""
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a worker that will not stop
+        print("training forever", flush=True)
+        time.sleep(600)
+    """)
+    layout.write_payload(max_wall_s=4, env={"FLASH_STOP_GRACE_S": "1"})
+    started = time.monotonic()
+    proc = layout.cli(*layout.run_args(), timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 124, proc.stderr.decode()[-2000:]
+    assert elapsed < 4 + 2, elapsed
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "deadline")
+    assert "run wall deadline exceeded" in marker["error"]
+    console = layout.artifact("console_sft.txt").read_bytes()
+    assert b"training forever" in console
+    assert b"deadline" in console.splitlines()[-1]
+
+
+def test_the_watchdog_ends_a_stuck_attempt_at_the_deadline_with_a_marker_and_124(
+    layout: Layout,
+) -> None:
+    layout.write_worker("complete()")
+    os.mkfifo(layout.store / "code" / "stuck.fifo")
+    layout.write_payload(max_wall_s=3)
+    started = time.monotonic()
+    proc = layout.cli(*layout.run_args(), timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 124, proc.stderr.decode()[-2000:]
+    assert elapsed < 3 + 2, elapsed
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, False, "deadline", "FetchCode"
+    )
+    assert marker["watchdog"] is True
+
+
+def test_a_deadline_already_past_at_start_fails_fatally_without_running_anything(
+    layout: Layout,
+) -> None:
+    layout.write_worker("(SCRATCH / 'ran').write_text('yes'); complete()")
+    layout.write_payload(deadline_at=time.time() - 10)
+    proc = layout.cli(*layout.run_args(), timeout=30)
+    assert proc.returncode == 124
+    marker = layout.marker()
+    assert marker is not None and marker["rule"] == "deadline"
+    assert not (layout.scratch / "ran").exists()
