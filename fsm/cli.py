@@ -27,10 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run one attempt (the container entrypoint)")
-    run.add_argument("--payload", help="payload file [FLASH_PAYLOAD_PATH, /root/flash/payload.json]")
+    run.add_argument(
+        "--payload", help="payload file [FLASH_PAYLOAD_PATH, /root/flash/payload.json]"
+    )
     run.add_argument("--store", help="file:///abs/dir for a local store [FLASH_STORE, the Hub]")
     run.add_argument("--code-root", help="where code/** is fetched [FLASH_CODE_ROOT, /runcode]")
-    run.add_argument("--scratch-dir", help="console, spec and marker copies [FLASH_SCRATCH_DIR, /tmp]")
+    run.add_argument(
+        "--scratch-dir", help="console, spec and marker copies [FLASH_SCRATCH_DIR, /tmp]"
+    )
 
     demo = sub.add_parser("demo", help="run a real attempt on a temporary local store")
     from fsm.demo import SCENARIOS  # light: names only

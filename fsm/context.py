@@ -197,4 +197,3 @@ class Context:
         if self.raise_on_interrupt:
             self.raise_on_interrupt = False  # raise once; the driver takes it from here
             raise Interrupted(signum)
-

@@ -37,10 +37,14 @@ SCENARIOS: dict[str, Scenario] = {
     "heartbeat-retriable": Scenario(
         "the worker's own heartbeat judges its failure retriable", "FailedRetriable"
     ),
-    "spilled-spec": Scenario("the job spec lives in the store, not the payload", "Succeeded",
-                             spill=True),
-    "deadline": Scenario("the worker hangs past the attempt's wall-clock budget", "FailedFatal",
-                         payload={"max_wall_s": 4}),
+    "spilled-spec": Scenario(
+        "the job spec lives in the store, not the payload", "Succeeded", spill=True
+    ),
+    "deadline": Scenario(
+        "the worker hangs past the attempt's wall-clock budget",
+        "FailedFatal",
+        payload={"max_wall_s": 4},
+    ),
     "preload": Scenario("warm a model cache on a mounted volume; no worker", "Succeeded"),
 }
 
@@ -55,8 +59,9 @@ def lay_out(root: Path, name: str) -> Path:
     store = root / "store"
     tree = resources.files("fsm").joinpath("demo_tree")
     with resources.as_file(tree) as source:
-        shutil.copytree(source, store, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            source, store, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
     prefix = f"demo/run-{name}/seed0"
     payload: dict[str, Any] = {
         "hf_repo": "demo/flash-runs",
@@ -84,8 +89,7 @@ def lay_out(root: Path, name: str) -> Path:
             "env": payload["env"] | {"HF_HOME": str(mount / "hf-cache")},
         }
     else:
-        spec = json.dumps({"scenario": "slow" if name == "deadline" else name,
-                           "hf_prefix": prefix})
+        spec = json.dumps({"scenario": "slow" if name == "deadline" else name, "hf_prefix": prefix})
         payload |= {"phase": "sft", "seed": 0}
         if scenario.spill:
             (store / prefix).mkdir(parents=True, exist_ok=True)
@@ -125,8 +129,11 @@ def run_demo(name: str, keep: Path | None = None) -> int:
         print(f"states     {' -> '.join(outcome.context.path)}", file=out)
         print(f"marker     {json.dumps(outcome.marker, indent=2, sort_keys=True)}", file=out)
         print(f"exit code  {outcome.exit_code} ({outcome.reason})", file=out)
-        print(f"expected   {scenario.expect}: "
-              f"{'yes' if outcome.terminal == scenario.expect else 'NO'}", file=out)
+        print(
+            f"expected   {scenario.expect}: "
+            f"{'yes' if outcome.terminal == scenario.expect else 'NO'}",
+            file=out,
+        )
         if keep:
             print(f"kept       {root}", file=out)
         return 0 if outcome.terminal == scenario.expect else 1

@@ -35,7 +35,9 @@ def failure_event(rule: policy.Rule) -> str:
 def describe(exc: BaseException) -> str:
     """The one-line text of a failure, as the marker carries it."""
     if isinstance(exc, Interrupted):
-        return f"interrupted by signal {exc.signum} (host stop or preemption); retry on a fresh host"
+        return (
+            f"interrupted by signal {exc.signum} (host stop or preemption); retry on a fresh host"
+        )
     text = str(exc).strip() or type(exc).__name__
     if not hasattr(exc, "rule") and not isinstance(exc, DeadlineExceeded):
         text = f"{type(exc).__name__}: {text}"

@@ -62,7 +62,7 @@ class StoreNotFound(FatalError):
         super().__init__(message, rule=rule)
 
 
-class Interrupted(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
+class Interrupted(BaseException):
     """SIGTERM or SIGINT reached the runner. BaseException so no ``except Exception`` eats it."""
 
     def __init__(self, signum: int) -> None:
@@ -70,21 +70,22 @@ class Interrupted(BaseException):  # noqa: N818 - a control-flow signal, like Ke
         self.signum = signum
 
 
-class DeadlineExceeded(Exception):  # noqa: N818 - named for the fact, like TimeoutError
+class DeadlineExceeded(Exception):
     """The attempt's time ran out before the work finished."""
 
 
-class IllegalEvent(Exception):  # noqa: N818 - mirrors transitions' MachineError
+class IllegalEvent(Exception):
     """An event fired from a state that does not allow it. The machine is unchanged."""
 
     def __init__(self, state: str, event: str, allowed: list[str]) -> None:
         super().__init__(
-            f"event {event!r} is not allowed in state {state!r}; allowed: {', '.join(allowed) or 'none'}"
+            f"event {event!r} is not allowed in state {state!r}; "
+            f"allowed: {', '.join(allowed) or 'none'}"
         )
         self.state = state
         self.event = event
         self.allowed = allowed
 
 
-class AttemptBusy(Exception):  # noqa: N818 - a fact about the attempt, not an error class
+class AttemptBusy(Exception):
     """Another live runner holds this attempt's lock: it, not we, will write the marker."""

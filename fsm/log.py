@@ -31,9 +31,7 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
     if json is None:
         json = not stream.isatty()
     renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if json
-        else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[

@@ -195,8 +195,9 @@ def _upload(
         except (FlashError, OSError) as exc:
             delay = base_delay_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
             last = attempt == tries or deadline.remaining() < delay
-            log.warning("marker.upload_retry", path=target, attempt=attempt, error=str(exc),
-                        final=last)
+            log.warning(
+                "marker.upload_retry", path=target, attempt=attempt, error=str(exc), final=last
+            )
             if last:
                 return False
             time.sleep(delay)

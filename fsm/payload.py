@@ -101,7 +101,9 @@ def destination(raw: Mapping[str, Any]) -> Destination | None:
             hf_repo=str(repo),
             hf_prefix=str(prefix).strip("/"),
             arm=arm if isinstance(arm, str) and ARM_RE.fullmatch(arm) else "instance",
-            attempt=attempt if _is_int(attempt) and attempt >= 0 else 0,
+            attempt=attempt
+            if isinstance(attempt, int) and _is_int(attempt) and attempt >= 0
+            else 0,
             token=token if isinstance(token, str) and token else None,
         )
 
@@ -119,7 +121,7 @@ def parse(raw: Mapping[str, Any]) -> Payload:
     if deadline_at is not None:
         deadline_at = _opt_number(raw, "deadline_at", 0.0)
     env = _env(raw)
-    common = {
+    common: dict[str, Any] = {
         "dest": dest,
         "mode": mode,
         "env": env,
@@ -132,7 +134,9 @@ def parse(raw: Mapping[str, Any]) -> Payload:
     if mode == "preload":
         models = _str_list(raw, "models")
         if not models:
-            raise PayloadError("payload key 'models' is required in preload mode (a list of repo ids)")
+            raise PayloadError(
+                "payload key 'models' is required in preload mode (a list of repo ids)"
+            )
         for model in models:
             if not REPO_RE.fullmatch(model):
                 raise PayloadError(f"payload key 'models' has an invalid repo id {model!r}")
@@ -143,7 +147,7 @@ def parse(raw: Mapping[str, Any]) -> Payload:
             raise PayloadError(
                 f"payload key 'cache_mount_marker' must be a plain file name, got {marker!r}"
             )
-        return Payload(models=tuple(models), **common)  # type: ignore[arg-type]
+        return Payload(models=tuple(models), **common)
     phase = _required(raw, "phase", str)
     if not PHASE_RE.fullmatch(phase):
         raise PayloadError(
@@ -157,7 +161,7 @@ def parse(raw: Mapping[str, Any]) -> Payload:
         job_spec_json=spec,
         job_spec_in_hf=_opt(raw, "job_spec_in_hf", bool, False),
         extra_pip=tuple(_str_list(raw, "extra_pip")),
-        **common,  # type: ignore[arg-type]
+        **common,
     )
 
 
@@ -175,7 +179,8 @@ def _destination(raw: Mapping[str, Any]) -> Destination:
     prefix = _required(raw, "hf_prefix", str)
     if not _valid_prefix(prefix):
         raise PayloadError(
-            f"payload key 'hf_prefix' must be a relative repo folder without '..', got {prefix!r:.80}"
+            "payload key 'hf_prefix' must be a relative repo folder without '..', "
+            f"got {prefix!r:.80}"
         )
     arm = _opt(raw, "flash_arm", str, "instance")
     if not ARM_RE.fullmatch(arm):
@@ -209,8 +214,15 @@ def _is_int(value: object) -> bool:
 
 
 def _json_type(value: object) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-             list: "an array", dict: "an object", type(None): "null"}
+    names = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -220,7 +232,9 @@ _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 def _check(key: str, value: object, kind: type) -> Any:
     ok = _is_int(value) if kind is int else isinstance(value, kind)
     if not ok:
-        raise PayloadError(f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {_json_type(value)}")
+        raise PayloadError(
+            f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {_json_type(value)}"
+        )
     return value
 
 
@@ -261,10 +275,14 @@ def _env(raw: Mapping[str, Any]) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise PayloadError(f"payload key 'env' must be an object of strings, got {_json_type(value)}")
+        raise PayloadError(
+            f"payload key 'env' must be an object of strings, got {_json_type(value)}"
+        )
     for k, v in value.items():
         if not isinstance(v, str):
-            raise PayloadError(f"payload key 'env' entry {k!r} must be a string, got {_json_type(v)}")
+            raise PayloadError(
+                f"payload key 'env' entry {k!r} must be a string, got {_json_type(v)}"
+            )
         if "\x00" in k or "\x00" in v or "=" in k or not k:
             raise PayloadError(f"payload key 'env' entry {k!r:.60} is not a usable variable")
     return dict(value)

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +63,13 @@ def run_attempt(
     out_fd: int = 1,
     python: str = sys.executable,
     handle_signals: bool = True,
+    hard_exit: Callable[[int], object] = os._exit,
 ) -> Outcome:
-    """Run one attempt through the machine and return how it ended."""
+    """Run one attempt through the machine and return how it ended.
+
+    ``hard_exit`` is what the deadline watchdog calls when the attempt is stuck past its
+    deadline (the process's ``os._exit``; tests running in-process hand in their own).
+    """
     from states import HANDLERS  # the handlers import the heavier machinery
 
     ctx = Context(
@@ -75,7 +80,7 @@ def run_attempt(
         python=python,
         started_at=time.time(),
     )
-    watchdog = Watchdog(ctx)
+    watchdog = Watchdog(ctx, exit=hard_exit)
     with _signals(ctx, handle_signals):
         watchdog.start()
         try:

@@ -23,8 +23,11 @@ def load_payload(ctx: Context) -> str:
     if isinstance(env, dict):
         # Secrets are known before anything can fail with them in its text.
         text_env = {str(k): v for k, v in env.items() if isinstance(v, str)}
-        extra = (ctx.environ.get("FLASH_SECRET_ENV_KEYS", "") + "," +
-                 text_env.get("FLASH_SECRET_ENV_KEYS", "")).split(",")
+        extra = (
+            ctx.environ.get("FLASH_SECRET_ENV_KEYS", "")
+            + ","
+            + text_env.get("FLASH_SECRET_ENV_KEYS", "")
+        ).split(",")
         secrets = [text_env[k] for k in secret_keys(text_env, extra)]
         ctx.redactor.add(secrets)
         REDACTOR.add(secrets)

@@ -38,7 +38,8 @@ def mark(ctx: Context) -> str:
             dest=ctx.dest,
             store=ctx.open_store(ctx.dest, deadline),
             result_file=(
-                None if ctx.replayed is not None
+                None
+                if ctx.replayed is not None
                 else marker.result_path(ctx.settings.payload_path, ctx.dest)
             ),
             scratch_dir=ctx.scratch,

@@ -93,5 +93,8 @@ def _publish_result(ctx: Context, result: dict[str, Any]) -> None:
             log.warning("preload.result_upload_retry", attempt=attempt, error=str(exc))
         if attempt < CONFIRM_TRIES:
             time.sleep(ctx.work_deadline.bound(2.0 * attempt * random.uniform(0.5, 1.0)))
-    log.error("preload.result_upload_failed", tries=CONFIRM_TRIES,
-              note="the warm driver falls back to the attempt marker")
+    log.error(
+        "preload.result_upload_failed",
+        tries=CONFIRM_TRIES,
+        note="the warm driver falls back to the attempt marker",
+    )

@@ -14,10 +14,21 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import HealthCheck, settings
 
 from fsm import log
 from fsm.context import Settings
 from fsm.runner import Outcome, run_attempt
+
+# Hypothesis profiles: "ci" (the default) stays fast; "thorough" is for deep runs:
+#   HYPOTHESIS_PROFILE=thorough pytest tests/test_properties_*.py
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPO = "org/flash-runs"
 PREFIX = "sft/run-1/seed3"
@@ -26,7 +37,7 @@ CANARY = "hf_CANARY_token_must_never_leak_0123456789"
 
 #: Every test worker starts with this: it speaks the worker side of CONTRACT section 5
 #: against the local store named by FLASH_STORE.
-WORKER_PRELUDE = '''
+WORKER_PRELUDE = """
 import json, os, shutil, sys, time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -58,7 +69,7 @@ def complete():
     done = SCRATCH / "DONE"
     done.write_text(str(time.time()))
     upload(done, "DONE")
-'''
+"""
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -142,8 +153,12 @@ class Layout:
                 handle_signals=False,
             )
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
-            ) -> subprocess.CompletedProcess[bytes]:
+    def cli(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[bytes]:
         """``python -m fsm`` as a real process."""
         return subprocess.run(
             [sys.executable, "-m", "fsm", *args],
@@ -156,10 +171,14 @@ class Layout:
     def run_args(self) -> list[str]:
         return [
             "run",
-            "--payload", str(self.payload_path),
-            "--store", self.store_url,
-            "--code-root", str(self.code_root),
-            "--scratch-dir", str(self.scratch),
+            "--payload",
+            str(self.payload_path),
+            "--store",
+            self.store_url,
+            "--code-root",
+            str(self.code_root),
+            "--scratch-dir",
+            str(self.scratch),
         ]
 
     def artifact(self, name: str) -> Path:
@@ -170,17 +189,19 @@ class Layout:
         return json.loads(path.read_text()) if path.exists() else None
 
     def markers(self) -> list[Path]:
-        return sorted((self.store / PREFIX).glob("*_attempt*.json")) if (
-            self.store / PREFIX
-        ).exists() else []
+        return (
+            sorted((self.store / PREFIX).glob("*_attempt*.json"))
+            if (self.store / PREFIX).exists()
+            else []
+        )
 
 
 @pytest.fixture
-def layout(tmp_path: Path) -> Iterator[Layout]:
+def layout(tmp_path: Path) -> Layout:
     lay = Layout(tmp_path)
     for sub in ("store", "scratch", "runcode", "flash"):
         (tmp_path / sub).mkdir()
-    yield lay
+    return lay
 
 
 @pytest.fixture

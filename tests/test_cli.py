@@ -105,12 +105,15 @@ def test_unknown_payload_keys_are_ignored(layout: Layout) -> None:
 def test_the_store_and_paths_come_from_the_environment_when_not_given(layout: Layout) -> None:
     layout.write_worker("complete()")
     layout.write_payload()
-    proc = layout.cli("run", env={
-        "FLASH_PAYLOAD_PATH": str(layout.payload_path),
-        "FLASH_STORE": layout.store_url,
-        "FLASH_CODE_ROOT": str(layout.code_root),
-        "FLASH_SCRATCH_DIR": str(layout.scratch),
-    })
+    proc = layout.cli(
+        "run",
+        env={
+            "FLASH_PAYLOAD_PATH": str(layout.payload_path),
+            "FLASH_STORE": layout.store_url,
+            "FLASH_CODE_ROOT": str(layout.code_root),
+            "FLASH_SCRATCH_DIR": str(layout.scratch),
+        },
+    )
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert layout.marker() is not None
 
@@ -137,8 +140,9 @@ def test_logs_are_json_lines_on_stderr_with_one_state_changed_per_transition(
     layout.write_payload()
     proc = layout.cli(*layout.run_args())
     assert proc.returncode == 0
-    events = [json.loads(line) for line in proc.stderr.decode().splitlines()
-              if line.startswith("{")]
+    events = [
+        json.loads(line) for line in proc.stderr.decode().splitlines() if line.startswith("{")
+    ]
     changes = [e for e in events if e["msg"] == "state.changed"]
     assert [(c["from"], c["event"], c["to"]) for c in changes] == [
         ("LoadPayload", "train_requested", "InstallExtras"),
@@ -181,10 +185,12 @@ def test_policy_prints_the_table(layout: Layout) -> None:
 def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
     script = subprocess.run(
         [sys.executable, "-c", "from fsm.cli import main; raise SystemExit(main(['policy']))"],
-        capture_output=True, check=True,
+        capture_output=True,
+        check=True,
     )
-    module = subprocess.run([sys.executable, "-m", "fsm", "policy"], capture_output=True,
-                            check=True)
+    module = subprocess.run(
+        [sys.executable, "-m", "fsm", "policy"], capture_output=True, check=True
+    )
     assert script.stdout == module.stdout
 
 
@@ -192,7 +198,9 @@ def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
 def test_the_demo_runs_each_scenario_offline_as_described(scenario: str, tmp_path: object) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "fsm", "demo", "--scenario", scenario],
-        capture_output=True, timeout=60, check=False,
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
     out = proc.stdout.decode()

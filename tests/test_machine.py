@@ -9,7 +9,9 @@ from fsm.errors import IllegalEvent
 from fsm.machine import RunMachine
 
 
-def test_an_illegal_event_raises_naming_state_event_and_allowed_events_and_changes_nothing() -> None:
+def test_an_illegal_event_raises_naming_state_event_and_allowed_events_and_changes_nothing() -> (
+    None
+):
     machine = RunMachine()
     with pytest.raises(IllegalEvent) as info:
         machine.fire(table.WORKER_EXITED)
@@ -38,8 +40,12 @@ def test_there_are_no_automatic_to_state_triggers() -> None:
 def test_the_happy_train_path_runs_through_the_machine() -> None:
     machine = RunMachine()
     for event in (
-        table.TRAIN_REQUESTED, table.EXTRAS_INSTALLED, table.CODE_FETCHED,
-        table.SPEC_RESOLVED, table.WORKER_EXITED, table.COMPLETION_CONFIRMED,
+        table.TRAIN_REQUESTED,
+        table.EXTRAS_INSTALLED,
+        table.CODE_FETCHED,
+        table.SPEC_RESOLVED,
+        table.WORKER_EXITED,
+        table.COMPLETION_CONFIRMED,
         table.MARKED_SUCCEEDED,
     ):
         machine.fire(event)

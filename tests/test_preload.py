@@ -23,14 +23,19 @@ def _model(layout: Layout, repo_id: str) -> None:
     (root / "weights.gguf").write_bytes(b"skip me too")
 
 
-def _preload(layout: Layout, models: list[str], *, sentinel: bool = True,
-             **overrides: Any) -> dict[str, Any]:
+def _preload(
+    layout: Layout, models: list[str], *, sentinel: bool = True, **overrides: Any
+) -> dict[str, Any]:
     mount = layout.root / "mnt"
     mount.mkdir(exist_ok=True)
     if sentinel:
         (mount / SENTINEL).write_text("")
     payload = layout.payload(
-        mode="preload", models=models, phase=None, seed=None, job_spec_json=None,
+        mode="preload",
+        models=models,
+        phase=None,
+        seed=None,
+        job_spec_json=None,
         cache_mount_marker=SENTINEL,
         env={"HF_TOKEN": CANARY, "HF_HOME": str(mount / "hf")},
     )
@@ -51,14 +56,20 @@ def test_preload_warms_each_model_into_the_standard_hf_cache(layout: Layout) -> 
     assert outcome.exit_code == 0, outcome.reason
     assert outcome.context.path == ["LoadPayload", "Preload", "Mark", "Succeeded"]
     assert _result(layout) == {
-        "preloaded": ["org/alpha", "org/beta"], "already_cached": [], "failed": {},
+        "preloaded": ["org/alpha", "org/beta"],
+        "already_cached": [],
+        "failed": {},
     }
     cache = layout.root / "mnt" / "hf" / "hub"
     for repo in ("org/alpha", "org/beta"):
-        snapshot = Path(snapshot_download(
-            repo, cache_dir=cache, ignore_patterns=list(PRELOAD_IGNORE_PATTERNS),
-            local_files_only=True,
-        ))
+        snapshot = Path(
+            snapshot_download(
+                repo,
+                cache_dir=cache,
+                ignore_patterns=list(PRELOAD_IGNORE_PATTERNS),
+                local_files_only=True,
+            )
+        )
         assert json.loads((snapshot / "config.json").read_text()) == {"model": repo}
         assert (snapshot / "model.safetensors").stat().st_size == 4096
         assert not (snapshot / "original").exists()
@@ -66,8 +77,10 @@ def test_preload_warms_each_model_into_the_standard_hf_cache(layout: Layout) -> 
     marker = layout.marker()
     assert marker is not None and marker["ok"] is True
     # The result file lands before the marker.
-    assert (layout.artifact("preload_result.json").stat().st_mtime_ns
-            <= layout.artifact("lambda_attempt0.json").stat().st_mtime_ns)
+    assert (
+        layout.artifact("preload_result.json").stat().st_mtime_ns
+        <= layout.artifact("lambda_attempt0.json").stat().st_mtime_ns
+    )
 
 
 def test_a_model_already_in_the_cache_is_skipped(layout: Layout) -> None:

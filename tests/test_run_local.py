@@ -12,8 +12,14 @@ from conftest import ARM, CANARY, PREFIX, Layout, assert_no_secret
 from fsm import table
 
 TRAIN_PATH = [
-    "LoadPayload", "InstallExtras", "FetchCode", "ResolveSpec", "Train", "VerifyRemote",
-    "Mark", "Succeeded",
+    "LoadPayload",
+    "InstallExtras",
+    "FetchCode",
+    "ResolveSpec",
+    "Train",
+    "VerifyRemote",
+    "Mark",
+    "Succeeded",
 ]
 
 
@@ -75,7 +81,9 @@ def test_local_metrics_without_remote_artifacts_is_a_lost_upload_and_retriable(
     marker = layout.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (
-        False, True, "worker-upload-lost"
+        False,
+        True,
+        "worker-upload-lost",
     )
     assert outcome.terminal == table.FAILED_RETRIABLE
     assert outcome.exit_code == 1
@@ -128,9 +136,15 @@ def test_the_worker_gets_the_contract_environment(layout: Layout) -> None:
         complete()
     """)
     layout.run(
-        attempt=4, flash_arm="hyperstack", max_wall_s=1000,
-        env={"HF_TOKEN": CANARY, "CUSTOM": "yes", "FLASH_ARM": "runpod",
-             "PYTHONPATH": "/opt/extra"},
+        attempt=4,
+        flash_arm="hyperstack",
+        max_wall_s=1000,
+        env={
+            "HF_TOKEN": CANARY,
+            "CUSTOM": "yes",
+            "FLASH_ARM": "runpod",
+            "PYTHONPATH": "/opt/extra",
+        },
     )
     env = json.loads((layout.scratch / "env.json").read_text())
     assert env["PHASE"] == env["RUN_MODE"] == "sft"
@@ -146,6 +160,7 @@ def test_the_worker_gets_the_contract_environment(layout: Layout) -> None:
     assert env["PYTHONPATH"].split(os.pathsep) == [code_dir, "/opt/extra"]
     assert (layout.scratch / "cwd.txt").read_text() == code_dir
     import time as _time
+
     assert _time.time() < float(env["FLASH_RUN_DEADLINE_AT"]) < _time.time() + 1000
 
 
@@ -181,7 +196,9 @@ def test_a_spilled_spec_missing_from_the_store_is_retriable(layout: Layout) -> N
     marker = layout.marker()
     assert marker is not None
     assert (marker["retriable"], marker["rule"], marker["state"]) == (
-        True, "spec-fetch", "ResolveSpec"
+        True,
+        "spec-fetch",
+        "ResolveSpec",
     )
     assert outcome.exit_code == 1
 
@@ -196,7 +213,9 @@ def test_no_inline_spec_and_no_spill_flag_is_fatal(layout: Layout) -> None:
 
 def test_a_stale_metrics_json_is_removed_before_the_worker_starts(layout: Layout) -> None:
     (layout.scratch / "metrics.json").write_text("{}")
-    layout.write_worker("(SCRATCH / 'saw.txt').write_text(str((SCRATCH / 'metrics.json').exists())); sys.exit(1)")
+    layout.write_worker(
+        "(SCRATCH / 'saw.txt').write_text(str((SCRATCH / 'metrics.json').exists())); sys.exit(1)"
+    )
     layout.run()
     assert (layout.scratch / "saw.txt").read_text() == "False"
     marker = layout.marker()
@@ -217,7 +236,9 @@ def test_a_repo_without_code_is_fatal(layout: Layout) -> None:
     marker = layout.marker()
     assert marker is not None
     assert (marker["retriable"], marker["rule"], marker["state"]) == (
-        False, "code-missing", "FetchCode"
+        False,
+        "code-missing",
+        "FetchCode",
     )
 
 

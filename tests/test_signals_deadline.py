@@ -58,7 +58,10 @@ def test_a_signal_during_training_stops_the_worker_and_leaves_a_retriable_marker
     marker = layout.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
-        False, True, "interrupted", "Train"
+        False,
+        True,
+        "interrupted",
+        "Train",
     )
     assert layout.artifact("console_sft.txt").read_bytes().startswith(b"ready")
 
@@ -79,7 +82,9 @@ def test_a_signal_while_a_store_call_hangs_still_leaves_a_retriable_marker(
     marker = layout.marker()
     assert marker is not None
     assert (marker["retriable"], marker["rule"], marker["state"]) == (
-        True, "interrupted", "FetchCode"
+        True,
+        "interrupted",
+        "FetchCode",
     )
 
 
@@ -135,7 +140,10 @@ def test_the_watchdog_ends_a_stuck_attempt_at_the_deadline_with_a_marker_and_124
     marker = layout.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
-        False, False, "deadline", "FetchCode"
+        False,
+        False,
+        "deadline",
+        "FetchCode",
     )
     assert marker["watchdog"] is True
 

@@ -43,7 +43,7 @@ class Store(Protocol):
         ...
 
     def worker_env(self) -> Mapping[str, str]:
-        """Environment the worker needs to reach the same store (``FLASH_STORE`` for a local one)."""
+        """What the worker's environment needs to reach the same store (``FLASH_STORE``)."""
         ...
 
     def upload_file(self, local_path: Path, path_in_repo: str) -> None:

@@ -47,7 +47,9 @@ class LocalStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             _atomic_copy(local_path, target)
         except OSError as exc:
-            raise StoreUnavailable(f"local store: cannot write {path_in_repo}: {exc.strerror}") from exc
+            raise StoreUnavailable(
+                f"local store: cannot write {path_in_repo}: {exc.strerror}"
+            ) from exc
 
     def exists(self, path_in_repo: str) -> bool:
         self._check_time()
@@ -103,9 +105,11 @@ class LocalStore:
         commit = digest.hexdigest()
         repo_dir = cache_dir / ("models--" + repo_id.replace("/", "--"))
         snapshot = repo_dir / "snapshots" / commit
-        if (repo_dir / "refs" / "main").is_file() and all(
-            (snapshot / rel).is_file() for rel, _ in files
-        ) and (repo_dir / "refs" / "main").read_text().strip() == commit:
+        if (
+            (repo_dir / "refs" / "main").is_file()
+            and all((snapshot / rel).is_file() for rel, _ in files)
+            and (repo_dir / "refs" / "main").read_text().strip() == commit
+        ):
             return "cached"
         blobs = repo_dir / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
