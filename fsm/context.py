@@ -69,6 +69,7 @@ class Tuning:
     secret_keys: tuple[str, ...] = ()
     stop_grace_s: float = 10.0
     exit_reserve_s: float | None = None  # None: derived from the budget
+    pip_backoff_s: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
@@ -82,6 +83,7 @@ class Tuning:
             ),
             stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
+            pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
         )
 
     def reserve_for(self, budget_s: float) -> float:

@@ -17,5 +17,6 @@ def install_extras(ctx: Context) -> str:
                 interrupt=ctx.interrupt,
                 python=ctx.python,
                 out_fd=ctx.out_fd,
+                backoff_s=ctx.tuning.pip_backoff_s,
             )
     return table.EXTRAS_INSTALLED

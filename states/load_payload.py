@@ -48,6 +48,7 @@ def load_payload(ctx: Context) -> str:
         else Deadline.at_epoch(ctx.started_at + parsed.max_wall_s)
     )
     ctx.store = ctx.open_store(parsed.dest, ctx.work_deadline)
+    ctx.scratch.mkdir(parents=True, exist_ok=True)
 
     lock = marker.acquire_lock(ctx.settings.payload_path, parsed.dest, LOCK_WAIT_S)
     if lock is None:

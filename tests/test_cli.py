@@ -194,6 +194,13 @@ def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
     assert script.stdout == module.stdout
 
 
+def test_the_cli_offers_exactly_the_demo_scenarios() -> None:
+    from fsm.cli import DEMO_SCENARIOS
+    from fsm.demo import SCENARIOS
+
+    assert sorted(SCENARIOS) == list(DEMO_SCENARIOS)
+
+
 @pytest.mark.parametrize("scenario", ["success", "crash", "crash-after-done", "preload"])
 def test_the_demo_runs_each_scenario_offline_as_described(scenario: str, tmp_path: object) -> None:
     proc = subprocess.run(
