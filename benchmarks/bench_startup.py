@@ -83,9 +83,11 @@ def main() -> None:
         interps.append(_interp_s())
         imports.append(_import_us())
     med = {name: statistics.median(values) for name, values in
-           (("run_to_first_line_s", runs), ("worker_to_first_line_s", workers),
-            ("interpreter_s", interps))}
-    overhead = med["run_to_first_line_s"] - med["worker_to_first_line_s"] - med["interpreter_s"]
+           (("run_to_first_line_ms", runs), ("worker_to_first_line_ms", workers),
+            ("interpreter_ms", interps))}
+    overhead = (
+        med["run_to_first_line_ms"] - med["worker_to_first_line_ms"] - med["interpreter_ms"]
+    )
     result = {**{k: round(v * 1000, 1) for k, v in med.items()},
               "runner_overhead_ms": round(overhead * 1000, 1),
               "import_fsm_us": statistics.median(imports), "rounds": args.rounds}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsm.clock import Deadline
@@ -39,8 +40,30 @@ def open_store(url: str | None, *, repo_id: str, token: str | None, deadline: De
 
     if not url:
         return HubStore(repo_id, token=token, deadline=deadline,
-                        endpoint=os.environ.get("HF_ENDPOINT") or None)
+                        endpoint=os.environ.get("HF_ENDPOINT") or None, **_hub_tuning())
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
-        return HubStore(repo_id, token=token, deadline=deadline, endpoint=url)
+        return HubStore(repo_id, token=token, deadline=deadline, endpoint=url, **_hub_tuning())
     raise PayloadError(f"--store: unsupported store URL scheme {scheme or url[:16]!r}")
+
+
+#: Environment knobs of the Hub adapter's time bounds and retries (all optional).
+_HUB_KNOBS = {
+    "FLASH_STORE_CALL_TIMEOUT_S": ("call_timeout_s", float),
+    "FLASH_STORE_TRANSFER_TIMEOUT_S": ("transfer_timeout_s", float),
+    "FLASH_STORE_MAX_ATTEMPTS": ("max_attempts", int),
+    "FLASH_STORE_RETRY_BASE_S": ("retry_base_s", float),
+    "FLASH_STORE_RETRY_MAX_S": ("retry_max_s", float),
+}
+
+
+def _hub_tuning() -> dict[str, Any]:
+    tuning: dict[str, Any] = {}
+    for var, (name, kind) in _HUB_KNOBS.items():
+        value = os.environ.get(var)
+        if value:
+            try:
+                tuning[name] = kind(value)
+            except ValueError:
+                raise PayloadError(f"{var}={value!r} is not a number") from None
+    return tuning

@@ -1,0 +1,558 @@
+"""The Hugging Face store: one dataset repo (plus model repos to warm) via ``huggingface_hub``.
+
+Both hub lines are supported: 0.x (``requests``, optional ``hf_transfer``) and 1.x/2.x
+(``httpx2``, ``hf_xet``). The library is imported lazily, after :func:`configure_transfer`
+has put the fast-transfer switch into the environment: the hub freezes its settings at
+the first import.
+
+Every call is bounded. The library has no timeout on several requests (repo info, tree
+listing, preupload, commit), so each library call runs in a daemon thread and is waited
+for with a bound (``call_timeout_s`` for metadata and small uploads, ``transfer_timeout_s``
+for downloads), never past the attempt deadline. A call still running after its bound is
+abandoned (the daemon thread cannot keep the interpreter alive) and counts as a timeout.
+
+Failures are classified by walking the exception's cause chain (the transport exception
+types differ between the hub lines):
+
+* connection errors, timeouts, HTTP 408/429/5xx: retried with exponential backoff and
+  jitter (``Retry-After`` honoured), then :class:`~fsm.errors.StoreUnavailable`;
+* HTTP 401/403: :class:`~fsm.errors.StoreAuthError` at once;
+* HTTP 404: ``False`` from :meth:`HubStore.exists`, :class:`~fsm.errors.StoreNotFound`
+  elsewhere;
+* the attempt deadline running out: :class:`~fsm.errors.DeadlineExceeded`.
+
+The token is passed explicitly on every call (never read from the ambient environment or
+a saved login) and never appears in a log event or in the text of an error raised here:
+those messages are built from the operation, the repo path, the HTTP status and the
+exception's type name only.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import fnmatch
+import http.client
+import importlib.metadata
+import importlib.util
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+import structlog
+
+from fsm.clock import Deadline
+from fsm.errors import (
+    DeadlineExceeded,
+    FatalError,
+    StoreAuthError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from fsm.store.base import WarmOutcome
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+__all__ = ["DEFAULT_ENDPOINT", "HubStore", "configure_transfer"]
+
+log = structlog.get_logger("fsm.store.hub")
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+_T = TypeVar("_T")
+_SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
+
+Accelerator = Literal["hf_transfer", "hf_xet", "none"]
+_configured: Accelerator | None = None
+_configure_lock = threading.Lock()
+
+
+# --- fast transfer -------------------------------------------------------------------------
+
+
+def _hub_major() -> int | None:
+    """The installed huggingface_hub's major version, read without importing it."""
+    try:
+        return int(importlib.metadata.version("huggingface_hub").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True) -> str:
+    """Switch the fast-transfer accelerator on in ``environ``; return its name.
+
+    Call it on ``os.environ`` before ``huggingface_hub`` is first imported (the hub freezes
+    its settings then); :class:`HubStore` calls it itself if nobody did. The hub line is
+    detected from the installed distribution's metadata, without importing it:
+
+    * 0.x with ``hf_transfer`` installed: ``HF_HUB_ENABLE_HF_TRANSFER=1`` → ``"hf_transfer"``
+      (parallel ranged GETs for files over 50 MiB);
+    * 1.x/2.x with ``hf_xet`` (and Xet not disabled): ``HF_XET_HIGH_PERFORMANCE=1`` →
+      ``"hf_xet"`` (1.x/2.x ignore ``HF_HUB_ENABLE_HF_TRANSFER``);
+    * otherwise, or with ``accelerate=False`` (the switch is then set off): ``"none"``.
+
+    Telemetry is always disabled (``HF_HUB_DISABLE_TELEMETRY=1``).
+    """
+    global _configured
+    environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    major = _hub_major()
+    accelerator: Accelerator = "none"
+    if major == 0:
+        if accelerate and _installed("hf_transfer"):
+            environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
+            accelerator = "hf_transfer"
+        else:
+            environ["HF_HUB_ENABLE_HF_TRANSFER"] = "0"
+    elif major is not None:
+        environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
+        if accelerate and _installed("hf_xet") and not _truthy(environ.get("HF_HUB_DISABLE_XET")):
+            environ["HF_XET_HIGH_PERFORMANCE"] = "1"
+            accelerator = "hf_xet"
+        else:
+            environ["HF_XET_HIGH_PERFORMANCE"] = "0"
+    frozen = "huggingface_hub.constants" in sys.modules
+    if frozen and environ is os.environ:
+        # Too late for the environment to count: set the frozen setting too. Both are
+        # read from the constants module at call time.
+        constants = sys.modules["huggingface_hub.constants"]
+        if hasattr(constants, "HF_HUB_ENABLE_HF_TRANSFER") and major == 0:
+            setattr(constants, "HF_HUB_ENABLE_HF_TRANSFER", accelerator == "hf_transfer")  # noqa: B010
+        if hasattr(constants, "HF_XET_HIGH_PERFORMANCE") and major not in (0, None):
+            setattr(constants, "HF_XET_HIGH_PERFORMANCE", accelerator == "hf_xet")  # noqa: B010
+    with _configure_lock:
+        _configured = accelerator
+    log.info(
+        "store.transfer_accelerator",
+        accelerator=accelerator,
+        hub_major=major,
+        configured_after_import=frozen,
+    )
+    return accelerator
+
+
+def _ensure_configured() -> None:
+    with _configure_lock:
+        done = _configured is not None
+    if not done:
+        configure_transfer(os.environ)
+
+
+# --- failure classification ----------------------------------------------------------------
+
+FailureKind = Literal["retriable", "auth", "not_found", "rejected", "unknown"]
+
+# Transport failures by (top-level module, class name) anywhere in the MRO: the libraries
+# may not be installed, so they are not imported to compare types.
+_TRANSPORT_TYPES = frozenset({
+    ("requests", "ConnectionError"),
+    ("requests", "Timeout"),
+    ("requests", "ChunkedEncodingError"),
+    ("urllib3", "ProtocolError"),
+    ("urllib3", "TimeoutError"),
+    ("urllib3", "NewConnectionError"),
+    ("httpx2", "TransportError"),
+    ("httpx", "TransportError"),
+    ("httpcore", "NetworkError"),
+    ("httpcore", "TimeoutException"),
+    ("httpcore", "RemoteProtocolError"),
+})
+
+
+@dataclass(frozen=True)
+class _Failure:
+    kind: FailureKind
+    reason: str  # secret-free: "HTTP 503", "ConnectError", "no answer within 5s"
+    status: int | None = None
+    retry_after: float | None = None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything in its ``__cause__``/``__context__`` chain, nearest first."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
+def _response_of(exc: BaseException) -> object | None:
+    try:
+        return getattr(exc, "response", None)
+    except Exception:  # httpx raises when a request/response was never attached
+        return None
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(_response_of(exc), "status_code", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def _retry_after_of(exc: BaseException) -> float | None:
+    headers = getattr(_response_of(exc), "headers", None)
+    try:
+        value: object = headers.get("Retry-After") if headers is not None else None
+    except Exception:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _is_transport(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
+        return True
+    if isinstance(exc, RuntimeError) and "hf_transfer" in str(exc):
+        return True  # 0.x wraps every hf_transfer failure in a RuntimeError
+    for cls in type(exc).__mro__:
+        root = cls.__module__.split(".")[0]
+        if (root, cls.__name__) in _TRANSPORT_TYPES or root == "hf_transfer":
+            return True
+    return False
+
+
+def classify(exc: BaseException) -> _Failure:
+    """How a store call failed, from the exception and its cause chain."""
+    chain = list(_chain(exc))
+    for current in chain:
+        status = _status_of(current)
+        if status is None:
+            continue
+        reason = f"HTTP {status}"
+        if status in (401, 403):
+            return _Failure("auth", reason, status)
+        if status == 404:
+            return _Failure("not_found", reason, status)
+        if status in (408, 429) or status >= 500:
+            return _Failure("retriable", reason, status, _retry_after_of(current))
+        return _Failure("rejected", reason, status)
+    for current in chain:
+        if _is_transport(current):
+            return _Failure("retriable", type(current).__name__)
+    return _Failure("unknown", type(exc).__name__)
+
+
+# --- bounded calls -------------------------------------------------------------------------
+
+
+class _Abandoned(Exception):
+    """A call still running when its bound ran out."""
+
+
+class _Missing(Exception):
+    """The store answered 404."""
+
+
+def _run_bounded(fn: Callable[[], _T], seconds: float, name: str) -> _T:
+    """Run ``fn`` in a daemon thread; its result, its exception, or :class:`_Abandoned`."""
+    result: list[_T] = []
+    error: list[BaseException] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the waiting thread
+            error.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    if not done.wait(max(0.0, seconds)):
+        raise _Abandoned
+    if error:
+        raise error[0]
+    return result[0]
+
+
+# --- the adapter ---------------------------------------------------------------------------
+
+
+class HubStore:
+    """One Hugging Face dataset repo as the runner's artifact store (``fsm.store.base.Store``).
+
+    ``token`` None means anonymous: no token is taken from the environment or a saved
+    login. ``endpoint`` None means the public Hub. Retries: at most ``max_attempts`` tries
+    per call, waiting ``retry_base_s * 2**n`` (jittered, at most ``retry_max_s``) or what
+    ``Retry-After`` asks; a ``Retry-After`` longer than ``retry_max_s``, or a wait that
+    would reach the deadline, ends the retries at once with ``StoreUnavailable``.
+    """
+
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        token: str | None,
+        deadline: Deadline,
+        endpoint: str | None = None,
+        call_timeout_s: float = 60.0,
+        transfer_timeout_s: float = 4 * 3600.0,
+        max_attempts: int = 5,
+        retry_base_s: float = 1.0,
+        retry_max_s: float = 30.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.repo_id = repo_id
+        self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
+        self._custom_endpoint = endpoint is not None and self.endpoint != DEFAULT_ENDPOINT
+        self._token: str | bool = token if token else False
+        self.deadline = deadline
+        self.call_timeout_s = call_timeout_s
+        self.transfer_timeout_s = transfer_timeout_s
+        self.max_attempts = max_attempts
+        self.retry_base_s = retry_base_s
+        self.retry_max_s = retry_max_s
+
+    def __repr__(self) -> str:  # the default would show the token
+        return f"HubStore({self.describe()!r})"
+
+    # --- the port -------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        return f"{self.endpoint}/datasets/{self.repo_id}"
+
+    def worker_env(self) -> Mapping[str, str]:
+        return {"HF_ENDPOINT": self.endpoint} if self._custom_endpoint else {}
+
+    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
+        api = self._api()
+        size = local_path.stat().st_size
+        bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
+
+        def upload() -> None:
+            api.upload_file(
+                path_or_fileobj=str(local_path),
+                path_in_repo=path_in_repo,
+                repo_id=self.repo_id,
+                repo_type="dataset",
+                token=self._token,
+                commit_message=f"Upload {path_in_repo}",
+            )
+
+        try:
+            self._call("upload", path_in_repo, upload, bound)
+        except _Missing:
+            raise StoreNotFound(
+                f"store upload {path_in_repo}: repo {self.repo_id} not found"
+            ) from None
+
+    def exists(self, path_in_repo: str) -> bool:
+        # Not HfApi.file_exists: on both hub lines it answers False to a 401 (wrong token).
+        self._api()
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        url = hf_hub_url(self.repo_id, path_in_repo, repo_type="dataset", endpoint=self.endpoint)
+
+        def head() -> bool:
+            get_hf_file_metadata(url, token=self._token, timeout=self.call_timeout_s)
+            return True
+
+        try:
+            return self._call("exists", path_in_repo, head, self.call_timeout_s)
+        except _Missing:
+            return False
+
+    def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
+        self._api()
+        from huggingface_hub import hf_hub_download
+
+        def download() -> str:
+            return hf_hub_download(
+                self.repo_id,
+                path_in_repo,
+                repo_type="dataset",
+                local_dir=str(dest_dir),
+                token=self._token,
+                endpoint=self.endpoint,
+            )
+
+        try:
+            return Path(self._call("download", path_in_repo, download, self.transfer_timeout_s))
+        except _Missing:
+            raise StoreNotFound(f"store download {path_in_repo}: not found") from None
+
+    def fetch_folder(self, folder: str, local_root: Path) -> int:
+        api = self._api()
+        from huggingface_hub import snapshot_download
+
+        folder = folder.strip("/")
+        label = f"{folder}/"
+        try:
+            sha, files = self._listing(api, self.repo_id, "dataset", label)
+        except _Missing:
+            raise StoreNotFound(f"store fetch {label}: repo {self.repo_id} not found") from None
+        wanted = [f for f in files if f.startswith(label)]
+        if not wanted:
+            raise StoreNotFound(f"store fetch {label}: no files under it")
+
+        def fetch() -> str:
+            return snapshot_download(
+                self.repo_id,
+                repo_type="dataset",
+                revision=sha,  # the listing's commit: the files counted are the files fetched
+                allow_patterns=[f"{folder}/**"],
+                local_dir=str(local_root),
+                token=self._token,
+                endpoint=self.endpoint,
+            )
+
+        try:
+            self._call("fetch", label, fetch, self.transfer_timeout_s)
+        except _Missing:
+            raise StoreNotFound(f"store fetch {label}: not found") from None
+        missing = [f for f in wanted if not (local_root / f).is_file()]
+        if missing:
+            # The hub returns an existing local_dir as is when it cannot reach the store.
+            raise StoreUnavailable(f"store fetch {label}: {len(missing)} file(s) not fetched")
+        return len(wanted)
+
+    def warm_model(
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+    ) -> WarmOutcome:
+        api = self._api()
+        from huggingface_hub import snapshot_download
+
+        patterns = list(ignore_patterns)
+        label = f"model {repo_id}"
+
+        def probe() -> str | None:
+            try:
+                return snapshot_download(
+                    repo_id,
+                    cache_dir=str(cache_dir),
+                    ignore_patterns=patterns,
+                    local_files_only=True,
+                    token=self._token,
+                )
+            except Exception as exc:  # not (completely) in the cache
+                if classify(exc).kind in ("retriable", "auth", "rejected"):
+                    raise
+                return None
+
+        snapshot = self._call("probe", label, probe, self.call_timeout_s)
+        if snapshot is not None and (_hub_major() or 0) >= 1:
+            return "cached"  # 1.x/2.x checked the snapshot against its cached tree listing
+        try:
+            if snapshot is not None:
+                # 0.x returns any snapshot folder, even one an interrupted download left
+                # half-filled: compare it with the repo's listing.
+                _sha, files = self._listing(api, repo_id, "model", label)
+                kept = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+                if all((Path(snapshot) / f).exists() for f in kept):
+                    return "cached"
+
+            def download() -> str:
+                return snapshot_download(
+                    repo_id,
+                    cache_dir=str(cache_dir),
+                    ignore_patterns=patterns,
+                    token=self._token,
+                    endpoint=self.endpoint,
+                )
+
+            self._call("warm", label, download, self.transfer_timeout_s)
+        except _Missing:
+            raise StoreNotFound(f"store warm {label}: not found") from None
+        return "downloaded"
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _api(self) -> HfApi:
+        _ensure_configured()
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self._token)
+
+    def _listing(
+        self, api: HfApi, repo_id: str, repo_type: str, label: str
+    ) -> tuple[str | None, list[str]]:
+        def info() -> tuple[str | None, list[str]]:
+            got = api.repo_info(repo_id, repo_type=repo_type, token=self._token)
+            siblings = getattr(got, "siblings", None) or []
+            return got.sha, [str(s.rfilename) for s in siblings]
+
+        return self._call("list", label, info, self.call_timeout_s)
+
+    def _call(self, op: str, path: str, fn: Callable[[], _T], bound_s: float) -> _T:
+        """``fn()`` bounded, retried and classified; raises :class:`_Missing` on a 404."""
+        where = f"store {op} {path}"
+        for attempt in range(1, self.max_attempts + 1):
+            remaining = self.deadline.remaining()
+            if remaining <= 0:
+                raise DeadlineExceeded(f"{where}: the attempt deadline passed")
+            bound = min(bound_s, remaining)
+            try:
+                return _run_bounded(fn, bound, f"hub-{op}")
+            except _Abandoned:
+                if self.deadline.expired():
+                    raise DeadlineExceeded(
+                        f"{where}: the attempt deadline passed while waiting for the store"
+                    ) from None
+                failure = _Failure("retriable", f"no answer within {bound:.3g}s")
+            except Exception as exc:
+                failure = classify(exc)
+                if failure.kind == "unknown":
+                    raise
+            if failure.kind == "auth":
+                raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
+            if failure.kind == "not_found":
+                raise _Missing(where)
+            if failure.kind == "rejected":
+                raise FatalError(f"{where}: {failure.reason}", rule="unclassified")
+            if attempt == self.max_attempts:
+                break
+            delay = self._delay(attempt, failure)
+            if delay is None:
+                raise StoreUnavailable(
+                    f"{where}: {failure.reason}, and the store asked to wait "
+                    f"{failure.retry_after:.3g}s"
+                )
+            if delay >= self.deadline.remaining():
+                raise StoreUnavailable(
+                    f"{where}: {failure.reason}; no time left to retry before the attempt deadline"
+                )
+            log.warning(
+                "store.retry",
+                op=op,
+                path=path,
+                attempt=attempt,
+                status=failure.status,
+                error=failure.reason,
+                delay_s=round(delay, 3),
+            )
+            time.sleep(delay)
+        raise StoreUnavailable(f"{where}: {failure.reason} after {self.max_attempts} attempts")
+
+    def _delay(self, attempt: int, failure: _Failure) -> float | None:
+        """Seconds to wait before the next try; None when Retry-After asks too much."""
+        if failure.retry_after is not None:
+            if failure.retry_after > self.retry_max_s:
+                return None
+            return failure.retry_after
+        backoff = min(self.retry_max_s, self.retry_base_s * 2.0 ** (attempt - 1))
+        return backoff * random.uniform(0.5, 1.0)

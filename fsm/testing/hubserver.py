@@ -1,0 +1,748 @@
+"""A local Hugging Face Hub API server that the real ``huggingface_hub`` client accepts.
+
+Standard library only. It binds ``127.0.0.1`` on a free port and keeps every repo as a
+plain directory under its root::
+
+    root/datasets/<org>/<name>/<path in repo>
+    root/models/<org>/<name>/<path in repo>
+
+It implements what uploads, existence checks and downloads need, on both client lines
+(``huggingface_hub`` 0.x and 1.x/2.x):
+
+* ``HEAD``/``GET /{datasets/}<repo>/resolve/<rev>/<path>``: the file, with the headers the
+  client requires (``X-Repo-Commit``, ``ETag``, ``Content-Length``); ranged GETs are
+  answered ``206`` with ``Content-Range`` (what hf_transfer needs); a missing file or repo is
+  ``404`` with ``X-Error-Code: EntryNotFound`` / ``RepoNotFound``;
+* ``GET /api/<type>s/<repo>[/revision/<rev>]``: ``sha`` and ``siblings``;
+* ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``);
+* ``POST /api/<type>s/<repo>/preupload/<rev>``: every file is ``regular``, so neither LFS
+  nor Xet machinery is needed;
+* ``POST /api/<type>s/<repo>/commit/<rev>``: NDJSON commits with inline base64 content,
+  deletions included.
+
+A server built with ``token=`` answers ``401`` to any request whose
+``Authorization: Bearer`` header does not carry exactly that token. The token is never
+echoed, logged or recorded.
+
+Any revision name is served from the repo's current content: ``main`` and any 40-hex
+commit id resolve to the current commit (there is no history).
+
+Faults are injected per request, matched by method (``"*"`` for any) and a regular
+expression searched in the request path (without the query string). They apply before
+the token check, like a load balancer in front of the Hub would::
+
+    with LocalHubServer(tmp_path, token="hf_test") as hub:
+        hub.create_repo("org/data")
+        hub.fail("POST", r"/commit/", status=503, times=2, retry_after=1)
+        hub.hang("HEAD", r"/resolve/", seconds=5)       # answers late (then normally)
+        hub.drop("GET", r"/resolve/", times=1)          # closes without an answer
+        ...
+        hub.requests  # [RequestRecord(method, path, range, status, fault), ...]
+
+The pytest plugin of this package (``fsm.testing.pytest_plugin``) provides the
+``hub_server`` fixture built on this class.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+__all__ = ["Fault", "LocalHubServer", "RequestRecord"]
+
+RepoType = Literal["model", "dataset", "space"]
+FaultKind = Literal["fail", "hang", "drop"]
+
+_CHUNK = 1 << 20
+_REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
+_API = re.compile(
+    r"^/api/(?P<type>models|datasets|spaces)/" + _REPO
+    + r"/(?P<op>revision|tree|preupload|commit)/(?P<rest>.+)$"
+)
+_INFO = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/?$")
+_RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?" + _REPO + r"/resolve/(?P<rest>.+)$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_OLD_CLIENT = re.compile(r"\bhf_hub/0\.")
+
+
+@dataclass
+class RequestRecord:
+    """One request the server saw. ``status`` is None while it is pending or when dropped."""
+
+    method: str
+    path: str
+    query: str
+    range: str | None
+    status: int | None = None
+    fault: FaultKind | None = None
+    at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None  # when the answer (body included) was sent or dropped
+
+
+@dataclass
+class Fault:
+    """An injected fault; ``hits`` counts the requests it has hit so far."""
+
+    kind: FaultKind
+    method: str
+    pattern: re.Pattern[str]
+    times: int
+    status: int = 503
+    retry_after: float | str | None = None
+    error_code: str | None = None
+    seconds: float = 0.0
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.hits < self.times
+            and self.method in ("*", method)
+            and self.pattern.search(path) is not None
+        )
+
+
+class LocalHubServer:
+    """A Hub API server on ``127.0.0.1`` for tests; a context manager.
+
+    ``root`` holds the repos (a fresh temporary directory, removed on stop, when None).
+    ``token``: when given, every request must carry ``Authorization: Bearer <token>``.
+    """
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_file: Path | str | None = None,
+    ) -> None:
+        self._own_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="hubserver-")) if root is None else Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._token = token
+        self._host = host
+        self._port = port
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._faults: list[Fault] = []
+        self._log: list[RequestRecord] = []
+        self._write_lock = threading.Lock()
+        self._generation: dict[Path, int] = {}
+        self._etags: dict[tuple[str, int, int], str] = {}
+        self._log_file = Path(log_file) if log_file is not None else None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The endpoint to hand the client, e.g. ``http://127.0.0.1:41234``."""
+        if self._httpd is None:
+            raise RuntimeError("the server is not running: call start() or use it as a context")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> LocalHubServer:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        httpd = _Server((self._host, self._port), _Handler)
+        httpd.hub = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            name="local-hub-server", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; hung requests are released at once. Idempotent."""
+        self._stopping.set()
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> LocalHubServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- repos --------------------------------------------------------------------------
+
+    def repo_dir(self, repo_id: str, repo_type: RepoType = "dataset") -> Path:
+        """The directory holding repo ``repo_id`` (it may not exist yet)."""
+        parts = repo_id.split("/")
+        if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"not a repo id: {repo_id!r}")
+        return self.root.joinpath(f"{repo_type}s", *parts)
+
+    def create_repo(self, repo_id: str, repo_type: RepoType = "dataset") -> Path:
+        """Create an empty repo (idempotent) and return its directory."""
+        path = self.repo_dir(repo_id, repo_type)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def add_file(
+        self,
+        repo_id: str,
+        path_in_repo: str,
+        data: bytes | str | Path,
+        repo_type: RepoType = "dataset",
+    ) -> Path:
+        """Put a file straight into a repo (created when missing), bypassing the API."""
+        target = _join(self.create_repo(repo_id, repo_type), path_in_repo)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with self._write_lock:
+            if isinstance(data, Path):
+                shutil.copyfile(data, target)
+            else:
+                target.write_bytes(data.encode() if isinstance(data, str) else data)
+            self._bump(self.repo_dir(repo_id, repo_type))
+        self.etag(target)  # hash now, not on the first request
+        return target
+
+    def commit_sha(self, repo_id: str, repo_type: RepoType = "dataset") -> str:
+        """The repo's current commit id (40 hex), derived from its content listing."""
+        return self._commit_of(self.repo_dir(repo_id, repo_type))
+
+    # --- faults -------------------------------------------------------------------------
+
+    def fail(
+        self,
+        method: str,
+        path_regex: str,
+        status: int = 503,
+        times: int = 1,
+        retry_after: float | str | None = None,
+        error_code: str | None = None,
+    ) -> Fault:
+        """Answer ``status`` to the first ``times`` requests matching method and path."""
+        return self._add(Fault("fail", method.upper(), re.compile(path_regex), times,
+                               status=status, retry_after=retry_after, error_code=error_code))
+
+    def hang(self, method: str, path_regex: str, seconds: float, times: int = 1) -> Fault:
+        """Hold the first ``times`` matching requests ``seconds`` (or until stop); then serve."""
+        return self._add(Fault("hang", method.upper(), re.compile(path_regex), times,
+                               seconds=seconds))
+
+    def drop(self, method: str, path_regex: str, times: int = 1) -> Fault:
+        """Close the connection of the first ``times`` matching requests without an answer."""
+        return self._add(Fault("drop", method.upper(), re.compile(path_regex), times))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    # --- the request log ----------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """A snapshot of every request seen so far, oldest first."""
+        with self._lock:
+            return list(self._log)
+
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._log.clear()
+
+    def wait_for(
+        self, predicate: Callable[[list[RequestRecord]], bool], timeout: float = 5.0
+    ) -> bool:
+        """Block until ``predicate(requests)`` holds (True) or ``timeout`` passes (False)."""
+        end = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(list(self._log)):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    # --- internals used by the handler --------------------------------------------------
+
+    def _add(self, fault: Fault) -> Fault:
+        if fault.times < 1:
+            raise ValueError("times must be at least 1")
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def _record(self, record: RequestRecord) -> Fault | None:
+        with self._changed:
+            self._log.append(record)
+            fault = next((f for f in self._faults if f.matches(record.method, record.path)), None)
+            if fault is not None:
+                fault.hits += 1
+                record.fault = fault.kind
+            self._changed.notify_all()
+            return fault
+
+    def _finish(self, record: RequestRecord, status: int | None) -> None:
+        with self._changed:
+            record.status = status
+            self._changed.notify_all()
+
+    def _ended(self, record: RequestRecord) -> None:
+        with self._changed:
+            record.ended_at = time.monotonic()
+            self._changed.notify_all()
+            if self._log_file is not None:
+                line = dict(vars(record))
+                with self._log_file.open("a") as f:
+                    f.write(json.dumps(line) + "\n")
+
+    def _authorized(self, header: str | None) -> bool:
+        return self._token is None or header == f"Bearer {self._token}"
+
+    def _bump(self, repo: Path) -> None:
+        self._generation[repo] = self._generation.get(repo, 0) + 1
+
+    def _files(self, repo: Path) -> Iterator[tuple[str, Path]]:
+        for dirpath, dirnames, filenames in os.walk(repo):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath, name)
+                yield path.relative_to(repo).as_posix(), path
+
+    def _commit_of(self, repo: Path) -> str:
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(f"{repo.as_posix()}\0{self._generation.get(repo, 0)}\n".encode())
+        for rel, path in self._files(repo):
+            st = path.stat()
+            digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
+
+    def etag(self, path: Path) -> str:
+        """The git blob id of a file (what the Hub sends as ETag of a regular file)."""
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._etags.get(key)
+        if cached is not None:
+            return cached
+        digest = hashlib.sha1(f"blob {st.st_size}\0".encode(), usedforsecurity=False)
+        with path.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        value = digest.hexdigest()
+        with self._lock:
+            self._etags[key] = value
+        return value
+
+
+def _join(repo: Path, path_in_repo: str) -> Path:
+    parts = path_in_repo.strip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a repo path: {path_in_repo!r}")
+    return repo.joinpath(*parts)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    hub: LocalHubServer
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str, error_code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_code = error_code
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    _record: RequestRecord
+    _body: bytes
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the request log is the server's record, not stderr
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_HEAD(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        hub = self.server.hub
+        split = urlsplit(self.path)
+        record = RequestRecord(self.command, split.path, split.query, self.headers.get("Range"))
+        self._record = record
+        try:
+            self._body = self._read_body()
+        except (OSError, ValueError):
+            self.close_connection = True
+            hub._record(record)
+            hub._ended(record)
+            return
+        fault = hub._record(record)
+        try:
+            self._answer(split.path, split.query, fault)
+        finally:
+            hub._ended(record)
+
+    def _answer(self, path: str, query: str, fault: Fault | None) -> None:
+        hub = self.server.hub
+        record = self._record
+        try:
+            if fault is not None and fault.kind == "drop":
+                self._drop()
+                return
+            if fault is not None and fault.kind == "hang":
+                hub._stopping.wait(fault.seconds)
+                if hub._stopping.is_set():
+                    self._drop()
+                    return
+            if fault is not None and fault.kind == "fail":
+                headers = {}
+                if fault.retry_after is not None:
+                    headers["Retry-After"] = str(fault.retry_after)
+                self._send_json(fault.status, {"error": "injected fault"}, headers,
+                                error_code=fault.error_code)
+                return
+            if not hub._authorized(self.headers.get("Authorization")):
+                # Like the Hub: no error code, a message that never echoes the header.
+                self._send_json(401, {"error": "Invalid credentials in Authorization header"})
+                return
+            self._route(path, parse_qs(query))
+        except _HttpError as err:
+            self._send_json(err.status, {"error": err.message}, error_code=err.error_code)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            if record.status is None:
+                hub._finish(record, 499)  # the client went away mid-answer
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            body = b"".join(chunks)
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+        if self.headers.get("Content-Encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        return body
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        self.server.hub._finish(self._record, None)
+
+    def _start(self, status: int, headers: dict[str, str], error_code: str | None = None) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        if error_code:
+            self.send_header("X-Error-Code", error_code)
+        self.end_headers()
+        self.server.hub._finish(self._record, status)
+
+    def _send_json(
+        self,
+        status: int,
+        payload: object,
+        headers: dict[str, str] | None = None,
+        *,
+        error_code: str | None = None,
+    ) -> None:
+        body = json.dumps(payload).encode()
+        self._start(status, {"Content-Type": "application/json",
+                             "Content-Length": str(len(body)), **(headers or {})}, error_code)
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    # --- routes -------------------------------------------------------------------------
+
+    def _route(self, path: str, query: dict[str, list[str]]) -> None:
+        if match := _RESOLVE.match(path):
+            if self.command not in ("GET", "HEAD"):
+                raise _HttpError(405, "method not allowed")
+            repo = self._repo(match["type"] or "models", match["repo"])
+            _rev, _, file_path = match["rest"].partition("/")
+            self._resolve(repo, unquote(file_path))
+            return
+        if (match := _INFO.match(path)) and self.command == "GET":
+            self._revision(self._repo(match["type"], match["repo"]), unquote(match["repo"]))
+            return
+        if match := _API.match(path):
+            repo = self._repo(match["type"], match["repo"])
+            rest = match["rest"]
+            op = match["op"]
+            if op == "revision" and self.command == "GET":
+                self._revision(repo, unquote(match["repo"]))
+            elif op == "tree" and self.command == "GET":
+                _rev, _, sub = rest.partition("/")
+                recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+                self._tree(repo, unquote(sub).strip("/"), recursive)
+            elif op == "preupload" and self.command == "POST":
+                self._preupload(repo)
+            elif op == "commit" and self.command == "POST":
+                self._commit(repo, match["type"], unquote(match["repo"]))
+            else:
+                raise _HttpError(405, "method not allowed")
+            return
+        raise _HttpError(404, "not found")
+
+    def _repo(self, type_plural: str, repo_id: str) -> Path:
+        try:
+            repo = self.server.hub.repo_dir(unquote(repo_id), _singular(type_plural))
+        except ValueError:
+            raise _HttpError(400, "invalid repo id") from None
+        if not repo.is_dir():
+            raise _HttpError(404, "Repository not found", "RepoNotFound")
+        return repo
+
+    def _resolve(self, repo: Path, file_path: str) -> None:
+        hub = self.server.hub
+        try:
+            target = _join(repo, file_path)
+        except ValueError:
+            raise _HttpError(400, "invalid path") from None
+        if not target.is_file():
+            raise _HttpError(404, "Entry not found", "EntryNotFound")
+        size = target.stat().st_size
+        etag = hub.etag(target)
+        headers = {
+            "X-Repo-Commit": hub._commit_of(repo),
+            "ETag": f'"{etag}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
+        start, end = 0, size - 1
+        status = 200
+        wanted = self.headers.get("Range")
+        if wanted and self.command == "GET":
+            parsed = _parse_range(wanted, size)
+            if parsed is None:
+                self._start(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"})
+                return
+            start, end = parsed
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        headers["Content-Length"] = str(max(0, end - start + 1))
+        self._start(status, headers)
+        if self.command == "HEAD" or end < start:
+            return
+        with target.open("rb") as f:
+            self.connection.sendfile(f, start, end - start + 1)
+
+    def _revision(self, repo: Path, repo_id: str) -> None:
+        hub = self.server.hub
+        files = [rel for rel, _ in hub._files(repo)]
+        sha = hub._commit_of(repo)
+        self._send_json(200, {
+            "id": repo_id, "_id": sha[:24], "sha": sha, "private": False, "disabled": False,
+            "gated": False, "downloads": 0, "likes": 0, "tags": [],
+            "author": repo_id.split("/")[0],
+            "lastModified": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+            "siblings": [{"rfilename": rel} for rel in files],
+        })
+
+    def _tree(self, repo: Path, sub: str, recursive: bool) -> None:
+        hub = self.server.hub
+        base = repo
+        if sub:
+            try:
+                base = _join(repo, sub)
+            except ValueError:
+                raise _HttpError(400, "invalid path") from None
+            if not base.is_dir():
+                raise _HttpError(404, "Entry not found", "EntryNotFound")
+        entries: list[dict[str, object]] = []
+        walker = sorted(base.rglob("*")) if recursive else sorted(base.iterdir())
+        for path in walker:
+            rel = path.relative_to(repo).as_posix()
+            if path.is_dir():
+                oid = hashlib.sha1(rel.encode(), usedforsecurity=False).hexdigest()
+                entries.append({"type": "directory", "oid": oid, "size": 0, "path": rel})
+            elif path.is_file():
+                entries.append({"type": "file", "oid": hub.etag(path),
+                                "size": path.stat().st_size, "path": rel})
+        self._send_json(200, entries)
+
+    def _preupload(self, repo: Path) -> None:
+        hub = self.server.hub
+        try:
+            files = json.loads(self._body or b"{}").get("files", [])
+        except (ValueError, AttributeError):
+            raise _HttpError(400, "invalid preupload body") from None
+        answer = []
+        for entry in files:
+            path = str(entry.get("path", ""))
+            oid = None
+            try:
+                existing = _join(repo, path)
+                if existing.is_file():
+                    oid = hub.etag(existing)
+            except ValueError:
+                raise _HttpError(400, "invalid path") from None
+            answer.append({"path": path, "uploadMode": "regular", "shouldIgnore": False,
+                           "oid": oid})
+        self._send_json(200, {"files": answer, "commitOid": hub._commit_of(repo)})
+
+    def _commit(self, repo: Path, type_plural: str, repo_id: str) -> None:
+        hub = self.server.hub
+        writes: list[tuple[Path, bytes]] = []
+        deletes: list[Path] = []
+        try:
+            for line in self._body.splitlines():
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                key, value = item.get("key"), item.get("value", {})
+                if key == "header":
+                    continue
+                if key == "file":
+                    content = value["content"]
+                    data = (base64.b64decode(content) if value.get("encoding") == "base64"
+                            else str(content).encode())
+                    writes.append((_join(repo, value["path"]), data))
+                elif key in ("deletedFile", "deletedFolder"):
+                    deletes.append(_join(repo, value["path"]))
+                else:
+                    raise _HttpError(400, f"unsupported commit operation {key!r}")
+        except (ValueError, KeyError, TypeError):
+            raise _HttpError(400, "invalid commit body") from None
+        with hub._write_lock:
+            for target in deletes:
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+                else:
+                    raise _HttpError(404, "A file with this name doesn't exist", "EntryNotFound")
+            for target, data in writes:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, target)
+            hub._bump(repo)
+            sha = hub._commit_of(repo)
+        prefix = "" if type_plural == "models" else f"{type_plural}/"
+        commit_url = f"{prefix}{repo_id}/commit/{sha}"
+        if not _OLD_CLIENT.search(self.headers.get("User-Agent", "")):
+            commit_url = f"{hub.url}/{commit_url}"
+        # else: 0.x parses commitUrl against the endpoint frozen at its import (huggingface.co
+        # unless HF_ENDPOINT was set then) and rejects any other host; the relative form
+        # "<type>s/<org>/<name>/commit/<sha>" parses whatever that endpoint is.
+        self._send_json(200, {
+            "success": True, "commitOid": sha, "pullRequestUrl": None, "commitUrl": commit_url,
+        })
+
+
+def _singular(type_plural: str) -> RepoType:
+    if type_plural == "datasets":
+        return "dataset"
+    if type_plural == "spaces":
+        return "space"
+    return "model"
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    match = _RANGE.match(header.strip())
+    if match is None or (not match[1] and not match[2]):
+        return None
+    if not match[1]:  # suffix: the last N bytes
+        start, end = max(0, size - int(match[2])), size - 1
+    else:
+        start = int(match[1])
+        end = min(int(match[2]), size - 1) if match[2] else size - 1
+    if start >= size or end < start:
+        return None
+    return start, end
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve ROOT until stdin closes or SIGTERM: ``python -m fsm.testing.hubserver ROOT``.
+
+    (Or ``python -c "from fsm.testing.hubserver import main; main()" ROOT``, which avoids
+    runpy's warning about the module being imported by ``fsm.testing`` first.)
+
+    Prints the server's URL as the first line on stdout. Useful to run the server in a
+    process of its own: hf_transfer holds the GIL while it downloads, so a client using it
+    cannot share a process with this server.
+    """
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m fsm.testing.hubserver")
+    parser.add_argument("root", type=Path, help="directory holding the repos")
+    parser.add_argument("--token-env", help="name of an environment variable holding the token")
+    parser.add_argument("--log", type=Path, help="append each request as a JSON line here")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    token = os.environ.get(args.token_env) if args.token_env else None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with LocalHubServer(args.root, token=token, port=args.port, log_file=args.log) as server:
+        print(server.url, flush=True)
+
+        def stdin_closed() -> None:
+            sys.stdin.read()
+            stop.set()
+
+        threading.Thread(target=stdin_closed, daemon=True).start()
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""HubStore against the local Hub server: bounded, retried, classified, and token-free.
+
+Every test runs with the plugin's canary token; the ``leak_check`` fixture captures every
+structlog event and fails the test if the token shows up in one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+
+from fsm.clock import Deadline
+from fsm.errors import (
+    DeadlineExceeded,
+    PayloadError,
+    StoreAuthError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from fsm.store import open_store
+from fsm.store.hub import HubStore, classify, configure_transfer
+from fsm.testing import LocalHubServer
+
+configure_transfer(os.environ, accelerate=False)  # before huggingface_hub is imported
+
+pytestmark = pytest.mark.hub
+
+Events = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def events(hub_token: str) -> Iterator[Events]:
+    """Every structlog event of the test; none may contain the canary token."""
+    with structlog.testing.capture_logs() as captured:
+        yield captured
+    assert hub_token not in repr(captured)
+
+
+def make_store(server: LocalHubServer, repo: str, token: str, **kw: Any) -> HubStore:
+    options: dict[str, Any] = {"call_timeout_s": 5.0, "retry_base_s": 0.01,
+                               "retry_max_s": 1.0, "max_attempts": 4}
+    options.update(kw)
+    deadline = options.pop("deadline", Deadline.after(60))
+    return HubStore(repo, token=token, deadline=deadline, endpoint=server.url, **options)
+
+
+def _commits(server: LocalHubServer) -> list[int | None]:
+    return [r.status for r in server.requests if "/commit/" in r.path]
+
+
+def _write(tmp_path: Path, data: bytes = b"{}") -> Path:
+    path = tmp_path / "payload.bin"
+    path.write_bytes(data)
+    return path
+
+
+def test_upload_survives_transient_503s(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """Two 503s on commit are retried with backoff; the file lands; each retry is logged."""
+    hub_server.fail("POST", r"/commit/", status=503, times=2)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    store.upload_file(_write(tmp_path, b"m"), "run/metrics.json")
+    assert (hub_server.repo_dir(hub_dataset) / "run" / "metrics.json").read_bytes() == b"m"
+    assert _commits(hub_server) == [503, 503, 200]
+    retries = [e for e in events if e["event"] == "store.retry"]
+    assert [(e["status"], e["attempt"], e["path"]) for e in retries] == [
+        (503, 1, "run/metrics.json"), (503, 2, "run/metrics.json")]
+
+
+def test_persistent_503_raises_store_unavailable_after_bounded_attempts(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A store that keeps answering 503 ends in StoreUnavailable (retriable) after N tries."""
+    hub_server.fail("POST", r"/commit/", status=503, times=100)
+    store = make_store(hub_server, hub_dataset, hub_token, max_attempts=3)
+    with pytest.raises(StoreUnavailable) as info:
+        store.upload_file(_write(tmp_path), "run/DONE")
+    assert info.value.retriable
+    assert "HTTP 503" in str(info.value)
+    assert hub_token not in str(info.value)
+    assert _commits(hub_server) == [503, 503, 503]
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502])
+def test_other_transient_statuses_are_retried(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    status: int, events: Events,
+) -> None:
+    """408, 429 and 5xx are retried like 503."""
+    hub_server.fail("POST", r"/commit/", status=status, times=1)
+    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    assert _commits(hub_server) == [status, 200]
+
+
+def test_wrong_token_raises_store_auth_error_at_once(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """401 is fatal and not retried: one request per call, no retry logged."""
+    hub_server.add_file(hub_dataset, "a.json", "{}")
+    store = make_store(hub_server, hub_dataset, hub_token + "x")
+    for call in (lambda: store.upload_file(_write(tmp_path), "b.json"),
+                 lambda: store.exists("a.json"),
+                 lambda: store.download_file("a.json", tmp_path / "dl")):
+        hub_server.clear_requests()
+        with pytest.raises(StoreAuthError) as info:
+            call()
+        assert not info.value.retriable
+        assert [r.status for r in hub_server.requests] == [401]
+        assert hub_token not in str(info.value)
+    assert not [e for e in events if e["event"] == "store.retry"]
+
+
+def test_403_raises_store_auth_error_at_once(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """403 is fatal and not retried."""
+    hub_server.fail("*", r"/commit/", status=403, times=5)
+    with pytest.raises(StoreAuthError):
+        make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    assert _commits(hub_server) == [403]
+
+
+def test_exists_answers_false_on_404_and_true_after_upload(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A 404 is an answer to exists(), not an error."""
+    store = make_store(hub_server, hub_dataset, hub_token)
+    assert store.exists("run/DONE") is False
+    store.upload_file(_write(tmp_path), "run/DONE")
+    assert store.exists("run/DONE") is True
+    assert make_store(hub_server, "flash/no-such-repo", hub_token).exists("run/DONE") is False
+
+
+def test_download_of_a_missing_file_raises_store_not_found(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A 404 on a download is StoreNotFound (fatal), not retried."""
+    with pytest.raises(StoreNotFound):
+        make_store(hub_server, hub_dataset, hub_token).download_file("job_spec.json", tmp_path)
+    assert len(hub_server.requests) == 1
+
+
+def test_hung_commit_is_bounded_by_the_call_timeout(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A commit the server never answers is abandoned after call_timeout_s, retried, then
+    StoreUnavailable — the library itself has no timeout on commit."""
+    hub_server.hang("POST", r"/commit/", seconds=10, times=10)
+    store = make_store(hub_server, hub_dataset, hub_token, call_timeout_s=0.3, max_attempts=2)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="no answer within"):
+        store.upload_file(_write(tmp_path), "run/DONE")
+    assert time.monotonic() - started < 2.5
+    assert len([r for r in hub_server.requests if "/commit/" in r.path]) == 2
+
+
+def test_hung_commit_never_waits_past_the_deadline(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """With a long call timeout, the attempt deadline cuts the wait: DeadlineExceeded."""
+    hub_server.hang("POST", r"/commit/", seconds=10, times=10)
+    store = make_store(hub_server, hub_dataset, hub_token, call_timeout_s=30,
+                       deadline=Deadline.after(0.8))
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        store.upload_file(_write(tmp_path), "run/DONE")
+    assert time.monotonic() - started < 1.8
+
+
+def test_expired_deadline_raises_before_any_request(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, events: Events,
+) -> None:
+    """No store call starts once the deadline has passed."""
+    store = make_store(hub_server, hub_dataset, hub_token, deadline=Deadline.after(-1))
+    with pytest.raises(DeadlineExceeded):
+        store.exists("run/DONE")
+    assert hub_server.requests == []
+
+
+def test_retry_after_is_honoured(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """The retry waits at least what Retry-After asked."""
+    hub_server.fail("POST", r"/commit/", status=429, times=1, retry_after=0.5)
+    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    first, second = [r for r in hub_server.requests if "/commit/" in r.path]
+    assert second.at - first.at >= 0.5
+    assert [e["delay_s"] for e in events if e["event"] == "store.retry"] == [0.5]
+
+
+def test_retry_after_beyond_the_limit_gives_up_at_once(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A Retry-After longer than retry_max_s ends the call with StoreUnavailable, no wait."""
+    hub_server.fail("POST", r"/commit/", status=503, times=5, retry_after=120)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="asked to wait"):
+        make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    assert time.monotonic() - started < 2
+    assert _commits(hub_server) == [503]
+
+
+def test_dropped_connection_is_retried(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A connection closed without an answer is a transport error: retried."""
+    hub_server.drop("POST", r"/commit/", times=1)
+    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    assert _commits(hub_server) == [None, 200]
+    assert (hub_server.repo_dir(hub_dataset) / "a.json").is_file()
+
+
+def test_token_never_appears_in_describe_repr_or_worker_env(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, events: Events,
+) -> None:
+    """What the runner prints about the store carries no secret."""
+    store = make_store(hub_server, hub_dataset, hub_token)
+    shown = store.describe() + repr(store) + repr(dict(store.worker_env()))
+    assert hub_token not in shown
+    assert store.worker_env() == {"HF_ENDPOINT": hub_server.url}
+
+
+def test_classify_walks_the_cause_chain() -> None:
+    """A transport error wrapped by the library is still recognised as retriable."""
+    outer = ValueError("wrapped")
+    outer.__cause__ = ConnectionResetError("reset")
+    assert classify(outer).kind == "retriable"
+    assert classify(ValueError("plain")).kind == "unknown"
+
+
+def test_open_store_selects_the_adapter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_token: str
+) -> None:
+    """file:/// selects the local store; None the Hub at HF_ENDPOINT; junk is a usage error."""
+    from fsm.store.local import LocalStore
+
+    deadline = Deadline.after(60)
+    local = open_store(tmp_path.as_uri(), repo_id="o/r", token=None, deadline=deadline)
+    assert isinstance(local, LocalStore)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    hub = open_store(None, repo_id="o/r", token=hub_token, deadline=deadline)
+    assert isinstance(hub, HubStore)
+    assert hub.describe() == "http://127.0.0.1:9/datasets/o/r"
+    with pytest.raises(PayloadError):
+        open_store("s3://bucket", repo_id="o/r", token=None, deadline=deadline)
