@@ -11,9 +11,8 @@ import structlog
 
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FlashError
-from fsm.supervise import read_tail
+from fsm.supervise import TAIL_BYTES, read_tail
 
-TAIL_BYTES = 64_000
 log = structlog.get_logger("fsm.console")
 
 

@@ -1,52 +1,45 @@
-"""SIGTERM/SIGINT as a flag the whole runner can wait on.
+"""SIGTERM/SIGINT as a flag the whole runner can look at.
 
 The runner installs its own handlers (as PID 1 of a container a signal without a handler
 is ignored). A signal sets the flag and calls the listeners, so a supervisor waiting on
 the worker wakes at once; handlers that are interruptible get ``Interrupted`` raised in
 the main thread.
+
+``trigger`` runs inside a signal handler, on the main thread, between two bytecodes of
+whatever the main thread was doing, so it takes no lock the main thread could be holding:
+setting the flag is a plain assignment, and listeners must be signal-safe themselves
+(write a byte to a pipe, not ``Event.set``).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 Listener = Callable[[int], None]
 
 
 class InterruptFlag:
-    """Set once by the first SIGTERM/SIGINT; remembers which signal it was."""
+    """Set by the first SIGTERM/SIGINT; remembers which signal it was."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.RLock()  # re-entrant: a signal may land inside subscribe()
-        self._listeners: list[Listener] = []
         self.signum: int | None = None
+        self._listeners: tuple[Listener, ...] = ()
 
     def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        return self.signum is not None
 
     def trigger(self, signum: int) -> None:
-        """Record the signal and notify every listener (safe from a signal handler)."""
-        with self._lock:
-            if self.signum is None:
-                self.signum = signum
-            self._event.set()
-            listeners = list(self._listeners)
-        for listener in listeners:
+        """Record the signal and notify every listener (signal-safe)."""
+        if self.signum is None:
+            self.signum = signum
+        for listener in self._listeners:  # a snapshot: the tuple is replaced, never mutated
             listener(signum)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(signum)`` on every trigger; returns the function that unsubscribes."""
-        with self._lock:
-            self._listeners.append(listener)
+        self._listeners = (*self._listeners, listener)
 
         def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
 
         return unsubscribe

@@ -7,7 +7,7 @@ the group, a grace period that never runs past the attempt deadline, then SIGKIL
 group. Whatever way the worker ends, the group gets a SIGKILL before :func:`supervise`
 returns, so no grandchild survives holding a GPU or the pipe.
 
-Every wait is on a file descriptor: a reaper thread, the pump and the interrupt listener
+Every wait is on a file descriptor: a watcher thread, the pump and the interrupt listener
 each write a byte to a self-pipe, and the main thread blocks in ``poll`` with the time left
 as its timeout. Writing to a pipe is safe inside a signal handler, where taking a lock is
 not.
@@ -100,6 +100,7 @@ def supervise(
     tail_sink: Callable[[bytes], None] | None = None,
     tail_interval_s: float = 30.0,
     drain_timeout_s: float = 2.0,
+    on_group: Callable[[int | None], None] | None = None,
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
 
@@ -108,6 +109,10 @@ def supervise(
     ``grace_s`` (never past ``stop_by``) to end, then SIGKILL; on the deadline a cap line is
     appended to the console. After the leader exits, descendants get ``drain_timeout_s`` to
     release the pipe; then the whole group is killed.
+
+    ``on_group`` (keep it trivial) is called with the worker's process-group id once the
+    worker is started, and with ``None`` before that id can stop naming the worker's group
+    (before the leader is reaped): what a watchdog may ``killpg`` in the meantime.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
     ``tail_interval_s`` seconds; ticks are skipped while a call is in flight and exceptions
@@ -133,7 +138,15 @@ def supervise(
             log.warning("worker.not_started", reason=reason)
             _append_console(console_fd, _cap_line(reason, interrupt, after=b""))
             return _result(reason, None, started, console_path, console_fd)
-        run = _Run(argv, cwd=cwd, env=env, console_fd=console_fd, out_fd=out_fd, waker=waker)
+        run = _Run(
+            argv,
+            cwd=cwd,
+            env=env,
+            console_fd=console_fd,
+            out_fd=out_fd,
+            waker=waker,
+            on_group=on_group,
+        )
         log.info("worker.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
         stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s)
         try:
@@ -208,7 +221,7 @@ def _wait_and_stop(
         log.error("worker.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
     run.pump.finish()
     if exited():
-        run.proc.wait()
+        run.reap()
     left = _await_group_gone(run.pid, kill_end)
     if left:
         log.error("worker.survivors", pgid=run.pid, pids=left)
@@ -386,6 +399,7 @@ class _Run:
         console_fd: int,
         out_fd: int,
         waker: _Waker,
+        on_group: Callable[[int | None], None] | None,
     ) -> None:
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
@@ -407,22 +421,33 @@ class _Run:
         finally:
             os.close(w)  # only the worker's group holds the write end: its exit means EOF
         self.pid = self.proc.pid
+        self._on_group: Callable[[int | None], None] | None = None
         self.console_fd = console_fd
         self.out_fd = out_fd
         try:
             self.pump = _Pump(r, out_fd, console_fd, waker)
             self.watch = _LeaderWatch(self.pid, waker)
+            self._on_group = on_group
+            if on_group is not None:
+                on_group(self.pid)
         except BaseException:
             self.close()
             raise
+
+    def reap(self, timeout: float | None = None) -> int:
+        """Wait for the leader and collect its status (the caller forgets the group first)."""
+        on_group, self._on_group = self._on_group, None
+        if on_group is not None:
+            on_group(None)
+        return self.proc.wait(timeout)
 
     def close(self) -> None:
         """Make sure the group is dead and the leader reaped (also when unwinding)."""
         if self.proc.returncode is None:
             _killpg(self.pid, signal.SIGKILL)  # unreaped leader: the group id is still ours
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(_KILL_WAIT_S)
-        if hasattr(self, "pump"):
+                self.reap(_KILL_WAIT_S)
+        if hasattr(self, "pump"):  # absent when the pump thread could not be started
             self.pump.finish()
         _reap_zombies(self.pid)
 

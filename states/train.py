@@ -36,6 +36,7 @@ def train(ctx: Context) -> str:
             out_fd=ctx.out_fd,
             tail_sink=periodic,
             tail_interval_s=tuning.console_upload_interval_s,
+            on_group=lambda pgid: setattr(ctx, "worker_pgid", pgid),  # for the watchdog
         )
     if periodic is not None:
         periodic.close(timeout_s=ctx.stop_deadline.bound(30.0))
