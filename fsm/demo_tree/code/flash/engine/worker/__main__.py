@@ -10,14 +10,18 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 
-def spec() -> dict:
+def spec() -> dict[str, Any]:
     if os.environ.get("FLASH_JOB_SPEC_PATH"):
         with open(os.environ["FLASH_JOB_SPEC_PATH"], encoding="utf-8") as f:
-            return json.load(f)
-    return json.loads(os.environ["FLASH_JOB_SPEC_JSON"])
+            text = f.read()
+    else:
+        text = os.environ["FLASH_JOB_SPEC_JSON"]
+    job: dict[str, Any] = json.loads(text)
+    return job
 
 
 def upload(local: str, name: str, prefix: str) -> None:
