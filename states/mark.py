@@ -7,6 +7,7 @@ stays what it was.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -37,11 +38,7 @@ def mark(ctx: Context) -> str:
             record,
             dest=ctx.dest,
             store=ctx.open_store(ctx.dest, deadline),
-            result_file=(
-                None
-                if ctx.replayed is not None
-                else marker.result_path(ctx.settings.payload_path, ctx.dest)
-            ),
+            result_file=_result_file(ctx),
             scratch_dir=ctx.scratch,
             deadline=deadline,
         )
@@ -49,6 +46,15 @@ def mark(ctx: Context) -> str:
     if record.get("ok"):
         return table.MARKED_SUCCEEDED
     return table.MARKED_RETRIABLE if record.get("retriable") else table.MARKED_FATAL
+
+
+def _result_file(ctx: Context) -> Path | None:
+    """Where to persist the result for a restart, or None: a replay is persisted already,
+    and an unusable payload is not an attempt's result (fixed and restarted, it runs)."""
+    assert ctx.dest is not None
+    if ctx.replayed is not None or (ctx.failure and ctx.failure.rule == "payload-invalid"):
+        return None
+    return marker.result_path(ctx.settings.payload_path, ctx.dest)
 
 
 def _record(ctx: Context) -> dict[str, Any]:

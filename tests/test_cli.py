@@ -86,6 +86,17 @@ def test_an_invalid_payload_exits_2_and_leaves_a_fatal_marker(
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "payload-invalid")
 
 
+def test_a_fixed_payload_runs_after_an_invalid_one_for_the_same_attempt(layout: Layout) -> None:
+    layout.write_worker("complete()")
+    layout.write_payload(seed="three")
+    assert layout.cli(*layout.run_args()).returncode == 2
+    layout.write_payload()
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    marker = layout.marker()
+    assert marker is not None and marker["ok"] is True
+
+
 def test_an_invalid_payload_without_a_destination_writes_no_marker(layout: Layout) -> None:
     layout.write_payload(hf_prefix="../escape")
     proc = layout.cli(*layout.run_args())
