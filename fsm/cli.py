@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_without_repeated_command(argv))
     command: str = args.command
     try:
         if command == "run":
@@ -81,6 +81,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("interrupted")
         return 130
     raise AssertionError(command)  # pragma: no cover - argparse restricts the choices
+
+
+def _without_repeated_command(argv: Sequence[str] | None) -> list[str]:
+    """The image's ENTRYPOINT is ``flash-bootstrap run`` and CONTRACT section 1 launches it as
+    ``docker run ... "$IMAGE" flash-bootstrap run``: docker appends the command to the
+    entrypoint, so the runner sees ``run flash-bootstrap run``. Both are fixed outside this
+    program, so the repeated words are taken as the one ``run`` they mean."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:3] == ["run", PROG, "run"]:
+        del args[1:3]
+    return args
 
 
 def _say(line: str) -> None:

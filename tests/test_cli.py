@@ -138,6 +138,16 @@ def test_a_malformed_store_url_exits_2(layout: Layout) -> None:
     _assert_one_clear_line(proc, "--store")
 
 
+def test_the_entrypoint_plus_the_contract_command_is_one_run(layout: Layout) -> None:
+    """ENTRYPOINT ["flash-bootstrap", "run"] + `docker run IMAGE flash-bootstrap run`."""
+    layout.write_worker("complete()")
+    layout.write_payload()
+    args = layout.run_args()
+    proc = layout.cli("run", "flash-bootstrap", *args, env={})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert layout.marker() is not None
+
+
 def test_an_unknown_option_exits_2_with_one_line(layout: Layout) -> None:
     proc = layout.cli("run", "--no-such-flag")
     assert proc.returncode == 2

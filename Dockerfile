@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+#
+# flash-bootstrap layered onto the worker image (docs/container.md).
+#
+#   docker build -t flash-worker .                                       # on python:3.11-slim
+#   docker build --build-arg BASE_IMAGE=ghcr.io/org/trainer:2025-06 -t flash-worker .
+#
+# The runner shares the worker's interpreter: the worker is started as
+# `<the runner's python> -m flash.engine.worker` and a payload's `extra_pip` is installed into
+# that same environment. So the package goes into the base image's `python3` (the first on
+# PATH: the worker's interpreter), not into a venv of its own, and its pins (CONSTRAINTS) must
+# agree with the worker's stack. (`python3 -m pip` is spelled out so hadolint checks it.)
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ARG CONSTRAINTS=constraints/runtime.txt
+
+# The build context (.dockerignore keeps it to the package) is bind-mounted for this one step,
+# writable so setuptools can build in it, and discarded afterwards: no source layer, no pip
+# cache, no build dependencies stay in the image. Every dependency is a pinned wheel, so the
+# base image needs no compiler.
+RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
+    python3 -m pip install --no-cache-dir --no-input --disable-pip-version-check \
+        --root-user-action=ignore \
+        -c "/tmp/flash-bootstrap-src/${CONSTRAINTS}" \
+        "/tmp/flash-bootstrap-src[fast]" \
+    && flash-bootstrap policy > /dev/null
+
+# CONTRACT section 1: /root/flash is the host bind mount holding payload.json and the
+# restart-safe attempt state; `-w /root/flash` on the docker run line says the same.
+WORKDIR /root/flash
+
+# The runner is PID 1: the kernel gives PID 1 no default signal actions, so a SIGTERM
+# without a handler would be ignored. `flash-bootstrap run` installs its own SIGTERM/SIGINT
+# handlers (fsm/runner.py) and leaves a retriable marker; when it exits, the kernel kills
+# whatever is left in the container's PID namespace. No init (tini) is needed: the evidence
+# is in tests/test_container.py and docs/container.md.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["flash-bootstrap", "run"]

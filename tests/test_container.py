@@ -1,0 +1,565 @@
+"""The container image, proven without building it.
+
+The Dockerfile is read, not trusted: its pip install step is run as written (the build
+context copied through ``.dockerignore``, the build args at their defaults) into a fresh
+virtual environment, and its ENTRYPOINT runs exactly as written as PID 1 of a new PID
+namespace, with the CONTRACT section 1 paths redirected under a temporary root.
+
+Why no init (tini) in the image, measured here:
+
+* PID 1 of a PID namespace gets no default signal actions: a plain Python program without a
+  SIGTERM handler survives SIGTERM there and dies of it elsewhere
+  (``test_pid_1_ignores_a_sigterm_it_has_no_handler_for``). The runner installs its own
+  handlers, so as PID 1 it still stops the worker and leaves a retriable marker.
+* Measured once by hand: the installed runner with its handlers switched off
+  (``_signals(ctx, False)`` in fsm/runner.py) as PID 1 was still running 8 s after SIGTERM,
+  with no marker; with them it exits 1 with the retriable marker in well under a second.
+* Orphans: grandchildren the worker orphans are re-parented to the runner. Those that exit
+  stay zombies while the attempt runs (the runner reaps its worker's process group only when
+  the worker ends), one pid each, nothing else held; when the runner exits the kernel kills
+  everything left in the namespace, including a grandchild that escaped the worker's process
+  group with setsid. One attempt per container bounds them, so an init adds nothing that
+  matters here (``test_orphans_of_the_worker_end_with_the_runner``).
+* ``unshare --fork`` blocks SIGINT and SIGTERM in itself and forwards neither
+  (``SigBlk: 0000000000004002`` in its /proc status, util-linux 2.38.1): signals go to its
+  child, the runner, as Docker sends them to PID 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+pytestmark = pytest.mark.slow
+
+# Dockerfile parsing ------------------------------------------------------------------------
+
+
+@dataclass
+class Dockerfile:
+    """The instructions this test relies on, as the Dockerfile states them."""
+
+    args: dict[str, str] = field(default_factory=dict)  # ARG name -> default
+    from_: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)  # shell-form RUN, flags (--mount=...) kept
+    workdir: str = ""
+    stopsignal: str = ""
+    entrypoint: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, text: str) -> Dockerfile:
+        parsed = cls()
+        for line in _instructions(text):
+            keyword, _, rest = line.partition(" ")
+            keyword, rest = keyword.upper(), rest.strip()
+            if keyword == "ARG":
+                name, _, default = rest.partition("=")
+                parsed.args[name] = default
+            elif keyword == "FROM":
+                parsed.from_ = rest
+            elif keyword == "ENV":
+                for item in shlex.split(rest):
+                    name, _, value = item.partition("=")
+                    parsed.env[name] = value
+            elif keyword == "RUN":
+                parsed.runs.append(rest)
+            elif keyword == "WORKDIR":
+                parsed.workdir = rest
+            elif keyword == "STOPSIGNAL":
+                parsed.stopsignal = rest
+            elif keyword == "ENTRYPOINT":
+                parsed.entrypoint = json.loads(rest)  # exec form only: no shell as PID 1
+        return parsed
+
+    def pip_install(self) -> tuple[str, str]:
+        """The one RUN step that installs the package: (its bind-mount target, its command)."""
+        installs = [run for run in self.runs if "pip install" in run]
+        assert len(installs) == 1, installs
+        flags = re.match(r"((?:--\S+\s+)*)(.*)", installs[0], re.DOTALL)
+        assert flags is not None
+        mount = re.search(r"--mount=(\S+)", flags.group(1))
+        assert mount is not None, "the source is bind-mounted for the install step"
+        options = dict(
+            opt.partition("=")[::2] for opt in mount.group(1).split(",")
+        )
+        assert options.get("type") == "bind" and "from" not in options, options
+        return options["target"], flags.group(2)
+
+
+def _instructions(text: str) -> Iterator[str]:
+    """Logical lines: comments dropped, backslash continuations joined."""
+    current = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#") or (not line and not current):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            yield current.strip()
+        current = ""
+
+
+# The build context ---------------------------------------------------------------------------
+
+
+def _ignore_patterns() -> list[tuple[bool, re.Pattern[str]]]:
+    """.dockerignore as (excludes, regex) in order; Docker's rules: the last match wins, and a
+    pattern that matches a directory matches everything under it."""
+    patterns = []
+    for raw in DOCKERIGNORE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").strip("/")
+        regex = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            elif pattern[i] == "*":
+                regex, i = regex + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                regex, i = regex + "[^/]", i + 1
+            elif pattern[i] == "[":
+                end = pattern.index("]", i)
+                regex, i = regex + pattern[i : end + 1], end + 1
+            else:
+                regex, i = regex + re.escape(pattern[i]), i + 1
+        patterns.append((not negate, re.compile(regex + "(?:/.*)?")))
+    return patterns
+
+
+def copy_build_context(dest: Path) -> list[str]:
+    """Copy what `docker build .` would send, .dockerignore applied; returns the files."""
+    patterns = _ignore_patterns()
+    sent = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel_dir = Path(dirpath).relative_to(ROOT)
+        dirnames[:] = [d for d in dirnames if d != ".git"]  # never part of a build context
+        for name in filenames:
+            rel = (rel_dir / name).as_posix()
+            excluded = False
+            for excludes, regex in patterns:
+                if regex.fullmatch(rel):
+                    excluded = excludes
+            if not excluded:
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(dirpath) / name, target)
+                sent.append(rel)
+    return sorted(sent)
+
+
+# The image, built as a virtual environment ---------------------------------------------------
+
+_NETWORK = re.compile(
+    r"NewConnectionError|Temporary failure in name resolution|Network is unreachable"
+    r"|ConnectTimeoutError|ReadTimeoutError|Connection reset|ProxyError"
+)
+
+
+@dataclass(frozen=True)
+class Image:
+    dockerfile: Dockerfile
+    venv: Path
+    context_files: list[str]
+    install_seconds: float
+
+    @property
+    def path_env(self) -> str:
+        return f"{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+
+
+def _can_unshare() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for a new PID namespace"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False
+    )
+    if probe.returncode != 0:
+        return f"unshare --pid does not work here: {probe.stderr.decode().strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
+    """The Dockerfile's install step, run as written into a fresh virtual environment."""
+    reason = _can_unshare()
+    if reason:
+        pytest.skip(reason)
+    dockerfile = Dockerfile.parse(DOCKERFILE.read_text())
+    target, command = dockerfile.pip_install()
+    root = tmp_path_factory.mktemp("image")
+    context = root / "context"
+    files = copy_build_context(context)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # Docker runs RUN with /bin/sh -c and the build args in the environment; the bind mount's
+    # target is the copied context.
+    build_env = {
+        **{k: v for k, v in os.environ.items() if k.startswith(("PIP_", "SSL_", "HOME", "LANG"))},
+        **dockerfile.args,
+        **dockerfile.env,
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "PIP_RETRIES": "1",  # transport settings only: fail fast when no index can be reached
+        "PIP_DEFAULT_TIMEOUT": "30",
+    }
+    build_env.pop("BASE_IMAGE", None)
+    started = time.monotonic()
+    built = subprocess.run(
+        ["/bin/sh", "-c", command.replace(target, str(context))],
+        env=build_env,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    if built.returncode != 0:
+        output = (built.stdout + built.stderr).decode(errors="replace")
+        if _NETWORK.search(output):
+            pytest.skip(f"the image's pinned packages cannot be fetched here: {output[-400:]}")
+        pytest.fail(f"the Dockerfile's install step failed:\n{output[-3000:]}")
+    return Image(dockerfile, venv, files, elapsed)
+
+
+# A run laid out as CONTRACT section 1 says, under a temporary root --------------------------
+
+
+class ContainerLayout(Layout):
+    """/root/flash, /runcode, /tmp and the store, all under ``root``."""
+
+    @property
+    def payload_path(self) -> Path:
+        return self.root / "root" / "flash" / "payload.json"
+
+    @property
+    def code_root(self) -> Path:
+        return self.root / "runcode"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "tmp"
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> ContainerLayout:
+    lay = ContainerLayout(tmp_path)
+    for path in (lay.store, lay.scratch, lay.code_root, lay.payload_path.parent):
+        path.mkdir(parents=True)
+    return lay
+
+
+def _redirect(path: str, root: Path) -> Path:
+    return root / path.lstrip("/")
+
+
+def start_entrypoint(
+    image: Image, box: ContainerLayout, cmd: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """The ENTRYPOINT argv as written (``docker run`` appends ``cmd``), as PID 1 of a new PID
+    namespace, in the WORKDIR."""
+    workdir = _redirect(image.dockerfile.workdir, box.root)
+    assert workdir == box.payload_path.parent
+    env = {
+        **image.dockerfile.env,
+        "PATH": image.path_env,
+        "HOME": str(box.root / "root"),
+        "FLASH_PAYLOAD_PATH": str(box.payload_path),
+        "FLASH_STORE": box.store_url,
+        "FLASH_CODE_ROOT": str(box.code_root),
+        "FLASH_SCRATCH_DIR": str(box.scratch),
+    }
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *image.dockerfile.entrypoint, *cmd],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def pid_1_of(proc: subprocess.Popen[bytes], timeout: float = 10) -> int:
+    """The host pid of the namespace's PID 1: the only child of ``unshare --fork``."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        children = []
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            children += (task / "children").read_text().split()
+        if children:
+            assert len(children) == 1, children
+            return int(children[0])
+        time.sleep(0.01)
+    raise AssertionError("unshare started no child")
+
+
+def wait_for_output(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> bytes:
+    """Read the process's stdout until ``needle`` shows up; returns what was read."""
+    assert proc.stdout is not None
+    seen = b""
+    give_up = time.monotonic() + timeout
+    while needle not in seen:
+        left = give_up - time.monotonic()
+        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {needle!r}; got {seen[-500:]!r}"
+            seen += chunk
+    return seen
+
+
+def _status(pid: int) -> dict[str, str]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def _children_states(pid: int) -> list[str]:
+    """The state letter of each child of host pid ``pid``."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                states.append(_status(int(child))["State"][0])
+            except FileNotFoundError:
+                continue
+    return states
+
+
+# The tests -----------------------------------------------------------------------------------
+
+
+def test_the_dockerfile_says_what_the_contract_needs() -> None:
+    """Base image overridable, WORKDIR /root/flash, exec-form `flash-bootstrap run`, SIGTERM."""
+    dockerfile = Dockerfile.parse(DOCKERFILE.read_text())
+    assert dockerfile.from_ == "${BASE_IMAGE}"
+    assert re.fullmatch(r"python:3\.1[1-9][\w.-]*-slim[\w.-]*", dockerfile.args["BASE_IMAGE"])
+    assert dockerfile.workdir == "/root/flash"
+    assert dockerfile.stopsignal == "SIGTERM"
+    assert dockerfile.entrypoint == ["flash-bootstrap", "run"]
+    _, command = dockerfile.pip_install()
+    argv = shlex.split(command)
+    assert "--no-cache-dir" in argv
+    assert argv[argv.index("-c") + 1].endswith("/${CONSTRAINTS}")
+    assert dockerfile.args["CONSTRAINTS"] == "constraints/runtime.txt"
+    assert any(arg.endswith("[fast]") for arg in argv)
+    # The weight cache must be a real mount: an image that made /weight-cache (a directory or
+    # an anonymous VOLUME on ephemeral disk) would let preload warm a cache that vanishes.
+    lines = list(_instructions(DOCKERFILE.read_text()))
+    assert not [line for line in lines if line.upper().startswith("VOLUME")], lines
+    assert not [line for line in lines if "weight-cache" in line], lines
+
+
+def test_the_build_context_is_the_package_and_nothing_else(image: Image) -> None:
+    """.dockerignore sends the sources and the pins, never caches, git or tests."""
+    files = image.context_files
+    assert {"pyproject.toml", "constraints/runtime.txt", "fsm/cli.py"} <= set(files)
+    assert any(f.startswith("fsm/demo_tree/") for f in files)
+    assert any(f.startswith("states/") for f in files)
+    leaked = [f for f in files if f.startswith(("tests/", ".", "benchmarks/"))
+              or "__pycache__" in f or f.endswith(".pyc") or ".egg-info/" in f]
+    assert not leaked, leaked
+
+
+def test_every_installed_distribution_is_pinned(image: Image) -> None:
+    """Two builds of one commit install the same versions: the constraints pin all of them."""
+    frozen = subprocess.run(
+        [str(image.venv / "bin" / "python"), "-m", "pip", "list", "--format=json",
+         "--disable-pip-version-check"],
+        capture_output=True, check=True,
+    )
+    installed = {
+        _canonical(d["name"]): d["version"] for d in json.loads(frozen.stdout)
+    }
+    pins = {}
+    for line in (ROOT / "constraints" / "runtime.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[_canonical(name)] = version
+    ours = {"flash-bootstrap", "pip", "setuptools"}  # the package, and the venv's own tools
+    unpinned = {n: v for n, v in installed.items() if n not in ours and pins.get(n) != v}
+    assert not unpinned, unpinned
+    assert {"huggingface-hub", "hf-xet", "transitions", "structlog"} <= set(installed)
+    print(f"install step: {image.install_seconds:.1f}s")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_pid_1_ignores_a_sigterm_it_has_no_handler_for() -> None:
+    """Why the runner needs its own handlers: PID 1 survives a SIGTERM that kills others."""
+    reason = _can_unshare()
+    if reason:
+        pytest.skip(reason)
+    program = "import sys; print('ready', flush=True); sys.stdin.readline(); print('survived')"
+    outcomes = {}
+    for prefix in ([], ["unshare", "--pid", "--fork", "--mount-proc"]):
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-c", program],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        wait_for_output(proc, b"ready")
+        target = pid_1_of(proc) if prefix else proc.pid
+        if prefix:
+            # unshare itself blocks SIGINT and SIGTERM and forwards neither: it is not the target.
+            blocked = int(_status(proc.pid)["SigBlk"], 16)
+            assert blocked & (1 << (signal.SIGTERM - 1)), hex(blocked)
+        os.kill(target, signal.SIGTERM)
+        # A default-action fatal signal is acted on when sent: by the time kill() returns the
+        # ordinary process is dying, and PID 1 has had the signal dropped.
+        out, _ = proc.communicate(b"go\n", timeout=10)
+        outcomes["pid 1" if prefix else "ordinary"] = (proc.returncode, out.count(b"survived"))
+    assert outcomes == {"ordinary": (-signal.SIGTERM, 0), "pid 1": (0, 1)}
+
+
+def test_the_entrypoint_as_pid_1_runs_an_attempt_to_success(
+    image: Image, box: ContainerLayout
+) -> None:
+    """`flash-bootstrap run` as PID 1 with the payload in /root/flash: exit 0, ok marker."""
+    box.write_worker("""
+        print(f"worker parent pid {os.getppid()}", flush=True)
+        complete()
+    """)
+    box.write_payload()
+    proc = start_entrypoint(image, box)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert b"worker parent pid 1\n" in out  # the runner was PID 1 of the namespace
+    marker = box.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["error"]) == (True, False, "")
+    assert box.artifact("DONE").exists()
+
+
+#: What CONTRACT section 1's docker run line puts after the image name. Docker appends it to
+#: the ENTRYPOINT as arguments.
+CONTRACT_CMD = ("flash-bootstrap", "run")
+
+
+def test_the_contract_docker_run_line_runs_an_attempt(image: Image, box: ContainerLayout) -> None:
+    """`docker run ... "$IMAGE" flash-bootstrap run`, exactly as cloud-init says it, succeeds."""
+    box.write_worker("complete()")
+    box.write_payload()
+    proc = start_entrypoint(image, box, CONTRACT_CMD)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    marker = box.marker()
+    assert marker is not None and marker["ok"] is True
+
+
+def test_a_sigterm_to_the_entrypoint_as_pid_1_leaves_a_retriable_marker_promptly(
+    image: Image, box: ContainerLayout
+) -> None:
+    """`docker stop` during training: the worker is stopped, marker retriable, prompt exit."""
+    box.write_worker("""
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    box.write_payload()
+    proc = start_entrypoint(image, box)
+    runner = pid_1_of(proc)
+    wait_for_output(proc, b"ready")
+    sent = time.monotonic()
+    os.kill(runner, signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 1, err.decode()[-3000:]  # unshare exits with its child's status
+    assert elapsed < 5, elapsed
+    marker = box.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, True, "interrupted", "Train"
+    )
+    assert b"rule interrupted" in err
+
+
+def test_orphans_of_the_worker_end_with_the_runner(image: Image, box: ContainerLayout) -> None:
+    """Grandchildren orphaned to the runner (PID 1) may wait as zombies while the attempt runs,
+    and none outlives it: not even one that left the worker's process group."""
+    box.write_worker(textwrap.dedent("""
+        import subprocess
+        # An escapee: its own session, so the supervisor's killpg never reaches it.
+        escapee = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"escapee {escapee.pid}", flush=True)
+        # Three orphans that exit at once: sh exits before its background child.
+        for _ in range(3):
+            subprocess.run(["sh", "-c", "(sleep 0.05; exit 0) &"], check=True)
+        # Wait (bounded) until they are zombies of PID 1, then report what PID 1 holds.
+        def zombies_of_pid_1():
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    stat = open(f"/proc/{pid}/stat").read()
+                except OSError:
+                    continue
+                fields = stat[stat.rfind(")") + 2:].split()
+                if fields[0] == "Z" and fields[1] == "1":
+                    found.append(pid)
+            return found
+        give_up = time.monotonic() + 10
+        while len(zombies_of_pid_1()) < 3 and time.monotonic() < give_up:
+            time.sleep(0.02)
+        print(f"zombies of pid 1: {len(zombies_of_pid_1())}", flush=True)
+        print("ready", flush=True)
+        time.sleep(600)
+    """))
+    box.write_payload()
+    proc = start_entrypoint(image, box)
+    runner = pid_1_of(proc)
+    seen = wait_for_output(proc, b"ready")
+    assert b"zombies of pid 1: 3\n" in seen  # the runner does not reap them mid-attempt
+    assert _children_states(runner).count("Z") == 3
+    found = re.search(rb"escapee (\d+)", seen)
+    assert found is not None
+    escapee = _host_pid(int(found.group(1)), runner)
+    os.kill(runner, signal.SIGTERM)
+    proc.communicate(timeout=15)
+    assert proc.returncode == 1
+    assert not Path(f"/proc/{escapee}").exists(), "the escapee outlived the runner"
+
+
+def _host_pid(ns_pid: int, pid_1: int) -> int:
+    """The host pid of the process that is ``ns_pid`` in the namespace whose PID 1 is ``pid_1``."""
+    namespace = os.readlink(f"/proc/{pid_1}/ns/pid")
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            nspid = _status(int(name))["NSpid"].split()
+            same = os.readlink(f"/proc/{name}/ns/pid") == namespace
+        except (OSError, KeyError):  # gone, or not ours to look at
+            continue
+        if same and int(nspid[-1]) == ns_pid:
+            return int(name)
+    raise AssertionError(f"no process {ns_pid} in {namespace}")
