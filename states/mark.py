@@ -34,14 +34,18 @@ def mark(ctx: Context) -> str:
         # Mark may run after the work deadline: it gets the whole attempt deadline, and
         # at least a short bound even when that passed too.
         deadline = Deadline.after(max(ctx.deadline.remaining(), MIN_PUBLISH_S))
-        publisher.publish(
-            record,
-            dest=ctx.dest,
-            store=ctx.open_store(ctx.dest, deadline),
-            result_file=_result_file(ctx),
-            scratch_dir=ctx.scratch,
-            deadline=deadline,
-        )
+        try:
+            publisher.publish(
+                record,
+                dest=ctx.dest,
+                store=ctx.open_store(ctx.dest, deadline),
+                result_file=_result_file(ctx),
+                scratch_dir=ctx.scratch,
+                deadline=deadline,
+            )
+        except Exception as exc:  # Mark never fails: the outcome stands, the logs say why
+            log.error("marker.publish_crashed", exc_type=type(exc).__name__,
+                      error=ctx.redactor.text(str(exc)))
     ctx.evidence["marker"] = record
     if record.get("ok"):
         return table.MARKED_SUCCEEDED

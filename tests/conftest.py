@@ -205,7 +205,7 @@ def layout(tmp_path: Path) -> Layout:
 
 
 @pytest.fixture
-def captured_logs() -> Iterator[list[dict[str, Any]]]:
+def captured_logs() -> Iterator[list[Any]]:
     with structlog.testing.capture_logs() as logs:
         yield logs
 
