@@ -1,0 +1,567 @@
+"""Whole attempts on the Hub adapter: the runner and a real worker process against the
+local Hub API server, both speaking through the real ``huggingface_hub`` client.
+
+The worker uploads its artifacts with ``HfApi(...).upload_file(..., repo_type="dataset")``
+to ``HF_ENDPOINT`` (which the runner hands it, from ``HubStore.worker_env``). The code
+tree and spilled specs are put into the dataset repo with the server's ``add_file``.
+
+Every test carries a per-test canary token (the plugin's ``hub_token``) that the server
+checks. The ``hub_run`` fixture fails the test if that token shows up in a structlog
+event, a stdlib log record, the runner's stderr, an outcome's reason or failure, a marker,
+or any file under the test's directory (the server's repos included) other than the
+payload that carries it.
+
+In-process runs use ``run_attempt(..., handle_signals=False, hard_exit=...)`` with a
+``hard_exit`` that records the call, so a watchdog firing fails the test instead of
+killing pytest. Retry and backoff knobs are set small so the file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog.testing
+from conftest import assert_no_secret
+
+import fsm
+from fsm.context import Settings
+from fsm.runner import Outcome, run_attempt
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS
+from fsm.store.hub import configure_transfer
+from fsm.testing import LocalHubServer
+from fsm.testing.hubserver import RequestRecord
+
+configure_transfer(os.environ, accelerate=False)  # before huggingface_hub is imported
+
+pytestmark = pytest.mark.hub
+
+REPO = "org/flash-runs"
+PREFIX = "sft/run-1/seed3"
+ARM = "lambda"
+PROJECT_ROOT = Path(fsm.__file__).resolve().parents[1]
+MARKER = f"{ARM}_attempt0.json"
+SENTINEL = ".cache-mounted"
+CALL_TIMEOUT_S = 2.0
+#: The dataset repo's listing (``HfApi.repo_info``): the code fetch's first request.
+LISTING = rf"^/api/datasets/{REPO}$"
+#: The file downloads of the code tree.
+CODE_GETS = r"/resolve/[^/]+/code/"
+TRAIN_PATH = [
+    "LoadPayload",
+    "InstallExtras",
+    "FetchCode",
+    "ResolveSpec",
+    "Train",
+    "VerifyRemote",
+    "Mark",
+    "Succeeded",
+]
+
+#: Every worker of this file starts with this: the worker side of CONTRACT section 5,
+#: uploading through the real huggingface_hub client to the endpoint the runner names.
+HUB_WORKER_PRELUDE = """
+import json, os, sys, time
+from pathlib import Path
+
+from huggingface_hub import HfApi
+
+if os.environ.get("FLASH_JOB_SPEC_PATH"):
+    SPEC = json.loads(Path(os.environ["FLASH_JOB_SPEC_PATH"]).read_text())
+else:
+    SPEC = json.loads(os.environ["FLASH_JOB_SPEC_JSON"])
+REPO = SPEC["hf_repo"]
+PREFIX = SPEC["hf_prefix"]
+SCRATCH = Path(os.environ["FLASH_SCRATCH_DIR"])
+API = HfApi(endpoint=os.environ["HF_ENDPOINT"], token=os.environ["HF_TOKEN"])
+
+
+def upload(local, name):
+    API.upload_file(
+        path_or_fileobj=str(local),
+        path_in_repo=f"{PREFIX}/{name}",
+        repo_id=REPO,
+        repo_type="dataset",
+        commit_message=f"worker: {name}",
+    )
+
+
+def write_metrics():
+    path = SCRATCH / "metrics.json"
+    path.write_text(json.dumps({"loss": 0.25}))
+    return path
+
+
+def complete():
+    upload(write_metrics(), "metrics.json")
+    done = SCRATCH / "DONE"
+    done.write_text(str(time.time()))
+    upload(done, "DONE")
+"""
+
+
+class HubRun:
+    """One attempt's world on the local Hub server: payload, scratch and code directories,
+    the runner's logs, and the secret checks every test ends with."""
+
+    def __init__(self, root: Path, server: LocalHubServer, token: str) -> None:
+        self.root = root
+        self.server = server
+        self.token = token
+        self.secrets: list[str] = [token]
+        self.logs: list[MutableMapping[str, Any]] = []
+        self.stderr: list[bytes] = []
+        self.texts: list[str] = []  # outcome reasons, failures and markers seen
+        self.hard_exits: list[int] = []
+        for sub in ("scratch", "runcode", "flash", "hf-home"):
+            (root / sub).mkdir()
+        server.create_repo(REPO)
+
+    # --- where things are --------------------------------------------------------------
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def code_root(self) -> Path:
+        return self.root / "runcode"
+
+    @property
+    def payload_path(self) -> Path:
+        return self.root / "flash" / "payload.json"
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.server.repo_dir(REPO)
+
+    def artifact(self, name: str) -> Path:
+        return self.repo_dir / PREFIX / name
+
+    def marker(self, attempt: int = 0) -> dict[str, Any] | None:
+        """The marker as it landed in the server's repo (None when it never did)."""
+        path = self.artifact(f"{ARM}_attempt{attempt}.json")
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def local_marker(self, attempt: int = 0) -> dict[str, Any] | None:
+        """The runner's local copy of the marker in the scratch dir."""
+        path = self.scratch / f"{ARM}_attempt{attempt}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    # --- setting up ----------------------------------------------------------------------
+
+    def write_worker(self, body: str) -> None:
+        self.server.add_file(
+            REPO,
+            "code/flash/engine/worker/__main__.py",
+            HUB_WORKER_PRELUDE + "\n" + textwrap.dedent(body),
+        )
+
+    def payload(self, **overrides: Any) -> dict[str, Any]:
+        spec = overrides.pop("spec", {})
+        payload: dict[str, Any] = {
+            "hf_repo": REPO,
+            "hf_prefix": PREFIX,
+            "phase": "sft",
+            "seed": 3,
+            "flash_arm": ARM,
+            "attempt": 0,
+            "run_id": "run-1",
+            "max_wall_s": 120,
+            "job_spec_json": json.dumps({"hf_repo": REPO, "hf_prefix": PREFIX, **spec}),
+            "env": {"HF_TOKEN": self.token, "FLASH_STOP_GRACE_S": "2"},
+        }
+        payload.update(overrides)
+        return {k: v for k, v in payload.items() if v is not None}
+
+    def write_payload(self, **overrides: Any) -> Path:
+        self.payload_path.write_text(json.dumps(self.payload(**overrides)))
+        return self.payload_path
+
+    def settings(self) -> Settings:
+        return Settings(
+            payload_path=self.payload_path,
+            store_url=self.server.url,
+            code_root=self.code_root,
+            scratch_dir=self.scratch,
+        )
+
+    def environ(self) -> dict[str, str]:
+        """The runner's environment (the worker inherits it, merged with the payload env).
+
+        The project root leads PYTHONPATH so a runner process finds ``fsm`` even where the
+        project is not installed in the venv; the worker runs with the same interpreter,
+        so it finds ``huggingface_hub`` in the venv's site-packages.
+        """
+        path = [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {
+            **os.environ,
+            "HF_HOME": str(self.root / "hf-home"),
+            "PYTHONPATH": os.pathsep.join(path),
+        }
+
+    # --- running -------------------------------------------------------------------------
+
+    def _hard_exit(self, code: int) -> None:
+        self.hard_exits.append(code)  # the watchdog fired: the test fails after the run
+
+    def run(self, **payload: Any) -> Outcome:
+        """One attempt in this process (signals not installed), the console to a file."""
+        self.write_payload(**payload)
+        with (
+            structlog.testing.capture_logs() as logs,
+            open(self.root / "stdout.bin", "ab") as out,
+        ):
+            outcome = run_attempt(
+                self.settings(),
+                self.environ(),
+                out_fd=out.fileno(),
+                handle_signals=False,
+                hard_exit=self._hard_exit,
+            )
+        self.logs.extend(logs)
+        self.texts += [outcome.reason, repr(outcome.context.failure), json.dumps(outcome.marker)]
+        assert self.hard_exits == [], "the deadline watchdog fired"
+        return outcome
+
+    def cli(self, **payload: Any) -> subprocess.CompletedProcess[bytes]:
+        """``python -m fsm run --store http://...`` as a real process."""
+        self.write_payload(**payload)
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "fsm", "run",
+                "--payload", str(self.payload_path),
+                "--store", self.server.url,
+                "--code-root", str(self.code_root),
+                "--scratch-dir", str(self.scratch),
+            ],
+            env=self.environ(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        self.stderr.append(proc.stderr)
+        return proc
+
+    # --- the secret checks ---------------------------------------------------------------
+
+    def assert_no_secret_anywhere(self, caplog_text: str) -> None:
+        logged = json.dumps(self.logs, default=str)
+        for secret in self.secrets:
+            assert secret not in logged, "a secret reached a structlog event"
+            assert secret not in caplog_text, "a secret reached a stdlib log record"
+            for stderr in self.stderr:
+                assert secret.encode() not in stderr, "a secret reached the runner's stderr"
+            for text in self.texts:
+                assert secret not in text, "a secret reached an outcome, failure or marker"
+            # The server's repos, the scratch dir (local marker, console, spec), the code
+            # root, the caches and the persisted result: everything but the payload.
+            assert_no_secret(self.root, secret)
+
+
+@pytest.fixture
+def hub_run(
+    tmp_path: Path,
+    hub_server: LocalHubServer,
+    hub_token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> Iterator[HubRun]:
+    """A run laid out on the local Hub server; the secret checks run after the test."""
+    caplog.set_level(logging.DEBUG)
+    for var, value in {
+        "FLASH_STORE_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
+        "FLASH_STORE_TRANSFER_TIMEOUT_S": "20",
+        "FLASH_STORE_MAX_ATTEMPTS": "3",
+        "FLASH_STORE_RETRY_BASE_S": "0.05",
+        "FLASH_STORE_RETRY_MAX_S": "0.2",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("FLASH_STORE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    run = HubRun(tmp_path, hub_server, hub_token)
+    yield run
+    assert run.hard_exits == [], "the deadline watchdog fired"
+    run.assert_no_secret_anywhere(caplog.text)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _let_through(server: LocalHubServer, method: str, path_regex: str, times: int) -> None:
+    """Serve the next ``times`` matching requests normally (a zero-second hang), so that a
+    fault added after this one hits only the requests that come after them."""
+    server.hang(method, path_regex, seconds=0, times=times)
+
+
+def _statuses(server: LocalHubServer, method: str, path_regex: str) -> list[int | None]:
+    """The statuses of the requests matching ``method`` and ``path_regex``, in order."""
+    pattern = re.compile(path_regex)
+    return [r.status for r in server.requests
+            if r.method == method and pattern.search(r.path)]
+
+
+def _commits(server: LocalHubServer) -> list[RequestRecord]:
+    return [r for r in server.requests if r.method == "POST" and "/commit/" in r.path]
+
+
+# --- success ---------------------------------------------------------------------------------
+
+
+def test_a_worker_uploading_through_the_hub_client_succeeds_and_the_marker_lands_last(
+    hub_run: HubRun,
+) -> None:
+    hub_run.write_worker("print('training', flush=True); complete()")
+    outcome = hub_run.run()
+    assert outcome.exit_code == 0, outcome.reason
+    assert outcome.context.path == TRAIN_PATH
+    assert json.loads(hub_run.artifact("metrics.json").read_text()) == {"loss": 0.25}
+    assert float(hub_run.artifact("DONE").read_text()) > 0
+    marker = hub_run.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["error"], marker["rule"]) == (
+        True, False, "", "completion-confirmed")
+    assert marker["worker"]["exit_code"] == 0
+    assert marker == hub_run.local_marker()
+    # Three commits: the worker's metrics.json and DONE, then the runner's marker, last.
+    assert [r.status for r in _commits(hub_run.server)] == [200, 200, 200]
+    landed = hub_run.artifact(MARKER).stat().st_mtime_ns
+    assert all(p.stat().st_mtime_ns <= landed for p in hub_run.artifact("").iterdir())
+    assert b"training" in (hub_run.root / "stdout.bin").read_bytes()
+
+
+def test_the_runner_as_a_process_succeeds_against_the_hub_server(hub_run: HubRun) -> None:
+    hub_run.write_worker("complete()")
+    proc = hub_run.cli()
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert b"attempt 0 succeeded" in proc.stderr
+    assert hub_run.artifact("DONE").is_file()
+    assert hub_run.artifact("metrics.json").is_file()
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    assert marker["path"] == TRAIN_PATH[:-1]
+
+
+def test_a_spilled_spec_is_fetched_from_the_hub_and_reaches_the_worker(
+    hub_run: HubRun,
+) -> None:
+    hub_run.server.add_file(
+        REPO,
+        f"{PREFIX}/job_spec.json",
+        json.dumps({"hf_repo": REPO, "hf_prefix": PREFIX, "spilled": True}),
+    )
+    hub_run.write_worker("assert SPEC['spilled'] is True, SPEC; complete()")
+    outcome = hub_run.run(job_spec_json=None, job_spec_in_hf=True)
+    assert outcome.exit_code == 0, outcome.reason
+    assert _statuses(hub_run.server, "GET", f"/resolve/main/{PREFIX}/job_spec.json$") == [200]
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+
+
+# --- an unavailable store --------------------------------------------------------------------
+
+
+def test_the_code_fetch_recovers_from_transient_503s(hub_run: HubRun) -> None:
+    server = hub_run.server
+    hub_run.write_worker("complete()")
+    # The fetch's requests: the repo listing, the snapshot's own listing (0.x: revision,
+    # 2.x: tree) and the file GETs of code/**. Each fails twice, then is served.
+    listing, snapshot, files = LISTING, r"^/api/datasets/.+/(revision|tree)/", CODE_GETS
+    for pattern in (listing, snapshot, files):
+        server.fail("GET", pattern, status=503, times=2)
+    outcome = hub_run.run()
+    assert outcome.exit_code == 0, outcome.reason
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    assert marker["path"] == TRAIN_PATH[:-1]
+    for pattern in (listing, snapshot, files):
+        seen = _statuses(server, "GET", pattern)
+        assert seen[:2] == [503, 503] and seen[-1] == 200, (pattern, seen)
+    # The adapter logged its own retries (the library may retry some requests itself).
+    retries = [e for e in hub_run.logs if e.get("event") == "store.retry"]
+    assert retries and {e["status"] for e in retries} == {503}
+    assert {e["op"] for e in retries} >= {"list"}
+
+
+def test_a_store_answering_503_to_the_code_fetch_is_retriable_and_the_marker_still_lands(
+    hub_run: HubRun,
+) -> None:
+    hub_run.write_worker("complete()")
+    # Every GET fails: the code fetch cannot proceed. Uploads (POST) still work.
+    hub_run.server.fail("GET", r".", status=503, times=10_000)
+    outcome = hub_run.run()
+    assert outcome.exit_code == 1
+    marker = hub_run.marker()
+    assert marker is not None, "the marker upload does not use the failing GETs"
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, True, "store-unavailable", "FetchCode")
+    assert "HTTP 503" in marker["error"]
+    assert marker == hub_run.local_marker()
+    # Bounded: FLASH_STORE_MAX_ATTEMPTS tries of the listing, no more.
+    assert _statuses(hub_run.server, "GET", LISTING) == [503, 503, 503]
+    assert not hub_run.artifact("DONE").exists()
+
+
+# --- a wrong token ---------------------------------------------------------------------------
+
+
+def test_a_wrong_token_is_fatal_store_auth_and_the_marker_stays_local(hub_run: HubRun) -> None:
+    """The server refuses the wrong token for every request, the marker upload included:
+    the marker never reaches the repo. What is left to check is the runner's local copy in
+    ``<scratch>/<arm>_attempt<N>.json``, its exit status and its one stderr line."""
+    wrong = f"hf_wrong_{hub_run.token}"
+    hub_run.secrets.append(wrong)
+    hub_run.write_worker("complete()")
+    proc = hub_run.cli(env={"HF_TOKEN": wrong, "FLASH_STOP_GRACE_S": "2"})
+    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    last_line = proc.stderr.decode().strip().splitlines()[-1]
+    assert "fatal, rule store-auth" in last_line
+    local = hub_run.local_marker()
+    assert local is not None
+    assert (local["ok"], local["retriable"], local["rule"], local["state"]) == (
+        False, False, "store-auth", "FetchCode")
+    assert "401" in local["error"]
+    hub_run.texts.append(json.dumps(local))
+    assert hub_run.marker() is None
+    # Refused at once, not retried: one listing request, one marker commit attempt at most.
+    statuses = [r.status for r in hub_run.server.requests]
+    assert set(statuses) == {401}
+    assert _statuses(hub_run.server, "GET", LISTING) == [401]
+    assert len([r for r in hub_run.server.requests if "/preupload/" in r.path]) == 1
+
+
+# --- hung store calls ------------------------------------------------------------------------
+
+
+def test_a_hung_listing_during_the_code_fetch_is_bounded_and_retriable(
+    hub_run: HubRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hang_s = 30.0
+    tries = 2
+    monkeypatch.setenv("FLASH_STORE_MAX_ATTEMPTS", str(tries))
+    hub_run.write_worker("complete()")
+    hub_run.server.hang("GET", r"^/api/datasets/", seconds=hang_s, times=100)
+    started = time.monotonic()
+    outcome = hub_run.run(max_wall_s=60)
+    elapsed = time.monotonic() - started
+    # Each try is abandoned after FLASH_STORE_CALL_TIMEOUT_S; the backoffs are short. The
+    # run ends long before the hang (or the 60 s deadline) would have ended it.
+    assert tries * CALL_TIMEOUT_S <= elapsed < tries * CALL_TIMEOUT_S + 3, elapsed
+    assert elapsed < hang_s / 2
+    assert outcome.exit_code == 1
+    marker = hub_run.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, True, "store-unavailable", "FetchCode")
+    assert "no answer within" in marker["error"]
+    hung = [r for r in hub_run.server.requests if r.fault == "hang"]
+    assert len(hung) == tries and all(r.status is None for r in hung)
+
+
+def test_a_hung_first_marker_commit_is_abandoned_and_retried_so_the_marker_lands(
+    hub_run: HubRun,
+) -> None:
+    hang_s = 30.0
+    hub_run.write_worker("complete()")
+    # The worker's two commits (metrics.json, DONE) go through; the next one, the
+    # runner's marker, hangs far longer than the call timeout.
+    _let_through(hub_run.server, "POST", r"/commit/", times=2)
+    hub_run.server.hang("POST", r"/commit/", seconds=hang_s, times=1)
+    started = time.monotonic()
+    outcome = hub_run.run(max_wall_s=60)
+    elapsed = time.monotonic() - started
+    assert outcome.exit_code == 0, outcome.reason
+    assert CALL_TIMEOUT_S <= elapsed < hang_s / 2, elapsed
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    commits = _commits(hub_run.server)
+    assert [(r.fault, r.status) for r in commits] == [
+        ("hang", 200), ("hang", 200), ("hang", None), (None, 200)]
+
+
+def test_a_marker_commit_failing_twice_with_503_is_retried_until_it_lands(
+    hub_run: HubRun,
+) -> None:
+    hub_run.write_worker("complete()")
+    _let_through(hub_run.server, "POST", r"/commit/", times=2)  # the worker's two commits
+    hub_run.server.fail("POST", r"/commit/", status=503, times=2)
+    outcome = hub_run.run()
+    assert outcome.exit_code == 0, outcome.reason
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    assert [r.status for r in _commits(hub_run.server)] == [200, 200, 503, 503, 200]
+    retried = [e for e in hub_run.logs if e.get("event") == "store.retry"]
+    assert [(e["path"], e["status"]) for e in retried] == [(f"{PREFIX}/{MARKER}", 503)] * 2
+
+
+# --- preload ---------------------------------------------------------------------------------
+
+
+def _add_model(server: LocalHubServer, repo_id: str) -> None:
+    server.add_file(repo_id, "config.json", json.dumps({"model": repo_id}), "model")
+    server.add_file(repo_id, "model.safetensors", b"\x00" * 4096, "model")
+    server.add_file(repo_id, "original/consolidated.pth", b"skip me", "model")
+    server.add_file(repo_id, "weights.gguf", b"skip me too", "model")
+
+
+def test_preload_warms_two_models_from_the_hub_and_a_second_preload_finds_them_cached(
+    hub_run: HubRun,
+) -> None:
+    from huggingface_hub import snapshot_download
+
+    models = ["org/alpha", "org/beta"]
+    for repo_id in models:
+        _add_model(hub_run.server, repo_id)
+    mount = hub_run.root / "mnt"
+    mount.mkdir()
+    (mount / SENTINEL).write_text("")
+    hf_home = mount / "hf"
+    preload: dict[str, Any] = {
+        "mode": "preload",
+        "models": models,
+        "phase": None,
+        "seed": None,
+        "job_spec_json": None,
+        "cache_mount_marker": SENTINEL,
+        "env": {"HF_TOKEN": hub_run.token, "HF_HOME": str(hf_home)},
+    }
+
+    first = hub_run.run(**preload)
+    assert first.exit_code == 0, first.reason
+    assert first.context.path == ["LoadPayload", "Preload", "Mark", "Succeeded"]
+    result = json.loads(hub_run.artifact("preload_result.json").read_text())
+    assert result == {"preloaded": models, "already_cached": [], "failed": {}}
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    for repo_id in models:
+        snapshot = Path(snapshot_download(
+            repo_id,
+            cache_dir=str(hf_home / "hub"),
+            ignore_patterns=list(PRELOAD_IGNORE_PATTERNS),
+            local_files_only=True,
+        ))
+        assert json.loads((snapshot / "config.json").read_text()) == {"model": repo_id}
+        assert (snapshot / "model.safetensors").stat().st_size == 4096
+        assert not (snapshot / "original").exists()
+        assert not (snapshot / "weights.gguf").exists()
+    # Nothing the preload skips was ever downloaded.
+    assert not [r for r in hub_run.server.requests
+                if r.method == "GET" and r.path.endswith((".pth", ".gguf"))]
+
+    second = hub_run.run(**preload, attempt=1)
+    assert second.exit_code == 0, second.reason
+    result = json.loads(hub_run.artifact("preload_result.json").read_text())
+    assert result == {"preloaded": [], "already_cached": models, "failed": {}}
+    marker = hub_run.marker(attempt=1)
+    assert marker is not None and marker["ok"] is True
