@@ -10,7 +10,6 @@ from pathlib import Path
 import structlog
 
 from fsm.context import Context
-from fsm.errors import DeadlineExceeded, FlashError
 from fsm.supervise import TAIL_BYTES, read_tail
 
 log = structlog.get_logger("fsm.console")
@@ -40,8 +39,9 @@ def upload_tail(ctx: Context, *, tail: bytes | None = None) -> bool:
             )
         finally:
             Path(tmp).unlink(missing_ok=True)
-    except (FlashError, OSError, DeadlineExceeded) as exc:
-        log.warning("console.upload_failed", error=ctx.redactor.text(str(exc)))
+    except Exception as exc:  # best effort: the tail never decides how the attempt ends
+        log.warning("console.upload_failed", exc_type=type(exc).__name__,
+                    error=ctx.redactor.text(str(exc)))
         return False
     return True
 

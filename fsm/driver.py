@@ -88,6 +88,10 @@ def _step(ctx: Context, state: str, handler: Handler) -> str:
     except BaseException as exc:  # every failure is classified, none escapes the machine
         if isinstance(exc, SystemExit | AttemptBusy):
             raise
+        if ctx.interrupt.is_set() and not isinstance(exc, Interrupted):
+            # Whatever broke after a SIGTERM/SIGINT broke because of it (a pipe cut, a
+            # process killed): the host is going away, and that is what decides.
+            exc = Interrupted(ctx.interrupt.signum or 15)
         rule = policy.classify(state, exc)
         ctx.failure = Failure(
             rule=rule.id, retriable=rule.retriable, message=describe(exc), state=state

@@ -77,6 +77,9 @@ def read_raw(path: Path) -> dict[str, Any]:
         raise PayloadError(
             f"payload file {path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise PayloadError(f"payload file {path} nests too deeply to be a payload") from None
+
     if not isinstance(raw, dict):
         raise PayloadError(f"payload must be a JSON object, got {_json_type(raw)}")
     return raw
@@ -111,6 +114,14 @@ def destination(raw: Mapping[str, Any]) -> Destination | None:
 def parse(raw: Mapping[str, Any]) -> Payload:
     """Validate ``raw`` against the contract; raise PayloadError naming the first problem."""
     dest = _destination(raw)
+    try:
+        # JSON escapes can spell lone surrogates, which no file name, environment or
+        # upload can carry: refuse them once, for every string in the payload.
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadError(
+            "payload holds a string that is not valid Unicode (a lone surrogate escape)"
+        ) from None
     mode = _opt(raw, "mode", str, "train")
     if mode not in MODES:
         raise PayloadError(f"payload key 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
@@ -206,7 +217,11 @@ def _valid_prefix(value: object) -> bool:
         return False
     if value.startswith("/") or "\\" in value or "\x00" in value:
         return False
-    return all(part not in ("", ".", "..") for part in value.strip("/").split("/"))
+    try:
+        parts = [part.encode("utf-8") for part in value.strip("/").split("/")]
+    except UnicodeEncodeError:
+        return False
+    return all(part not in (b"", b".", b"..") and len(part) <= 255 for part in parts)
 
 
 def _is_int(value: object) -> bool:

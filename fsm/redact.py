@@ -43,7 +43,7 @@ class Redactor:
         self._secrets = sorted(set(self._secrets) | new, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(s) for s in self._secrets))
         self._bpattern = re.compile(
-            b"|".join(re.escape(s.encode("utf-8", "surrogateescape")) for s in self._secrets)
+            b"|".join(re.escape(s.encode("utf-8", "surrogatepass")) for s in self._secrets)
         )
 
     def __bool__(self) -> bool:

@@ -1,0 +1,296 @@
+"""Generated bad payloads: wrong types, missing keys, huge strings, non-UTF-8 bytes,
+path-like names, negative attempts. Every one ends with exit 2 (or a fatal marker when it
+got further) and one clear line: never a traceback, never a retry, never a file outside
+the run's directories."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from conftest import Layout
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsm import log, payload
+from fsm.errors import PayloadError
+from fsm.redact import Redactor
+from fsm.runner import run_attempt
+
+MISSING = object()  # a mutation that deletes the key
+
+JSON_SCALARS = (
+    st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+    | st.text(max_size=12)
+)
+JSON_VALUES = st.recursive(
+    st.none() | JSON_SCALARS,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=6,
+)
+
+HUGE = st.integers(70, 300_000).map(lambda n: "a" * n)
+PATHLIKE = st.sampled_from([
+    "../x", "../../../tmp/escape", "/etc/passwd", "a/b", ".", "..", "a/../../b", "~", "./x",
+    "a\\b", "a\x00b", "C:\\x", "x/", "/", "", " ", "-rf", ".hidden", "con:", "\ud800",
+])
+
+
+_BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
+    "int": st.integers(-(2**70), 2**70),
+    "float": st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != int(f)),
+    "bool": st.booleans(),
+    "str": st.text(max_size=12),
+    "list": st.lists(JSON_SCALARS, max_size=3),
+    "dict": st.dictionaries(st.text(max_size=6), JSON_SCALARS, max_size=3),
+}
+
+
+def _wrong_type(*right: str) -> st.SearchStrategy[Any]:
+    """A JSON value of any type but ``right`` (null is "absent" for optional keys)."""
+    return st.one_of(*(s for name, s in _BY_TYPE.items() if name not in right))
+
+
+#: Bad values per key: each one alone makes the payload unusable (or fatal later).
+BAD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "hf_repo": _wrong_type("str") | HUGE | st.sampled_from(
+        ["noslash", "a/b/c", "/a", "../x", "a/..", "./a", "a/b/", "a\x00/b", "", "org/\ud800"]
+    ),
+    "hf_prefix": _wrong_type("str") | st.integers(1001, 300_000).map(lambda n: "a" * n)
+    | st.integers(256, 1000).map(lambda n: "sft/" + "a" * n)
+    | st.sampled_from(["../x", "../../../tmp/escape", "/etc/passwd", ".", "..", "a/../../b",
+                       "./x", "a\\b", "a\x00b", "/", "", "a//b", "a/./b"]),
+    "phase": _wrong_type("str") | PATHLIKE | HUGE | st.just("sft/../../x"),
+    "seed": _wrong_type("int") | st.floats(allow_nan=False, allow_infinity=False),
+    "flash_arm": _wrong_type("str") | PATHLIKE | HUGE,
+    "attempt": _wrong_type("int") | st.integers(max_value=-1),
+    "job_spec_json": _wrong_type("str"),
+    "job_spec_in_hf": _wrong_type("bool"),
+    "env": _wrong_type("dict") | st.sampled_from([
+        {"K": 1}, {"A=B": "x"}, {"": "x"}, {"K": "a\x00b"}, {"X_TOKEN": ["t"]}, {"K": None},
+        {"PLAIN": "\ud800 not encodable"}, {"HF_TOKEN": "\ud800abcd"},
+    ]),
+    "extra_pip": _wrong_type("list") | st.sampled_from([[1], [None], [["x"]], "pkg"]),
+    "max_wall_s": st.sampled_from([0, -1, -1e9, "60", True, [60]]) | _wrong_type("int", "float"),
+    "deadline_at": st.sampled_from(["soon", True, [1]]) | _wrong_type("int", "float"),
+    "run_id": _wrong_type("str"),
+    "mode": _wrong_type("str") | PATHLIKE | st.sampled_from(["Train", "PRELOAD", "warm"]),
+    "cache_block_device": _wrong_type("bool"),
+}
+REQUIRED = ("hf_repo", "hf_prefix", "phase", "seed")
+
+#: Whole files that are not a usable payload.
+RAW_FILES = st.one_of(
+    st.binary(max_size=200),
+    st.binary(min_size=1, max_size=4).map(lambda b: b'{"hf_repo": "' + b + b'\xff"}'),
+    st.just(b"\xef\xbb\xbf{}"),  # a UTF-8 byte-order mark
+    JSON_VALUES.filter(lambda v: not isinstance(v, dict)).map(lambda v: json.dumps(v).encode()),
+    st.integers(2, 100).map(lambda n: b"[" * n + b"]" * n),  # nested (deeper: see the end)
+    st.sampled_from([b"", b"{", b"NaN", b'{"a": 1} trailing', b"\x00" * 10]),
+)
+
+
+@dataclass(frozen=True)
+class BadInput:
+    content: bytes
+    why: str
+
+
+@st.composite
+def bad_payloads(draw: st.DrawFn, layout_payload: dict[str, Any]) -> BadInput:
+    if draw(st.integers(0, 4)) == 0:
+        raw = draw(RAW_FILES)
+        return BadInput(raw, f"raw file {raw[:40]!r}")
+    data = dict(layout_payload)
+    if draw(st.booleans()):
+        data["mode"] = "preload"
+        data["models"] = draw(
+            st.sampled_from([["org/m"], [], "org/m", ["../../x"], [1], None])
+        )
+        data["cache_mount_marker"] = draw(st.none() | PATHLIKE)
+    mutations = draw(st.lists(st.sampled_from(sorted(BAD_VALUES)), min_size=1, max_size=3,
+                              unique=True))
+    for key in mutations:
+        if key in REQUIRED and draw(st.integers(0, 3)) == 0:
+            data[key] = MISSING
+        else:
+            data[key] = draw(BAD_VALUES[key])
+    data = {k: v for k, v in data.items() if v is not MISSING}
+    return BadInput(json.dumps(data).encode(), f"mutated {mutations}")
+
+
+# --- running one ------------------------------------------------------------------------------
+
+
+@contextmanager
+def isolated_redaction() -> Iterator[io.StringIO]:
+    """Generated env values become secrets of the shared log redactor: give each example
+    its own, and route the real log chain to a buffer; both restored after."""
+    saved = structlog.get_config()
+    buffer = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        fresh = Redactor()
+        mp.setattr(log, "REDACTOR", fresh)
+        # (the package re-exports the handler under the module's name: go by module path)
+        mp.setattr(importlib.import_module("states.load_payload"), "REDACTOR", fresh)
+        log.configure(buffer, json=True)
+        try:
+            yield buffer
+        finally:
+            structlog.configure(**saved)
+
+
+@contextmanager
+def world() -> Iterator[tuple[Path, Layout]]:
+    """A fresh temporary directory holding one run's layout (under ``w/``) and nothing else."""
+    with tempfile.TemporaryDirectory(prefix="flash-bad-") as tmp:
+        base = Path(tmp)
+        layout = Layout(base / "w")
+        for sub in ("store", "scratch", "runcode", "flash"):
+            (layout.root / sub).mkdir(parents=True)
+        layout.write_worker("complete()")
+        yield base, layout
+
+
+def _files(base: Path) -> set[Path]:
+    return {p for p in base.rglob("*") if not p.is_dir()}
+
+
+def _check_files_stay_in_their_places(
+    base: Path, layout: Layout, before: set[Path], raw: dict[str, Any] | None
+) -> None:
+    dest = payload.destination(raw) if raw is not None else None
+    allowed = [layout.scratch, layout.code_root]
+    if dest is not None:
+        allowed.append(layout.store / dest.hf_prefix)
+    for path in _files(base) - before:
+        if path.parent == layout.payload_path.parent and path.name.startswith(".flash-"):
+            continue  # the attempt's lock and persisted result live next to the payload
+        assert any(path.is_relative_to(root) for root in allowed), f"wrote {path}"
+
+
+def _raw(content: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(content.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_one_clear_line(line: str) -> None:
+    assert line.strip(), "an empty reason"
+    assert "\n" not in line.strip()
+    assert "Traceback" not in line
+
+
+def _check_markers(layout: Layout, raw: dict[str, Any] | None, code: int) -> None:
+    markers = sorted(layout.store.rglob("*_attempt*.json"))
+    dest = payload.destination(raw) if raw is not None else None
+    if dest is None:
+        assert markers == [], "no destination, no marker"
+        assert code == 2, "a payload without a usable destination is unusable"
+        return
+    assert len(markers) == 1
+    marker = json.loads(markers[0].read_text())
+    assert marker["ok"] is False and marker["retriable"] is False, marker
+    assert (code == 2) == (marker["rule"] == "payload-invalid"), (code, marker["rule"])
+
+
+@settings(max_examples=settings().max_examples * 2)
+@given(st.data())
+def test_a_bad_payload_ends_with_exit_2_or_a_fatal_marker_and_one_clear_line(
+    data: st.DataObject,
+) -> None:
+    with world() as (base, layout):
+        bad = data.draw(bad_payloads(layout.payload()), label="payload")
+        layout.write_payload(bad.content)
+        before = _files(base)
+        hard_exits: list[int] = []
+        with isolated_redaction() as logs, open(base / "stdout.bin", "ab") as out:
+            outcome = run_attempt(
+                layout.settings(),
+                {k: v for k, v in os.environ.items() if not k.startswith("FLASH_")},
+                out_fd=out.fileno(),
+                handle_signals=False,
+                hard_exit=hard_exits.append,
+            )
+        assert hard_exits == []
+        assert outcome.exit_code in (1, 2, 124), (bad.why, outcome.reason)
+        _check_one_clear_line(outcome.reason)
+        assert "Traceback" not in logs.getvalue()
+        raw = _raw(bad.content)
+        _check_markers(layout, raw, outcome.exit_code)
+        _check_files_stay_in_their_places(base, layout, before | {base / "stdout.bin"}, raw)
+
+
+CLI_EXAMPLES = max(3, settings().max_examples // 8)
+
+
+@settings(max_examples=CLI_EXAMPLES)
+@given(st.data())
+def test_the_cli_answers_a_bad_payload_with_one_clear_last_line_and_no_traceback(
+    data: st.DataObject,
+) -> None:
+    with world() as (base, layout):
+        bad = data.draw(bad_payloads(layout.payload()), label="payload")
+        layout.write_payload(bad.content)
+        before = _files(base)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "fsm", *layout.run_args()],
+            env=env, capture_output=True, timeout=60, check=False, cwd=base,
+        )
+        stderr = proc.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert proc.returncode in (1, 2, 124), (bad.why, stderr[-2000:])
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith("flash-bootstrap: "), last
+        _check_one_clear_line(last)
+        raw = _raw(bad.content)
+        _check_markers(layout, raw, proc.returncode)
+        _check_files_stay_in_their_places(base, layout, before, raw)
+
+
+# --- what the properties found -----------------------------------------------------------------
+
+
+def _run_in_process(content: bytes) -> tuple[int, str, list[Path]]:
+    with world() as (base, layout):
+        layout.write_payload(content)
+        with isolated_redaction(), open(base / "stdout.bin", "ab") as out:
+            outcome = run_attempt(layout.settings(), dict(os.environ), out_fd=out.fileno(),
+                                  handle_signals=False, hard_exit=lambda _code: None)
+        return outcome.exit_code, outcome.reason, sorted(layout.store.rglob("*_attempt*.json"))
+
+
+def test_a_deeply_nested_payload_is_unusable_with_exit_2() -> None:
+    code, reason, _ = _run_in_process(b"[" * 100_000 + b"]" * 100_000)
+    assert code == 2
+    assert reason.startswith("payload unusable")
+
+
+def test_a_secret_env_value_that_cannot_be_encoded_is_unusable_with_exit_2_and_a_marker() -> None:
+    layout_payload = Layout(Path("/nonexistent")).payload(env={"HF_TOKEN": "\ud800abcd"})
+    code, reason, markers = _run_in_process(json.dumps(layout_payload).encode())
+    assert code == 2, reason
+    assert len(markers) == 1
+
+
+def test_a_prefix_folder_name_longer_than_a_file_name_is_unusable() -> None:
+    raw = Layout(Path("/nonexistent")).payload(hf_prefix="sft/" + "a" * 300)
+    with pytest.raises(PayloadError):
+        payload.parse(raw)

@@ -1,0 +1,629 @@
+"""Whole attempts under generated fault plans: the real driver, states and local store, a
+fault-injecting wrapper around the store, real worker processes, real signals.
+
+A fault plan says which store call fails, how and how often, what the worker does, and
+whether a signal arrives (from inside a store call, or sent by the worker to the runner).
+A small model of the states says which policy rule must decide each plan; the invariants
+hold for every plan: exactly one marker, written last; ``ok`` iff Succeeded;
+``retriable`` iff FailedRetriable; the marker names the rule the policy gives for the
+fault; a signal before Mark gives retriable; a deadline gives fatal; success only after
+``DONE`` and ``metrics.json`` were confirmed in the store; the canary token nowhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import pytest
+import structlog
+from conftest import ARM, CANARY, PREFIX, Layout
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
+
+from fsm import log, policy, table
+from fsm.clock import Deadline
+from fsm.errors import (
+    DeadlineExceeded,
+    Interrupted,
+    StoreAuthError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from fsm.payload import Destination
+from fsm.runner import Outcome, run_attempt
+from fsm.store.base import Store, WarmOutcome
+from fsm.store.local import LocalStore
+
+MARKER = f"{ARM}_attempt0.json"
+STORE_OPS = ("fetch_folder", "download_file", "exists", "upload_file")
+HTTP_STATUSES = (400, 401, 403, 404, 408, 429, 500, 503)
+KINDS_BY_OP: dict[str, tuple[str, ...]] = {
+    # exists() answers False for a missing path and uploads create paths: no not-found there
+    "fetch_folder": ("unavailable", "auth", "not-found", "deadline", "crash", "signal", "http"),
+    "download_file": ("unavailable", "auth", "not-found", "deadline", "crash", "signal", "http"),
+    "exists": ("unavailable", "auth", "deadline", "crash", "signal", "http"),
+    "upload_file": ("unavailable", "auth", "deadline", "crash", "signal", "http"),
+}
+
+
+class InjectedHttpError(Exception):
+    """An untyped HTTP error, shaped like huggingface_hub's: the status on ``.response``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.response = SimpleNamespace(status_code=status)
+
+
+def make_exc(kind: str) -> BaseException:
+    """The exception a fault of ``kind`` raises; its text carries the canary token."""
+    text = f"injected {kind} fault (token {CANARY})"
+    if kind == "unavailable":
+        return StoreUnavailable(text)
+    if kind == "auth":
+        return StoreAuthError(text)
+    if kind == "not-found":
+        return StoreNotFound(text)
+    if kind == "deadline":
+        return DeadlineExceeded(text)
+    if kind == "crash":
+        return RuntimeError(text)
+    if kind == "signal":
+        return Interrupted(signal.SIGTERM)
+    if kind.startswith("http-"):
+        return InjectedHttpError(text, int(kind.removeprefix("http-")))
+    raise AssertionError(kind)
+
+
+# --- plans ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    op: str  # a store operation, or "upload_marker" (Mark's upload of the marker)
+    nth: int  # the first call of ``op`` that fails (0-based)
+    kind: str
+    times: int  # consecutive calls of ``op`` that fail from ``nth`` on
+
+    def hits(self, op: str, index: int) -> bool:
+        return op == self.op and self.nth <= index < self.nth + self.times
+
+
+Exit = int | Literal["SIGKILL", "interrupt-runner", "hang"]
+
+
+@dataclass(frozen=True)
+class Worker:
+    uploads: Literal["both", "metrics", "done", "none"]
+    local_metrics: bool  # writes <scratch>/metrics.json even when it uploads nothing
+    heartbeat: tuple[bool, bool] | None  # (retriable, for this attempt)
+    exit: Exit
+    leak: bool  # prints the token and dies with it in its message
+
+    @property
+    def returncode_nonzero(self) -> bool:
+        return self.exit != 0
+
+    @property
+    def wrote_local_metrics(self) -> bool:
+        return self.local_metrics or self.uploads in ("both", "metrics")
+
+    def script(self) -> str:
+        lines = ["import signal"]
+        if self.leak:
+            lines += [
+                "print('my token is ' + os.environ['HF_TOKEN'], flush=True)",
+                "print('stderr token ' + os.environ['HF_TOKEN'], file=sys.stderr, flush=True)",
+            ]
+        if self.heartbeat is not None:
+            retriable, same = self.heartbeat
+            attempt = "int(os.environ['ATTEMPT'])" + ("" if same else " + 1")
+            lines += [
+                "beat = SCRATCH / 'hb.json'",
+                f"beat.write_text(json.dumps({{'stage': 'train', 'ts': time.time(), "
+                f"'attempt': {attempt}, 'retriable': {retriable}}}))",
+                "upload(beat, 'heartbeat.json')",
+            ]
+        if self.uploads in ("both", "metrics"):
+            lines.append("upload(write_metrics(), 'metrics.json')")
+        elif self.local_metrics:
+            lines.append("write_metrics()")
+        if self.uploads in ("both", "done"):
+            lines += ["(SCRATCH / 'DONE').write_text(str(time.time()))",
+                      "upload(SCRATCH / 'DONE', 'DONE')"]
+        if self.exit == "interrupt-runner":
+            lines += ["os.kill(os.getppid(), signal.SIGTERM)", "time.sleep(60)"]
+        elif self.exit == "hang":
+            lines += ["print('training forever', flush=True)", "time.sleep(60)"]
+        elif self.exit == "SIGKILL":
+            lines.append("os.kill(os.getpid(), signal.SIGKILL)")
+        elif self.leak and self.exit != 0:
+            lines.append("raise SystemExit('failing with ' + os.environ['HF_TOKEN'])")
+        else:
+            lines.append(f"sys.exit({self.exit})")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Plan:
+    worker: Worker
+    spilled: bool  # the spec lives in the store (ResolveSpec downloads it)
+    faults: tuple[Fault, ...] = ()
+
+
+@st.composite
+def faults(draw: st.DrawFn) -> Fault:
+    op = draw(st.sampled_from((*STORE_OPS, "upload_marker")))
+    if op == "upload_marker":
+        # A marker upload that fails stays local (tested elsewhere); here only a signal
+        # arrives while Mark publishes: the outcome it publishes must not change.
+        return Fault(op, 0, "signal", 1)
+    kind = draw(st.sampled_from(KINDS_BY_OP[op]))
+    if kind == "http":
+        kind = f"http-{draw(st.sampled_from(HTTP_STATUSES))}"
+    # (most calls happen once or twice: the first is the likeliest target)
+    return Fault(op, draw(st.sampled_from([0, 0, 0, 1, 2])), kind, draw(st.integers(1, 3)))
+
+
+def workers(exits: st.SearchStrategy[Exit]) -> st.SearchStrategy[Worker]:
+    return st.builds(
+        Worker,
+        uploads=st.sampled_from(["both", "metrics", "done", "none"]),
+        local_metrics=st.booleans(),
+        heartbeat=st.none() | st.tuples(st.booleans(), st.booleans()),
+        exit=exits,
+        leak=st.booleans(),
+    )
+
+
+FAULT_EXITS: st.SearchStrategy[Exit] = st.sampled_from([0, 0, 1, 3, 139, "SIGKILL",
+                                                       "interrupt-runner"])
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    found = draw(st.lists(faults(), max_size=2, unique_by=lambda f: f.op))
+    return Plan(draw(workers(FAULT_EXITS)), draw(st.booleans()), tuple(found))
+
+
+# --- the model: which rule must decide a plan ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expect:
+    rule: str
+    state: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rule == policy.SUCCESS_RULE
+
+
+class _Calls:
+    """Replays the plan's faults against the store calls the states make, in order."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.count: Counter[str] = Counter()
+        self.made: list[tuple[str, str]] = []  # (op, state)
+
+    def take(self, op: str, state: str) -> str | None:
+        index = self.count[op]
+        self.count[op] += 1
+        self.made.append((op, state))
+        return next((f.kind for f in self.plan.faults if f.hits(op, index)), None)
+
+
+def _escape(state: str, kind: str) -> Expect:
+    """A fault that escapes its handler: the policy decides it."""
+    return Expect(policy.classify(state, make_exc(kind)).id, state)
+
+
+def model(plan: Plan) -> tuple[Expect, list[tuple[str, str]]]:
+    """What must decide ``plan`` (mirroring the states), and the store calls made."""
+    calls = _Calls(plan)
+    return _model(plan, calls), calls.made
+
+
+def _model(plan: Plan, calls: _Calls) -> Expect:
+    def tail(state: str) -> Expect | None:
+        kind = calls.take("upload_file", state)
+        # The tail is best effort (fsm.console.upload_tail swallows every Exception): only
+        # a signal arriving during its upload escapes it.
+        return _escape(state, kind) if kind == "signal" else None
+
+    if kind := calls.take("fetch_folder", table.FETCH_CODE):
+        return _escape(table.FETCH_CODE, kind)
+    if plan.spilled:
+        kind = calls.take("download_file", table.RESOLVE_SPEC)
+        if kind in ("unavailable", "not-found"):
+            return Expect("spec-fetch", table.RESOLVE_SPEC)
+        if kind:
+            return _escape(table.RESOLVE_SPEC, kind)
+    w = plan.worker
+    if w.exit == "interrupt-runner":
+        tail(table.TRAIN)  # a signal anywhere before Mark is retriable, whatever the tail does
+        return Expect("interrupted", table.TRAIN)
+    if w.exit == "hang":
+        tail(table.TRAIN)
+        return Expect("deadline", table.TRAIN)
+    if w.returncode_nonzero and (escaped := tail(table.TRAIN)):
+        return escaped
+    verify = table.VERIFY_REMOTE
+    for _name in ("DONE", "metrics.json"):
+        kind = calls.take("exists", verify)
+        if kind == "unavailable":
+            return tail(verify) or Expect("verify-unreadable", verify)
+        if kind:
+            return _escape(verify, kind)
+    if w.uploads == "both":
+        return Expect(policy.SUCCESS_RULE, verify)
+    kind = calls.take("download_file", verify)  # the heartbeat
+    if kind == "unavailable":
+        return tail(verify) or Expect("verify-unreadable", verify)
+    if kind not in (None, "not-found"):
+        return _escape(verify, kind)
+    heartbeat = kind is None and w.heartbeat == (True, True)
+    if not w.returncode_nonzero and (escaped := tail(verify)):
+        return escaped
+    if heartbeat:
+        return Expect("worker-heartbeat-retriable", verify)
+    if w.wrote_local_metrics:
+        return Expect("worker-upload-lost", verify)
+    return Expect("worker-failed", verify)
+
+
+# --- the fault-injecting store ---------------------------------------------------------------
+
+
+@dataclass
+class Journal:
+    """Every store call of the attempt, across every store the runner opened."""
+
+    plan: Plan
+    count: Counter[str] = field(default_factory=Counter)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    hang_at: int | None = None  # hang at this non-marker call until the watchdog fires
+    released: threading.Event = field(default_factory=threading.Event)
+    exit_codes: list[int] = field(default_factory=list)
+
+    def hard_exit(self, code: int) -> None:
+        """The watchdog's os._exit, in-process: record it and end the hung call."""
+        self.exit_codes.append(code)
+        self.released.set()
+
+    @property
+    def store_calls(self) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["op"] != "upload_marker"]
+
+
+class FaultyStore:
+    """The real LocalStore, with the plan's faults injected at the planned calls."""
+
+    def __init__(self, inner: LocalStore, journal: Journal) -> None:
+        self.inner = inner
+        self.journal = journal
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def worker_env(self) -> Mapping[str, str]:
+        return self.inner.worker_env()
+
+    def _enter(self, op: str, path: str) -> dict[str, Any]:
+        journal = self.journal
+        index = journal.count[op]
+        journal.count[op] += 1
+        call: dict[str, Any] = {"op": op, "path": path, "fault": None}
+        if journal.hang_at is not None and op != "upload_marker" and (
+            len(journal.store_calls) == journal.hang_at
+        ):
+            call["fault"] = "hang"
+        journal.calls.append(call)
+        if call["fault"] == "hang":
+            # A call that never returns: only the watchdog's hard exit ends it.
+            if not journal.released.wait(30):
+                raise AssertionError("the watchdog never fired on a hung store call")
+            raise SystemExit(124)
+        kind = next((f.kind for f in journal.plan.faults if f.hits(op, index)), None)
+        call["fault"] = kind
+        if kind == "signal":
+            os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by the runner
+        elif kind is not None:
+            raise make_exc(kind)
+        return call
+
+    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
+        op = "upload_marker" if path_in_repo.endswith("/" + MARKER) else "upload_file"
+        self._enter(op, path_in_repo)
+        self.inner.upload_file(local_path, path_in_repo)
+
+    def exists(self, path_in_repo: str) -> bool:
+        call = self._enter("exists", path_in_repo)
+        call["result"] = self.inner.exists(path_in_repo)
+        return bool(call["result"])
+
+    def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
+        self._enter("download_file", path_in_repo)
+        return self.inner.download_file(path_in_repo, dest_dir)
+
+    def fetch_folder(self, folder: str, local_root: Path) -> int:
+        self._enter("fetch_folder", folder)
+        return self.inner.fetch_folder(folder, local_root)
+
+    def warm_model(
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+    ) -> WarmOutcome:  # pragma: no cover - train plans never warm
+        self._enter("warm_model", repo_id)
+        return self.inner.warm_model(repo_id, cache_dir, ignore_patterns)
+
+
+# --- running a plan --------------------------------------------------------------------------
+
+
+@contextmanager
+def rendered_logs() -> Iterator[io.StringIO]:
+    """Route structlog's real chain (redaction included) to a buffer for the block."""
+    saved = structlog.get_config()
+    buffer = io.StringIO()
+    log.configure(buffer, json=True)
+    try:
+        yield buffer
+    finally:
+        structlog.configure(**saved)
+
+
+@dataclass
+class Ran:
+    layout: Layout
+    journal: Journal
+    outcome: Outcome | None
+    exit_code: int
+    logs: str
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_", "HF_"))}
+
+
+@contextmanager
+def attempt(
+    plan: Plan, *, hang_at: int | None = None, **payload: Any
+) -> Iterator[Ran]:
+    """Lay out a fresh world, run one attempt of ``plan`` in-process, yield what happened."""
+    with tempfile.TemporaryDirectory(prefix="flash-prop-") as tmp:
+        layout = Layout(Path(tmp))
+        for sub in ("store", "scratch", "runcode", "flash"):
+            (layout.root / sub).mkdir()
+        layout.write_worker(plan.worker.script())
+        spec = json.dumps({"hf_prefix": PREFIX})
+        if plan.spilled:
+            layout.artifact("job_spec.json").parent.mkdir(parents=True, exist_ok=True)
+            layout.artifact("job_spec.json").write_text(spec)
+            payload.setdefault("job_spec_json", None)
+            payload.setdefault("job_spec_in_hf", True)
+        layout.write_payload(**payload)
+        journal = Journal(plan, hang_at=hang_at)
+
+        def open_store(dest: Destination, deadline: Deadline) -> Store:
+            return FaultyStore(LocalStore(layout.store, deadline=deadline), journal)
+
+        outcome: Outcome | None = None
+        with rendered_logs() as logs, open(layout.root / "stdout.bin", "ab") as out:
+            try:
+                outcome = run_attempt(
+                    layout.settings(),
+                    _environ(),
+                    open_store=open_store,
+                    out_fd=out.fileno(),
+                    handle_signals=True,
+                    hard_exit=journal.hard_exit,
+                )
+                code = outcome.exit_code
+            except SystemExit as exc:  # the hung call ended by the (in-process) hard exit
+                code = int(exc.code or 0)
+        yield Ran(layout, journal, outcome, code, logs.getvalue())
+
+
+# --- the invariants --------------------------------------------------------------------------
+
+
+def _check_one_marker_written_last(ran: Ran) -> dict[str, Any]:
+    layout = ran.layout
+    assert [p.name for p in layout.markers()] == [MARKER]
+    marker = layout.marker()
+    assert marker is not None
+    # Published once, and no store call of the runner came after it.
+    # (Mark's, or the watchdog's when it fired: then Mark must not publish a second one.)
+    uploads = [c for c in ran.journal.calls if c["op"] == "upload_marker"]
+    assert len(uploads) == 1
+    assert ran.journal.calls[-1]["op"] == "upload_marker"
+    marker_path = layout.artifact(MARKER)
+    for path in marker_path.parent.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mtime_ns <= marker_path.stat().st_mtime_ns, path
+    return marker
+
+
+def _check_canary_nowhere(ran: Ran) -> None:
+    layout = ran.layout
+    for path in layout.store.rglob("*"):
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), f"token leaked into {path}"
+    for path in [layout.scratch / MARKER, *layout.payload_path.parent.glob(".flash-*")]:
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), f"token leaked into {path}"
+    for line in ran.logs.splitlines():
+        assert CANARY not in json.dumps(json.loads(line), ensure_ascii=False), line
+    if ran.outcome is not None:
+        assert CANARY not in ran.outcome.reason
+
+
+def _check_outcome_agrees_with_marker(ran: Ran, marker: dict[str, Any]) -> None:
+    outcome = ran.outcome
+    assert outcome is not None
+    assert marker["ok"] == (outcome.terminal == table.SUCCEEDED)
+    assert marker["retriable"] == (outcome.terminal == table.FAILED_RETRIABLE)
+    fatal = not marker["ok"] and not marker["retriable"]
+    assert (outcome.terminal == table.FAILED_FATAL) == fatal
+    expected_code = 0 if marker["ok"] else 124 if marker["rule"] == "deadline" else 1
+    assert ran.exit_code == expected_code
+    assert outcome.context.path[-1] == outcome.terminal
+    assert outcome.context.path.count(table.MARK) == 1
+
+
+def _check_success_was_confirmed(ran: Ran, marker: dict[str, Any]) -> None:
+    if not marker["ok"]:
+        return
+    confirmed = {
+        c["path"].rsplit("/", 1)[-1]
+        for c in ran.journal.calls
+        if c["op"] == "exists" and c.get("result") is True
+    }
+    assert {"DONE", "metrics.json"} <= confirmed
+    assert ran.layout.artifact("DONE").is_file() and ran.layout.artifact("metrics.json").is_file()
+
+
+def _signalled_before_mark(ran: Ran) -> bool:
+    plan = ran.journal.plan
+    assert ran.outcome is not None
+    worker_ran = table.TRAIN in ran.outcome.context.path
+    return (plan.worker.exit == "interrupt-runner" and worker_ran) or any(
+        c["fault"] == "signal" and c["op"] != "upload_marker" for c in ran.journal.calls
+    )
+
+
+def _injected_and_escaped(ran: Ran, kind: str) -> bool:
+    """A fault of ``kind`` fired outside a console-tail upload (where it would be swallowed)."""
+    return any(
+        c["fault"] == kind and c["op"] not in ("upload_file", "upload_marker")
+        for c in ran.journal.calls
+    )
+
+
+def check_plan(plan: Plan) -> None:
+    expect, _ = model(plan)
+    with attempt(plan) as ran:
+        marker = _check_one_marker_written_last(ran)
+        _check_outcome_agrees_with_marker(ran, marker)
+        _check_success_was_confirmed(ran, marker)
+        _check_canary_nowhere(ran)
+        assert ran.journal.exit_codes == [], "the watchdog fired in a run with no deadline"
+        assert (marker["rule"], marker["state"]) == (expect.rule, expect.state), (
+            marker["error"]
+        )
+        assert marker["ok"] == expect.ok
+        if not marker["ok"]:
+            assert marker["retriable"] == policy.rule(marker["rule"]).retriable
+        if _signalled_before_mark(ran):
+            assert (marker["rule"], marker["retriable"]) == ("interrupted", True)
+        elif _injected_and_escaped(ran, "deadline"):
+            assert (marker["rule"], marker["retriable"]) == ("deadline", False)
+
+
+# --- the properties --------------------------------------------------------------------------
+
+_SUCCESS = Worker("both", False, None, 0, False)
+
+
+@given(plans())
+@example(Plan(_SUCCESS, spilled=False))
+@example(Plan(Worker("both", False, None, 139, True), spilled=True))
+@example(Plan(_SUCCESS, False, (Fault("exists", 0, "unavailable", 1),)))
+@example(Plan(_SUCCESS, False, (Fault("upload_marker", 0, "signal", 1),)))
+@example(Plan(Worker("none", True, None, "interrupt-runner", True), False))
+@example(Plan(Worker("none", False, (True, True), 1, False), True,
+              (Fault("download_file", 1, "http-503", 1),)))
+def test_every_fault_plan_ends_with_one_marker_whose_rule_the_policy_gives(plan: Plan) -> None:
+    """Exactly one marker, written last; ok iff Succeeded; retriable iff FailedRetriable; its
+    rule is the policy's for the injected fault; a signal before Mark is retriable; an
+    escaped deadline is fatal; success only after DONE and metrics.json were confirmed in
+    the store; the token appears in no artifact, marker, log line or reason."""
+    event(f"rule {model(plan)[0].rule}")
+    check_plan(plan)
+
+
+# --- the deadline, on the real clock -------------------------------------------------------
+
+#: A real deadline costs its wall time: a fifth of the profile's examples.
+DEADLINE_EXAMPLES = max(4, settings().max_examples // 5)
+DEADLINE_PAYLOAD: dict[str, Any] = {
+    "max_wall_s": 1.5,
+    "env": {"HF_TOKEN": CANARY, "FLASH_EXIT_RESERVE_S": "0.4", "FLASH_STOP_GRACE_S": "1"},
+}
+
+
+@st.composite
+def deadline_plans(draw: st.DrawFn) -> tuple[Plan, int | None]:
+    """A plan whose attempt is still working when the deadline arrives: the worker never
+    ends, or one of the store calls the attempt makes never returns."""
+    exits: st.SearchStrategy[Exit] = st.sampled_from([0, 1, "SIGKILL", "hang"])
+    plan = Plan(draw(workers(exits)), draw(st.booleans()))
+    if plan.worker.exit == "hang":
+        return plan, None
+    _, made = model(plan)
+    return plan, draw(st.integers(0, len(made) - 1))
+
+
+@settings(max_examples=DEADLINE_EXAMPLES)
+@given(deadline_plans())
+def test_the_deadline_anywhere_ends_the_attempt_fatally_with_one_deadline_marker(
+    planned: tuple[Plan, int | None],
+) -> None:
+    """Wherever the attempt deadline finds the attempt (a worker that never ends, a store
+    call that never returns), the one marker is fatal with rule ``deadline`` and the
+    attempt ends with status 124."""
+    plan, hang_at = planned
+    _, made = model(plan)
+    with attempt(plan, hang_at=hang_at, **DEADLINE_PAYLOAD) as ran:
+        marker = _check_one_marker_written_last(ran)
+        assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "deadline")
+        assert ran.exit_code == 124
+        _check_canary_nowhere(ran)
+        if any(c["fault"] == "hang" for c in ran.journal.calls):
+            assert ran.journal.exit_codes == [124], "the watchdog ends a hung call"
+            assert marker["state"] == made[hang_at or 0][1]
+            assert marker["watchdog"] is True
+        else:
+            # The worker never ended (or, on a very slow host, the deadline came before
+            # the planned hung call): the state that was working when it came decides.
+            assert ran.outcome is not None
+            _check_outcome_agrees_with_marker(ran, marker)
+            assert marker["state"] == ran.outcome.context.path[-3]
+            if hang_at is None:
+                assert marker["state"] == table.TRAIN
+
+
+# --- what the properties found -----------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["crash", "http-404"])
+def test_a_signal_is_retriable_even_when_the_console_tail_upload_then_fails_untyped(
+    kind: str,
+) -> None:
+    """Shrunk from the fault-plan property: the worker's SIGTERM reached the runner, then
+    the console-tail upload raised an untyped error; the marker must still say
+    ``interrupted``."""
+    check_plan(Plan(Worker("none", False, None, "interrupt-runner", False), False,
+                    (Fault("upload_file", 0, kind, 1),)))
+
+
+def test_the_deadline_is_fatal_deadline_even_when_the_console_tail_upload_then_fails_untyped(
+) -> None:
+    """The same with the deadline: a worker stopped at the deadline, then a tail upload
+    crashing, must still give rule ``deadline``."""
+    plan = Plan(Worker("none", False, None, "hang", False), False,
+                (Fault("upload_file", 0, "crash", 1),))
+    with attempt(plan, **DEADLINE_PAYLOAD) as ran:
+        marker = _check_one_marker_written_last(ran)
+        assert (marker["rule"], marker["state"], ran.exit_code) == ("deadline", "Train", 124)
