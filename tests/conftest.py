@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import structlog
@@ -208,6 +210,22 @@ def layout(tmp_path: Path) -> Layout:
 def captured_logs() -> Iterator[list[Any]]:
     with structlog.testing.capture_logs() as logs:
         yield logs
+
+
+def read_until(stream: IO[bytes] | None, needle: bytes, timeout: float = 30) -> bytes:
+    """Read a child's pipe until ``needle`` shows up (bounded); returns what was read."""
+    assert stream is not None
+    seen = b""
+    give_up = time.monotonic() + timeout
+    while needle not in seen:
+        left = give_up - time.monotonic()
+        assert left > 0, f"never saw {needle!r}; got {seen[-800:]!r}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            chunk = os.read(stream.fileno(), 65536)
+            assert chunk, f"the pipe closed before {needle!r}; got {seen[-800:]!r}"
+            seen += chunk
+    return seen
 
 
 def assert_no_secret(root: Path, secret: str = CANARY) -> None:

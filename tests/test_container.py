@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import Layout
+from conftest import Layout, read_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -320,22 +319,6 @@ def pid_1_of(proc: subprocess.Popen[bytes], timeout: float = 10) -> int:
     raise AssertionError("unshare started no child")
 
 
-def wait_for_output(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> bytes:
-    """Read the process's stdout until ``needle`` shows up; returns what was read."""
-    assert proc.stdout is not None
-    seen = b""
-    give_up = time.monotonic() + timeout
-    while needle not in seen:
-        left = give_up - time.monotonic()
-        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            assert chunk, f"stdout closed before {needle!r}; got {seen[-500:]!r}"
-            seen += chunk
-    return seen
-
-
 def _status(pid: int) -> dict[str, str]:
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -430,7 +413,7 @@ def test_pid_1_ignores_a_sigterm_it_has_no_handler_for() -> None:
             [*prefix, sys.executable, "-c", program],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        wait_for_output(proc, b"ready")
+        read_until(proc.stdout, b"ready")
         target = pid_1_of(proc) if prefix else proc.pid
         if prefix:
             # unshare itself blocks SIGINT and SIGTERM and forwards neither: it is not the target.
@@ -490,7 +473,7 @@ def test_a_sigterm_to_the_entrypoint_as_pid_1_leaves_a_retriable_marker_promptly
     box.write_payload()
     proc = start_entrypoint(image, box)
     runner = pid_1_of(proc)
-    wait_for_output(proc, b"ready")
+    read_until(proc.stdout, b"ready")
     sent = time.monotonic()
     os.kill(runner, signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
@@ -539,7 +522,7 @@ def test_orphans_of_the_worker_end_with_the_runner(image: Image, box: ContainerL
     box.write_payload()
     proc = start_entrypoint(image, box)
     runner = pid_1_of(proc)
-    seen = wait_for_output(proc, b"ready")
+    seen = read_until(proc.stdout, b"ready")
     assert b"zombies of pid 1: 3\n" in seen  # the runner does not reap them mid-attempt
     assert _children_states(runner).count("Z") == 3
     found = re.search(rb"escapee (\d+)", seen)

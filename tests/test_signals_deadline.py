@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Layout
+from conftest import Layout, read_until
 
 
 def _start(layout: Layout, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -21,21 +20,6 @@ def _start(layout: Layout, env: dict[str, str] | None = None) -> subprocess.Pope
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
-
-
-def _wait_for_output(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> None:
-    """Read the runner's stdout (the worker's console) until ``needle`` shows up."""
-    assert proc.stdout is not None
-    seen = b""
-    give_up = time.monotonic() + timeout
-    while needle not in seen:
-        left = give_up - time.monotonic()
-        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            assert chunk, f"stdout closed before {needle!r}; got {seen[-500:]!r}"
-            seen += chunk
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -48,7 +32,7 @@ def test_a_signal_during_training_stops_the_worker_and_leaves_a_retriable_marker
     """)
     layout.write_payload()
     proc = _start(layout)
-    _wait_for_output(proc, b"ready")
+    read_until(proc.stdout, b"ready")
     sent = time.monotonic()
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=15)
@@ -74,8 +58,7 @@ def test_a_signal_while_a_store_call_hangs_still_leaves_a_retriable_marker(
     os.mkfifo(layout.store / "code" / "stuck.fifo")
     layout.write_payload()
     proc = _start(layout)
-    assert proc.stderr is not None
-    _wait_for_stderr(proc, b'"to": "FetchCode"')
+    read_until(proc.stderr, b'"to": "FetchCode"')
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
     assert proc.returncode == 1
@@ -86,20 +69,6 @@ def test_a_signal_while_a_store_call_hangs_still_leaves_a_retriable_marker(
         "interrupted",
         "FetchCode",
     )
-
-
-def _wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> None:
-    assert proc.stderr is not None
-    seen = b""
-    give_up = time.monotonic() + timeout
-    while needle not in seen:
-        left = give_up - time.monotonic()
-        assert left > 0, f"never saw {needle!r}; got {seen[-800:]!r}"
-        ready, _, _ = select.select([proc.stderr], [], [], left)
-        if ready:
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            assert chunk, f"stderr closed before {needle!r}"
-            seen += chunk
 
 
 def test_a_worker_past_the_deadline_is_stopped_and_the_run_fails_fatally_with_124(
