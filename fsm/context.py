@@ -66,7 +66,6 @@ class Tuning:
 
     upload_console: bool = False
     console_upload_interval_s: float = 30.0
-    secret_keys: tuple[str, ...] = ()
     stop_grace_s: float = 10.0
     exit_reserve_s: float | None = None  # None: derived from the budget
     pip_backoff_s: float = 2.0
@@ -77,9 +76,6 @@ class Tuning:
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
             console_upload_interval_s=max(
                 5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"), 30.0)
-            ),
-            secret_keys=tuple(
-                k.strip() for k in env.get("FLASH_SECRET_ENV_KEYS", "").split(",") if k.strip()
             ),
             stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
