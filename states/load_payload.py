@@ -19,18 +19,7 @@ REPLAY_BOUND_S = 60.0
 
 def load_payload(ctx: Context) -> str:
     raw = payload.read_raw(ctx.settings.payload_path)
-    env = raw.get("env")
-    if isinstance(env, dict):
-        # Secrets are known before anything can fail with them in its text.
-        text_env = {str(k): v for k, v in env.items() if isinstance(v, str)}
-        extra = (
-            ctx.environ.get("FLASH_SECRET_ENV_KEYS", "")
-            + ","
-            + text_env.get("FLASH_SECRET_ENV_KEYS", "")
-        ).split(",")
-        secrets = [text_env[k] for k in secret_keys(text_env, extra)]
-        ctx.redactor.add(secrets)
-        REDACTOR.add(secrets)
+    _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
     if isinstance(raw.get("run_id"), str):
         ctx.evidence["run_id"] = raw["run_id"][:200]
     ctx.dest = payload.destination(raw)
@@ -65,3 +54,16 @@ def load_payload(ctx: Context) -> str:
         ctx.deadline = Deadline.after(REPLAY_BOUND_S)
         return table.RESULT_REPLAYED
     return table.PRELOAD_REQUESTED if parsed.mode == "preload" else table.TRAIN_REQUESTED
+
+
+def _learn_secrets(ctx: Context, env: object) -> None:
+    """Mask the payload env's secret values from here on, even if the payload is invalid."""
+    if not isinstance(env, dict):
+        return
+    text_env = {str(k): v for k, v in env.items() if isinstance(v, str)}
+    listed = ",".join(
+        (ctx.environ.get("FLASH_SECRET_ENV_KEYS", ""), text_env.get("FLASH_SECRET_ENV_KEYS", ""))
+    )
+    secrets = [text_env[k] for k in secret_keys(text_env, listed.split(","))]
+    ctx.redactor.add(secrets)
+    REDACTOR.add(secrets)
