@@ -491,8 +491,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         if error_code:
             self.send_header("X-Error-Code", error_code)
-        self.end_headers()
+        # Recorded before the headers leave: a client that has its answer finds it logged.
         self.server.hub._finish(self._record, status)
+        self.end_headers()
 
     def _send_json(
         self,
