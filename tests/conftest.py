@@ -79,15 +79,18 @@ def _logs_to_stderr() -> None:
     log.configure(sys.stderr, json=True)
 
 
+#: The states a successful training attempt passes, in order.
+TRAIN_PATH = [
+    "LoadPayload", "InstallExtras", "FetchCode", "ResolveSpec", "Train", "VerifyRemote",
+    "Mark", "Succeeded",
+]
+
+
 @dataclass
-class Layout:
-    """One attempt's world: a local store, a payload, scratch and code directories."""
+class RunDirs:
+    """Where one attempt's local files live under ``root``, as the contract lays them out."""
 
     root: Path
-
-    @property
-    def store(self) -> Path:
-        return self.root / "store"
 
     @property
     def scratch(self) -> Path:
@@ -100,6 +103,15 @@ class Layout:
     @property
     def payload_path(self) -> Path:
         return self.root / "flash" / "payload.json"
+
+
+@dataclass
+class Layout(RunDirs):
+    """One attempt's world: a local store, a payload, scratch and code directories."""
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
 
     @property
     def store_url(self) -> str:

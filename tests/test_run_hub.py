@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import structlog.testing
-from conftest import assert_no_secret
+from conftest import TRAIN_PATH, RunDirs, assert_no_secret
 
 import fsm
 from fsm.context import Settings
@@ -57,16 +57,6 @@ CALL_TIMEOUT_S = 2.0
 LISTING = rf"^/api/datasets/{REPO}$"
 #: The file downloads of the code tree.
 CODE_GETS = r"/resolve/[^/]+/code/"
-TRAIN_PATH = [
-    "LoadPayload",
-    "InstallExtras",
-    "FetchCode",
-    "ResolveSpec",
-    "Train",
-    "VerifyRemote",
-    "Mark",
-    "Succeeded",
-]
 
 #: Every worker of this file starts with this: the worker side of CONTRACT section 5,
 #: uploading through the real huggingface_hub client to the endpoint the runner names.
@@ -110,12 +100,12 @@ def complete():
 """
 
 
-class HubRun:
+class HubRun(RunDirs):
     """One attempt's world on the local Hub server: payload, scratch and code directories,
     the runner's logs, and the secret checks every test ends with."""
 
     def __init__(self, root: Path, server: LocalHubServer, token: str) -> None:
-        self.root = root
+        super().__init__(root)
         self.server = server
         self.token = token
         self.secrets: list[str] = [token]
@@ -128,18 +118,6 @@ class HubRun:
         server.create_repo(REPO)
 
     # --- where things are --------------------------------------------------------------
-
-    @property
-    def scratch(self) -> Path:
-        return self.root / "scratch"
-
-    @property
-    def code_root(self) -> Path:
-        return self.root / "runcode"
-
-    @property
-    def payload_path(self) -> Path:
-        return self.root / "flash" / "payload.json"
 
     @property
     def repo_dir(self) -> Path:

@@ -7,20 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import ARM, CANARY, PREFIX, Layout, assert_no_secret
+from conftest import ARM, CANARY, PREFIX, TRAIN_PATH, Layout, assert_no_secret
 
 from fsm import table
-
-TRAIN_PATH = [
-    "LoadPayload",
-    "InstallExtras",
-    "FetchCode",
-    "ResolveSpec",
-    "Train",
-    "VerifyRemote",
-    "Mark",
-    "Succeeded",
-]
 
 
 def test_a_worker_that_uploads_metrics_and_done_succeeds(layout: Layout) -> None:
