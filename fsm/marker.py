@@ -167,8 +167,11 @@ class Publisher:
             try:
                 write_json_atomic(local, marker)
             except OSError as exc:
+                # An unwritable scratch directory must not cost the marker: upload it from
+                # the system's temporary directory instead.
                 log.warning("marker.local_copy_failed", path=str(local), error=exc.strerror)
-                return False
+                local = Path(tempfile.gettempdir()) / f".flash-{os.getpid()}-{dest.marker_name}"
+                write_json_atomic(local, marker)
             if store is None:
                 log.warning("marker.no_store", reason="the marker's destination is unknown")
                 return False

@@ -328,3 +328,16 @@ def test_the_uploaded_console_tail_is_the_last_64000_bytes(layout: Layout) -> No
     tail = layout.artifact("console_sft.txt").read_bytes()
     assert len(tail) == 64_000
     assert tail.endswith(b"TAIL\n")
+
+
+def test_an_unwritable_scratch_directory_still_gets_its_marker_into_the_store(
+    layout: Layout,
+) -> None:
+    layout.write_worker("complete()")
+    layout.scratch.rmdir()
+    layout.scratch.write_text("a file where the scratch directory should be")
+    outcome = layout.run()
+    assert outcome.exit_code == 1
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["ok"], marker["retriable"], marker["state"]) == (False, False, "LoadPayload")
