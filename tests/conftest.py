@@ -59,7 +59,11 @@ def upload(local, name):
     shutil.copyfile(local, str(target) + ".part")
     os.replace(str(target) + ".part", target)
 
+"""
 
+#: The worker side of success, on top of a prelude that defines ``upload`` and ``SCRATCH``:
+#: write metrics.json, upload it, then DONE (CONTRACT section 5).
+WORKER_COMPLETION = '''
 def write_metrics():
     path = SCRATCH / "metrics.json"
     path.write_text(json.dumps({"loss": 0.25}))
@@ -71,7 +75,8 @@ def complete():
     done = SCRATCH / "DONE"
     done.write_text(str(time.time()))
     upload(done, "DONE")
-"""
+'''
+WORKER_PRELUDE += WORKER_COMPLETION
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import structlog.testing
-from conftest import TRAIN_PATH, RunDirs, assert_no_secret
+from conftest import TRAIN_PATH, WORKER_COMPLETION, RunDirs, assert_no_secret
 
 import fsm
 from fsm.context import Settings
@@ -85,19 +85,8 @@ def upload(local, name):
         commit_message=f"worker: {name}",
     )
 
-
-def write_metrics():
-    path = SCRATCH / "metrics.json"
-    path.write_text(json.dumps({"loss": 0.25}))
-    return path
-
-
-def complete():
-    upload(write_metrics(), "metrics.json")
-    done = SCRATCH / "DONE"
-    done.write_text(str(time.time()))
-    upload(done, "DONE")
 """
+HUB_WORKER_PRELUDE += WORKER_COMPLETION
 
 
 class HubRun(RunDirs):
