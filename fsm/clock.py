@@ -49,3 +49,18 @@ class Deadline:
     def bound(self, seconds: float) -> float:
         """``seconds``, cut so that it never reaches past this deadline (never below 0)."""
         return max(0.0, min(seconds, self.remaining()))
+
+
+#: The longest wait handed to the OS in one call. ``poll``/``select``/``epoll`` take
+#: milliseconds in a C int and ``threading`` waits refuse more than ``TIMEOUT_MAX``: a
+#: budget of a month (~2**31 ms) raises ``OverflowError``. Longer waits simply wake and
+#: wait again.
+MAX_OS_WAIT_S = 86_400.0 * 20
+
+
+def os_timeout(seconds: float | None) -> float | None:
+    """``seconds`` made safe to hand to any OS wait: never negative, never past
+    :data:`MAX_OS_WAIT_S`; None (wait forever) becomes the maximum too."""
+    if seconds is None or seconds != seconds:  # None or NaN
+        return MAX_OS_WAIT_S
+    return max(0.0, min(float(seconds), MAX_OS_WAIT_S))

@@ -114,9 +114,17 @@ RULES: tuple[Rule, ...] = (
          True),
     Rule("worker-failed", "VerifyRemote", "the worker exited without completion artifacts",
          False),
+    Rule("store-unsafe-link", ANY,
+         "a store entry is a link that leaves the store's root, or a dangling link", False),
+    Rule("worker-env-too-large", "ResolveSpec",
+         "the worker's environment exceeds the kernel's exec limits (one variable over "
+         "128 KiB, or the whole environment over ARG_MAX)", False),
     Rule("preload-unmounted", "Preload",
          "the weight cache is not mounted or its sentinel is missing", False),
     Rule("preload-model-failed", "Preload", "a model could not be warmed", False),
+    Rule("internal-error", ANY,
+         "a defect in the runner: a handler returned an event its state does not allow, a "
+         "state has no handler, or Mark itself failed", False),
     Rule("unclassified", ANY, "anything else: exception type and message in the marker",
          False, (BaseException,)),
 )
