@@ -8,10 +8,13 @@ server, not the client's own retries.
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +31,10 @@ REPO = "flash/store-test"
 
 def _get(
     server: LocalHubServer, path: str, token: str | None, *, method: str = "GET",
-    headers: dict[str, str] | None = None, timeout: float = 5.0,
+    headers: dict[str, str] | None = None, timeout: float = 5.0, data: bytes | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(server.url + path, method=method, headers=headers or {})
+    request = urllib.request.Request(server.url + path, method=method, headers=headers or {},
+                                     data=data)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -196,3 +200,92 @@ def test_commit_to_a_missing_repo_is_repo_not_found(
         api.upload_file(path_or_fileobj=b"x", path_in_repo="a", repo_id="no/such",
                         repo_type="dataset")
     assert getattr(getattr(info.value, "response", None), "status_code", None) == 404
+
+
+def _add(path_in_repo: str, data: bytes) -> Any:
+    from huggingface_hub import CommitOperationAdd
+
+    return CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=data)
+
+
+def test_a_commit_naming_the_current_parent_lands(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str
+) -> None:
+    """create_commit(parent_commit=<the repo's current commit>) is applied like any commit."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_server.url, token=hub_token)
+    head = api.repo_info(hub_dataset, repo_type="dataset").sha
+    assert head == hub_server.commit_sha(hub_dataset)
+    api.create_commit(hub_dataset, [_add("run/a.txt", b"a")], commit_message="a",
+                      repo_type="dataset", parent_commit=head)
+    assert (hub_server.repo_dir(hub_dataset) / "run" / "a.txt").read_bytes() == b"a"
+    assert hub_server.commit_sha(hub_dataset) != head
+
+
+def test_a_commit_naming_a_stale_parent_gets_412_and_writes_nothing(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str
+) -> None:
+    """Once the repo has moved past parent_commit, the commit is refused with 412 and a JSON
+    error like the Hub's; neither a new file nor a changed one is written."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=hub_server.url, token=hub_token)
+    hub_server.add_file(hub_dataset, "run/kept.txt", "kept")
+    stale = hub_server.commit_sha(hub_dataset)
+    hub_server.add_file(hub_dataset, "run/marker.json", "{}")
+    moved = hub_server.commit_sha(hub_dataset)
+    with pytest.raises(HfHubHTTPError) as info:
+        api.create_commit(hub_dataset, [_add("run/late.txt", b"late"),
+                                        _add("run/kept.txt", b"overwritten")],
+                          commit_message="late", repo_type="dataset", parent_commit=stale)
+    assert getattr(getattr(info.value, "response", None), "status_code", None) == 412
+    assert not (hub_server.repo_dir(hub_dataset) / "run" / "late.txt").exists()
+    assert (hub_server.repo_dir(hub_dataset) / "run" / "kept.txt").read_text() == "kept"
+    assert hub_server.commit_sha(hub_dataset) == moved
+    commit = [r for r in hub_server.requests if "/commit/" in r.path][-1]
+    assert commit.status == 412
+    status, _, body = _get(hub_server, f"/api/datasets/{hub_dataset}/commit/main", hub_token,
+                           method="POST", headers={"Content-Type": "application/x-ndjson"},
+                           data=json.dumps({"key": "header", "value": {
+                               "summary": "s", "parentCommit": stale}}).encode())
+    assert status == 412
+    assert "commit has happened since" in json.loads(body)["error"]
+
+
+def test_the_parent_is_checked_when_a_held_commit_is_applied(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str
+) -> None:
+    """A commit held by a hang is checked against the repo as it is when the hang ends: a
+    commit that landed meanwhile makes it a 412, and the held one writes nothing."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_server.url, token=hub_token)
+    head = hub_server.commit_sha(hub_dataset)
+    hub_server.hang("POST", r"/commit/", seconds=3)
+    outcome: list[BaseException | None] = []
+
+    def held() -> None:
+        try:
+            api.create_commit(hub_dataset, [_add("run/late.txt", b"late")], commit_message="late",
+                              repo_type="dataset", parent_commit=head)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=held, daemon=True)
+    thread.start()
+    assert hub_server.wait_for(lambda log: any(r.fault == "hang" for r in log), timeout=10)
+    api.upload_file(path_or_fileobj=b"{}", path_in_repo="run/marker.json",
+                    repo_id=hub_dataset, repo_type="dataset")
+    held_record = next(r for r in hub_server.requests if r.fault == "hang")
+    statuses = [held_record.status]  # while held, then once answered
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    statuses.append(held_record.status)
+    assert statuses == [None, 412], "the hang must outlast the second commit"
+    assert isinstance(outcome[0], Exception)
+    assert getattr(getattr(outcome[0], "response", None), "status_code", None) == 412
+    assert not (hub_server.repo_dir(hub_dataset) / "run" / "late.txt").exists()
+    assert (hub_server.repo_dir(hub_dataset) / "run" / "marker.json").read_bytes() == b"{}"

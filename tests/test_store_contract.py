@@ -17,7 +17,7 @@ import structlog.testing
 
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, StoreNotFound
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store
 from fsm.store.hub import HubStore, configure_transfer
 from fsm.testing import LocalHubServer
 
@@ -158,3 +158,47 @@ def test_no_call_runs_past_an_expired_deadline(bed: Bed, tmp_path: Path) -> None
         store.download_file("a.json", tmp_path)
     with pytest.raises(DeadlineExceeded):
         store.upload_file(_file(tmp_path, b"x"), "b.json")
+
+
+def _files(tmp_path: Path, contents: dict[str, bytes]) -> dict[str, Path]:
+    """One local file per repo path, holding its content: a mapping for commit()."""
+    files: dict[str, Path] = {}
+    for n, (path_in_repo, data) in enumerate(contents.items()):
+        local = tmp_path / f"local-{n}"
+        local.write_bytes(data)
+        files[path_in_repo] = local
+    return files
+
+
+def test_a_commit_lands_several_files_together(bed: Bed, tmp_path: Path) -> None:
+    """commit() puts every file of the mapping in the repo (replacing what was there) and
+    answers True."""
+    bed.put("sft/r1/console_sft.txt", b"old tail")
+    files = _files(tmp_path, {"sft/r1/console_sft.txt": b"new tail",
+                              "sft/r1/preload_result.json": b'{"preloaded": []}',
+                              "sft/r1/lambda_attempt0.json": b'{"ok": true}'})
+    assert bed.store.commit(files, message="end of attempt") is True
+    for path_in_repo, local in files.items():
+        got = bed.store.download_file(path_in_repo, tmp_path / "dl")
+        assert got.read_bytes() == local.read_bytes()
+
+
+def test_an_open_fence_lets_an_optional_commit_land(bed: Bed, tmp_path: Path) -> None:
+    """A fenced commit before seal() is an ordinary write: it lands, True."""
+    files = _files(tmp_path, {"run/console": b"tail"})
+    assert bed.store.commit(files, message="console", fence=Fence()) is True
+    assert bed.store.download_file("run/console", tmp_path / "dl").read_bytes() == b"tail"
+
+
+def test_a_fenced_commit_after_seal_writes_nothing(bed: Bed, tmp_path: Path) -> None:
+    """Once the fence is sealed an optional commit answers False and changes nothing: a
+    new path stays absent, an existing one keeps its content."""
+    bed.put("run/console", b"before the marker")
+    fence = Fence()
+    fence.seal()
+    assert fence.sealed
+    files = _files(tmp_path, {"run/console": b"late tail", "run/late": b"late"})
+    assert bed.store.commit(files, message="late console", fence=fence) is False
+    assert bed.store.exists("run/late") is False
+    assert bed.store.download_file("run/console", tmp_path / "dl").read_bytes() == (
+        b"before the marker")

@@ -6,7 +6,11 @@ structlog event and fails the test if the token shows up in one.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
@@ -246,18 +250,110 @@ def test_classify_walks_the_cause_chain() -> None:
     assert classify(ValueError("plain")).kind == "unknown"
 
 
-def test_open_store_selects_the_adapter(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_token: str
-) -> None:
+def test_open_store_selects_the_adapter(tmp_path: Path, hub_token: str) -> None:
     """file:/// selects the local store; None the Hub at HF_ENDPOINT; junk is a usage error."""
     from fsm.store.local import LocalStore
 
     deadline = Deadline.after(60)
-    local = open_store(tmp_path.as_uri(), repo_id="o/r", token=None, deadline=deadline)
+    local = open_store(tmp_path.as_uri(), repo_id="o/r", token=None, deadline=deadline,
+                       environ={})
     assert isinstance(local, LocalStore)
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    hub = open_store(None, repo_id="o/r", token=hub_token, deadline=deadline)
+    hub = open_store(None, repo_id="o/r", token=hub_token, deadline=deadline,
+                     environ={"HF_ENDPOINT": "http://127.0.0.1:9"})
     assert isinstance(hub, HubStore)
     assert hub.describe() == "http://127.0.0.1:9/datasets/o/r"
     with pytest.raises(PayloadError):
-        open_store("s3://bucket", repo_id="o/r", token=None, deadline=deadline)
+        open_store("s3://bucket", repo_id="o/r", token=None, deadline=deadline, environ={})
+
+
+def test_open_store_obeys_the_environment_it_is_given_not_the_process_one(
+    monkeypatch: pytest.MonkeyPatch, hub_token: str
+) -> None:
+    """HF_ENDPOINT and the FLASH_STORE_* knobs come from ``environ`` (the runner's merged
+    with the payload's env); the same settings in os.environ are ignored."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")
+    monkeypatch.setenv("FLASH_STORE_MAX_ATTEMPTS", "9")
+    monkeypatch.setenv("FLASH_STORE_CALL_TIMEOUT_S", "99")
+    environ = {"HF_ENDPOINT": "http://127.0.0.1:2", "FLASH_STORE_MAX_ATTEMPTS": "2",
+               "FLASH_STORE_RETRY_BASE_S": "0"}
+    hub = open_store(None, repo_id="o/r", token=hub_token, deadline=Deadline.after(60),
+                     environ=environ)
+    assert isinstance(hub, HubStore)
+    assert hub.endpoint == "http://127.0.0.1:2"
+    assert (hub.max_attempts, hub.retry_base_s, hub.call_timeout_s) == (2, 0.0, 60.0)
+    assert hub.worker_env() == {"HF_ENDPOINT": "http://127.0.0.1:2"}
+    monkeypatch.delenv("HF_ENDPOINT")
+    public = open_store(None, repo_id="o/r", token=None, deadline=Deadline.after(60),
+                        environ={})
+    assert public.describe() == "https://huggingface.co/datasets/o/r"
+
+
+@pytest.mark.parametrize("knob", [
+    "FLASH_STORE_MAX_ATTEMPTS=0", "FLASH_STORE_MAX_ATTEMPTS=two", "FLASH_STORE_CALL_TIMEOUT_S=0",
+    "FLASH_STORE_TRANSFER_TIMEOUT_S=inf", "FLASH_STORE_RETRY_MAX_S=-1",
+    "FLASH_STORE_RETRY_BASE_S=nan",
+])
+def test_an_unusable_tuning_knob_is_a_payload_error(knob: str) -> None:
+    """A knob that is not a number, not finite, negative, or a zero bound is refused with a
+    line naming it (PayloadError), not a crash deep inside the adapter."""
+    var, _, value = knob.partition("=")
+    with pytest.raises(PayloadError, match=var):
+        open_store("http://127.0.0.1:9", repo_id="o/r", token=None,
+                   deadline=Deadline.after(60), environ={var: value})
+
+
+def test_hub_settings_come_from_the_adapters_environment(tmp_path: Path) -> None:
+    """In a fresh process, the HF_HUB_* settings of the environment a HubStore was given
+    are what huggingface_hub freezes at its first import; other keys (a token) are not
+    copied into the process environment."""
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        from fsm.clock import Deadline
+        from fsm.store.hub import HubStore
+        assert "huggingface_hub.constants" not in sys.modules
+        store = HubStore("o/r", token=None, deadline=Deadline.after(60),
+                         endpoint="http://127.0.0.1:9",
+                         environ={"HF_HUB_ETAG_TIMEOUT": "7", "HF_TOKEN": "hf_not_copied"})
+        store._api()
+        from huggingface_hub import constants
+        print(json.dumps({"etag_timeout": constants.HF_HUB_ETAG_TIMEOUT,
+                          "token_env": os.environ.get("HF_TOKEN")}))
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_HUB_", "HF_XET_")) and k != "HF_TOKEN"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout.decode().splitlines()[-1]) == {
+        "etag_timeout": 7, "token_env": None}
+
+
+def test_a_commit_of_several_files_is_one_commit_request(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """commit() sends every file in a single create_commit: one commit request, all landed."""
+    files = {}
+    for name in ("console_sft.txt", "preload_result.json", "lambda_attempt0.json"):
+        (tmp_path / name).write_bytes(name.encode())
+        files[f"run/{name}"] = tmp_path / name
+    store = make_store(hub_server, hub_dataset, hub_token)
+    assert store.commit(files, message="end of attempt") is True
+    assert _commits(hub_server) == [200]
+    for path_in_repo, local in files.items():
+        assert (hub_server.repo_dir(hub_dataset) / path_in_repo).read_bytes() == local.read_bytes()
+
+
+def test_a_commit_without_a_fence_is_retried_like_an_upload(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A must-land commit survives a 503 (retried), and a 412 on it is not a conflict to
+    resolve: it sends no parent commit, so the store has nothing to compare."""
+    hub_server.fail("POST", r"/commit/", status=503, times=1)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    assert store.commit({"a.json": _write(tmp_path), "b.json": _write(tmp_path)},
+                        message="m") is True
+    assert _commits(hub_server) == [503, 200]
+    assert [r.method for r in hub_server.requests if r.method == "GET"] == []  # no head read

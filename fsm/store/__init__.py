@@ -7,26 +7,38 @@ environment (``fsm.store.hub.configure_transfer``).
 
 from __future__ import annotations
 
-import os
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fsm.clock import Deadline
 from fsm.errors import PayloadError
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store, WarmOutcome
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, WarmOutcome
 
-__all__ = ["PRELOAD_IGNORE_PATTERNS", "Store", "WarmOutcome", "open_store"]
+__all__ = ["PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "WarmOutcome", "open_store"]
 
 
-def open_store(url: str | None, *, repo_id: str, token: str | None, deadline: Deadline) -> Store:
+def open_store(
+    url: str | None,
+    *,
+    repo_id: str,
+    token: str | None,
+    deadline: Deadline,
+    environ: Mapping[str, str],
+) -> Store:
     """The store for ``url`` (``--store`` / ``FLASH_STORE``).
 
     * ``file:///abs/dir``: the local directory store (the directory *is* the dataset repo);
     * None or "": the Hugging Face Hub, at ``HF_ENDPOINT`` when that is set;
     * ``http(s)://host``: a Hub API server at that endpoint.
 
-    Anything else is a :class:`~fsm.errors.PayloadError` (the command line is unusable).
+    ``environ`` is the environment the store obeys: the runner's own merged with the
+    payload's ``env`` (CONTRACT section 2). ``HF_ENDPOINT``, the ``FLASH_STORE_*`` tuning
+    knobs and the hub's ``HF_HUB_*`` settings are read from it, never from ``os.environ``.
+    Anything unusable is a :class:`~fsm.errors.PayloadError` (the command line or the
+    payload is unusable).
     """
     if url and url.startswith("file:"):
         parts = urlsplit(url)
@@ -39,31 +51,37 @@ def open_store(url: str | None, *, repo_id: str, token: str | None, deadline: De
     from fsm.store.hub import HubStore
 
     if not url:
-        return HubStore(repo_id, token=token, deadline=deadline,
-                        endpoint=os.environ.get("HF_ENDPOINT") or None, **_hub_tuning())
+        return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
+                        endpoint=environ.get("HF_ENDPOINT") or None, **_hub_tuning(environ))
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
-        return HubStore(repo_id, token=token, deadline=deadline, endpoint=url, **_hub_tuning())
+        return HubStore(repo_id, token=token, deadline=deadline, environ=environ, endpoint=url,
+                        **_hub_tuning(environ))
     raise PayloadError(f"--store: unsupported store URL scheme {scheme or url[:16]!r}")
 
 
-#: Environment knobs of the Hub adapter's time bounds and retries (all optional).
-_HUB_KNOBS = {
-    "FLASH_STORE_CALL_TIMEOUT_S": ("call_timeout_s", float),
-    "FLASH_STORE_TRANSFER_TIMEOUT_S": ("transfer_timeout_s", float),
-    "FLASH_STORE_MAX_ATTEMPTS": ("max_attempts", int),
-    "FLASH_STORE_RETRY_BASE_S": ("retry_base_s", float),
-    "FLASH_STORE_RETRY_MAX_S": ("retry_max_s", float),
+#: Environment knobs of the Hub adapter's time bounds and retries (all optional):
+#: variable -> (HubStore argument, type, whether 0 is allowed). Values must be finite,
+#: not negative, and an attempt count at least 1.
+_HUB_KNOBS: dict[str, tuple[str, type[int] | type[float], bool]] = {
+    "FLASH_STORE_CALL_TIMEOUT_S": ("call_timeout_s", float, False),
+    "FLASH_STORE_TRANSFER_TIMEOUT_S": ("transfer_timeout_s", float, False),
+    "FLASH_STORE_MAX_ATTEMPTS": ("max_attempts", int, False),
+    "FLASH_STORE_RETRY_BASE_S": ("retry_base_s", float, True),
+    "FLASH_STORE_RETRY_MAX_S": ("retry_max_s", float, True),
 }
 
 
-def _hub_tuning() -> dict[str, Any]:
+def _hub_tuning(environ: Mapping[str, str]) -> dict[str, Any]:
     tuning: dict[str, Any] = {}
-    for var, (name, kind) in _HUB_KNOBS.items():
-        value = os.environ.get(var)
+    for var, (name, kind, zero_ok) in _HUB_KNOBS.items():
+        value = environ.get(var)
         if value:
             try:
-                tuning[name] = kind(value)
+                number = kind(value)
             except ValueError:
                 raise PayloadError(f"{var}={value!r} is not a number") from None
+            if not math.isfinite(number) or number < 0 or (number == 0 and not zero_ok):
+                raise PayloadError(f"{var}={value!r} is out of range")
+            tuning[name] = number
     return tuning

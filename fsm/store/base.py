@@ -14,10 +14,18 @@ Failures are raised as the typed errors of ``fsm.errors``:
 * ``DeadlineExceeded``: the attempt deadline arrived while waiting.
 
 ``exists`` answers False for a missing path instead of raising.
+
+Writes go up as commits: :meth:`Store.commit` puts several files in the repo together
+(``upload_file`` is a one-file commit). A commit is either *must-land* (no fence: retried
+and classified like every call) or *optional* (``fence=`` a :class:`Fence`): an optional
+commit never lands once its fence is sealed, even one already in flight or abandoned
+after a timeout. The runner seals the fence before it writes the attempt marker, so no
+optional upload (a periodic console tail) lands after the marker (CONTRACT section 4).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -35,6 +43,34 @@ PRELOAD_IGNORE_PATTERNS: tuple[str, ...] = (
 )
 
 
+class Fence:
+    """Closes the door on optional commits: once :meth:`seal` returns, none of them lands.
+
+    ``lock`` is held by :meth:`seal` while it seals, and by a store while it makes an
+    optional commit visible (the local store), so sealing waits for a commit that is
+    landing at that moment and every commit after it sees ``sealed``. A store that cannot
+    hold the lock across its write (the Hub) makes the write conditional on the repo's
+    head instead: a write landed after the seal (the marker) rejects it server-side.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._sealed = False
+
+    @property
+    def sealed(self) -> bool:
+        """Whether :meth:`seal` has been called."""
+        return self._sealed
+
+    def seal(self) -> None:
+        """Seal the fence (idempotent); waits for an optional commit landing right now."""
+        with self.lock:
+            self._sealed = True
+
+    def __repr__(self) -> str:
+        return f"Fence(sealed={self._sealed})"
+
+
 class Store(Protocol):
     """One dataset repo (plus the model repos a preload warms)."""
 
@@ -48,6 +84,20 @@ class Store(Protocol):
 
     def upload_file(self, local_path: Path, path_in_repo: str) -> None:
         """Put ``local_path`` at ``path_in_repo``, replacing what was there."""
+        ...
+
+    def commit(
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+    ) -> bool:
+        """Put every ``files[path_in_repo]`` (a local file) in the repo in one commit.
+
+        Returns True when the commit landed. ``fence=None``: a must-land write, bounded,
+        retried and classified like :meth:`upload_file`. With a fence the commit is
+        optional: False, with nothing written, when the fence is sealed before it lands;
+        it never lands after :meth:`Fence.seal` returned, even if it was already in flight.
+        The local store makes the files visible in the mapping's order (the last entry
+        lands last); the Hub makes them visible at once.
+        """
         ...
 
     def exists(self, path_in_repo: str) -> bool:

@@ -21,6 +21,19 @@ types differ between the hub lines):
   elsewhere;
 * the attempt deadline running out: :class:`~fsm.errors.DeadlineExceeded`.
 
+Commits (:meth:`HubStore.commit`) put several files in one ``create_commit``. A fenced
+(optional) commit is made conditional on the repo's head: it reads the head commit, checks
+the fence, and sends ``parent_commit=<head>``; the Hub answers 412 when the branch has
+moved by the time the commit is applied, so once the marker has landed a late optional
+commit (one abandoned after a timeout included) is rejected server-side and writes
+nothing. On 412 the head is read again and the commit tried once more, then given up
+(:class:`~fsm.errors.StoreUnavailable`).
+
+The hub's settings (``HF_HUB_*``, ``HF_XET_*``) are taken from the environment the adapter
+was given (the runner's merged with the payload's ``env``): they are put into the process
+environment before ``huggingface_hub`` is first imported, since it freezes them then. A
+setting that differs after that import cannot take effect; it is logged by name.
+
 The token is passed explicitly on every call (never read from the ambient environment or
 a saved login) and never appears in a log event or in the text of an error raised here:
 those messages are built from the operation, the repo path, the HTTP status and the
@@ -54,7 +67,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from fsm.store.base import WarmOutcome
+from fsm.store.base import Fence, WarmOutcome
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -143,11 +156,45 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
     return accelerator
 
 
-def _ensure_configured() -> None:
+#: Settings prefixes of huggingface_hub that an adapter's environment decides.
+_SETTING_PREFIXES = ("HF_HUB_", "HF_XET_")
+#: Settings configure_transfer owns, whatever an environment says.
+_OWN_SETTINGS = frozenset({"HF_HUB_DISABLE_TELEMETRY"})
+_frozen_reported: set[str] = set()
+
+
+def _ensure_configured(environ: Mapping[str, str] | None = None) -> None:
+    """Transfer configured, and the hub settings of ``environ`` in the process environment.
+
+    Must run before ``huggingface_hub`` is first imported for the settings to count; a
+    differing setting found after that import is logged (by name) once per process.
+    """
     with _configure_lock:
         done = _configured is not None
     if not done:
         configure_transfer(os.environ)
+    if environ is None or environ is os.environ:
+        return
+    major = _hub_major()
+    wanted = {
+        key: value
+        for key, value in environ.items()
+        if key.startswith(_SETTING_PREFIXES)
+        and key not in _OWN_SETTINGS
+        and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
+        and os.environ.get(key) != value
+    }
+    if not wanted:
+        return
+    if "huggingface_hub.constants" not in sys.modules:
+        os.environ.update(wanted)
+        return
+    with _configure_lock:
+        late = sorted(set(wanted) - _frozen_reported)
+        _frozen_reported.update(late)
+    if late:
+        log.warning("store.settings_frozen", ignored=late,
+                    why="huggingface_hub was imported before these settings were known")
 
 
 # --- failure classification ----------------------------------------------------------------
@@ -267,6 +314,14 @@ class _Missing(Exception):
     """The store answered 404."""
 
 
+class _Conflict(Exception):
+    """The store answered 412: the branch head is no longer the commit's parent."""
+
+
+class _Sealed(Exception):
+    """The fence of an optional commit was sealed before a try."""
+
+
 def _run_bounded(fn: Callable[[], _T], seconds: float, name: str) -> _T:
     """Run ``fn`` in a daemon thread; its result, its exception, or :class:`_Abandoned`."""
     result: list[_T] = []
@@ -314,6 +369,7 @@ class HubStore:
         max_attempts: int = 5,
         retry_base_s: float = 1.0,
         retry_max_s: float = 30.0,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -327,6 +383,11 @@ class HubStore:
         self.max_attempts = max_attempts
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
+        # Only the hub settings are kept: the rest of an environment (secrets) is not ours.
+        self._settings: dict[str, str] | None = (
+            None if environ is None
+            else {k: v for k, v in environ.items() if k.startswith(_SETTING_PREFIXES)}
+        )
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -340,26 +401,65 @@ class HubStore:
         return {"HF_ENDPOINT": self.endpoint} if self._custom_endpoint else {}
 
     def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        api = self._api()
-        size = local_path.stat().st_size
-        bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
+        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
 
-        def upload() -> None:
-            api.upload_file(
-                path_or_fileobj=str(local_path),
-                path_in_repo=path_in_repo,
-                repo_id=self.repo_id,
-                repo_type="dataset",
-                token=self._token,
-                commit_message=f"Upload {path_in_repo}",
-            )
+    def commit(
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+    ) -> bool:
+        if fence is not None and fence.sealed:
+            return False
+        items = list(files.items())
+        if not items:
+            return True  # nothing to land
+        api = self._api()
+        size = sum(local.stat().st_size for _, local in items)
+        bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
+        op = "upload" if len(items) == 1 else "commit"
+        label = items[0][0] if len(items) == 1 else f"{items[0][0]} and {len(items) - 1} more"
+
+        def push(parent: str | None) -> Callable[[], None]:
+            def create() -> None:
+                from huggingface_hub import CommitOperationAdd
+
+                api.create_commit(
+                    repo_id=self.repo_id,
+                    repo_type="dataset",
+                    # Fresh operations on every try: the library refuses to reuse one.
+                    operations=[
+                        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+                        for path, local in items
+                    ],
+                    commit_message=message,
+                    token=self._token,
+                    parent_commit=parent,
+                )
+
+            return create
 
         try:
-            self._call("upload", path_in_repo, upload, bound)
+            if fence is None:
+                self._call(op, label, push(None), bound)
+                return True
+            for _ in range(2):
+                head = self._head(api, label, fence)
+                # Checked after the head was read: a seal after this check comes before the
+                # marker, and the marker moves the head away from ``head``.
+                if fence.sealed:
+                    return False
+                try:
+                    self._call(op, label, push(head), bound, fence=fence, conflict=True)
+                    return True
+                except _Conflict:
+                    log.warning("store.commit_conflict", op=op, path=label, parent=head)
+        except _Sealed:
+            return False
         except _Missing:
             raise StoreNotFound(
-                f"store upload {path_in_repo}: repo {self.repo_id} not found"
+                f"store {op} {label}: repo {self.repo_id} not found"
             ) from None
+        raise StoreUnavailable(
+            f"store {op} {label}: HTTP 412 twice: the repo moved under an optional commit"
+        )
 
     def exists(self, path_in_repo: str) -> bool:
         # Not HfApi.file_exists: on both hub lines it answers False to a 401 (wrong token).
@@ -483,7 +583,7 @@ class HubStore:
     # --- internals ------------------------------------------------------------------------
 
     def _api(self) -> HfApi:
-        _ensure_configured()
+        _ensure_configured(self._settings)
         from huggingface_hub import HfApi
 
         return HfApi(endpoint=self.endpoint, token=self._token)
@@ -498,10 +598,37 @@ class HubStore:
 
         return self._call("list", label, info, self.call_timeout_s)
 
-    def _call(self, op: str, path: str, fn: Callable[[], _T], bound_s: float) -> _T:
-        """``fn()`` bounded, retried and classified; raises :class:`_Missing` on a 404."""
+    def _head(self, api: HfApi, label: str, fence: Fence | None) -> str:
+        """The id of the dataset repo's current head commit (bounded, retried)."""
+
+        def info() -> str | None:
+            sha = api.repo_info(self.repo_id, repo_type="dataset", token=self._token).sha
+            return str(sha) if sha else None
+
+        head = self._call("head", label, info, self.call_timeout_s, fence=fence)
+        if head is None:
+            raise StoreUnavailable(f"store head {label}: the store named no head commit")
+        return head
+
+    def _call(
+        self,
+        op: str,
+        path: str,
+        fn: Callable[[], _T],
+        bound_s: float,
+        *,
+        fence: Fence | None = None,
+        conflict: bool = False,
+    ) -> _T:
+        """``fn()`` bounded, retried and classified; raises :class:`_Missing` on a 404.
+
+        With ``fence``: :class:`_Sealed` instead of a try once it is sealed. With
+        ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection).
+        """
         where = f"store {op} {path}"
         for attempt in range(1, self.max_attempts + 1):
+            if fence is not None and fence.sealed:
+                raise _Sealed(where)
             remaining = self.deadline.remaining()
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
@@ -522,6 +649,8 @@ class HubStore:
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
             if failure.kind == "not_found":
                 raise _Missing(where)
+            if failure.kind == "rejected" and conflict and failure.status == 412:
+                raise _Conflict(where)
             if failure.kind == "rejected":
                 raise FatalError(f"{where}: {failure.reason}", rule="unclassified")
             if attempt == self.max_attempts:

@@ -2,25 +2,36 @@
 
 Selected with ``--store file:///abs/dir`` (or ``FLASH_STORE``). Repo path ``a/b.json`` is
 ``dir/a/b.json``; model repo ``org/m`` (for preload) is ``dir/models/org/m/``. Writes are
-atomic (write aside, then rename), so a reader never sees half a file. Warming a model
-writes the standard Hugging Face cache layout, so ``huggingface_hub`` finds it offline.
+atomic (write aside, then rename), so a reader never sees half a file; a commit of several
+files writes them all aside first, then renames them in the mapping's order. Warming a
+model writes the standard Hugging Face cache layout, so ``huggingface_hub`` finds it
+offline.
+
+Reads stay inside the store's root: an entry on the way to what is read (the entry
+itself, a folder above it, or anything under a fetched folder) that is a symbolic link
+resolving outside the root, or a dangling link, is refused with
+``FatalError(rule="store-unsafe-link")`` naming the entry's repo path. Links that resolve
+inside the root are followed; a linked folder that leads back to one of its own parents
+is not walked twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fsm.clock import Deadline
-from fsm.errors import DeadlineExceeded, StoreNotFound, StoreUnavailable
-from fsm.store.base import WarmOutcome
+from fsm.errors import DeadlineExceeded, FatalError, StoreNotFound, StoreUnavailable
+from fsm.store.base import Fence, WarmOutcome
 
 _CHUNK = 1 << 20
+UNSAFE_LINK_RULE = "store-unsafe-link"
 
 
 class LocalStore:
@@ -41,25 +52,47 @@ class LocalStore:
     # --- the port ---------------------------------------------------------------------
 
     def upload_file(self, local_path: Path, path_in_repo: str) -> None:
+        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
+
+    def commit(
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+    ) -> bool:
+        if fence is not None and fence.sealed:
+            return False
         self._check_time()
-        target = self._repo_path(path_in_repo)
+        staged: list[tuple[str, Path, Path]] = []  # (path in repo, temp file, target)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_copy(local_path, target)
-        except OSError as exc:
-            raise StoreUnavailable(
-                f"local store: cannot write {path_in_repo}: {exc.strerror}"
-            ) from exc
+            for path_in_repo, local_path in files.items():
+                target = self._repo_path(path_in_repo)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    staged.append((path_in_repo, _copy_aside(local_path, target), target))
+                except OSError as exc:
+                    raise _write_error(path_in_repo, exc) from exc
+            # Sealing takes the same lock: a seal() waits for the renames below, and once
+            # it has returned no optional commit gets past the check.
+            with fence.lock if fence is not None else contextlib.nullcontext():
+                if fence is not None and fence.sealed:
+                    return False
+                for path_in_repo, tmp, target in staged:
+                    try:
+                        os.replace(tmp, target)
+                    except OSError as exc:
+                        raise _write_error(path_in_repo, exc) from exc
+            return True
+        finally:
+            for _, tmp, _ in staged:  # the temp files not renamed (sealed, or a failure)
+                tmp.unlink(missing_ok=True)
 
     def exists(self, path_in_repo: str) -> bool:
         self._check_time()
         self._root_readable()
-        return self._repo_path(path_in_repo).is_file()
+        return self._checked(path_in_repo).is_file()
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         self._check_time()
         self._root_readable()
-        source = self._repo_path(path_in_repo)
+        source = self._checked(path_in_repo)
         if not source.is_file():
             raise StoreNotFound(f"local store: {path_in_repo} not found")
         target = dest_dir / path_in_repo
@@ -70,32 +103,31 @@ class LocalStore:
     def fetch_folder(self, folder: str, local_root: Path) -> int:
         self._check_time()
         self._root_readable()
-        source = self._repo_path(folder)
+        folder = folder.strip("/")
+        source = self._checked(folder)
         if not source.is_dir():
             raise StoreNotFound(f"local store: folder {folder}/ not found")
-        count = 0
-        for path in sorted(source.rglob("*")):
-            if not path.is_dir():  # files, and anything else that reads like one
-                self._check_time()
-                target = local_root / folder / path.relative_to(source)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_copy(path, target)
-                count += 1
-        return count
+        # Every entry is checked before anything is copied: a refused tree leaves nothing.
+        files = self._files(source, folder)
+        for rel, path in files:
+            self._check_time()
+            target = local_root / folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_copy(path, target)
+        return len(files)
 
     def warm_model(
         self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
     ) -> WarmOutcome:
         self._check_time()
         self._root_readable()
-        source = self.root / "models" / repo_id
+        label = f"models/{repo_id}"
+        source = self._checked(label)
         if not source.is_dir():
             raise StoreNotFound(f"local store: model {repo_id} not found")
-        files = [
-            (path.relative_to(source).as_posix(), path)
-            for path in sorted(source.rglob("*"))
-            if path.is_file() and not _ignored(path.relative_to(source).as_posix(), ignore_patterns)
-        ]
+        files = self._files(
+            source, label, keep=lambda rel: not _ignored(rel, ignore_patterns)
+        )
         # The "commit" names the model's content as listed (path, size, mtime): cheap to
         # compute on every probe and different whenever the source changes.
         digest = hashlib.sha1(usedforsecurity=False)
@@ -136,6 +168,55 @@ class LocalStore:
             raise ValueError(f"not a repo path: {path_in_repo!r}")
         return self.root.joinpath(*parts)
 
+    def _checked(self, path_in_repo: str) -> Path:
+        """The path of ``path_in_repo``, after checking every link on the way to it."""
+        path = self._repo_path(path_in_repo)
+        real_root = os.path.realpath(self.root)
+        current = self.root
+        walked: list[str] = []
+        for part in path.relative_to(self.root).parts:
+            current = current / part
+            walked.append(part)
+            if current.is_symlink():
+                _check_link(current, "/".join(walked), real_root)
+            elif not current.exists():
+                break  # missing: the caller answers "not found"
+        return path
+
+    def _files(
+        self, top: Path, label: str, keep: Callable[[str], bool] = lambda rel: True
+    ) -> list[tuple[str, Path]]:
+        """Everything under ``top`` that is not a folder, as (path relative to it, path), sorted.
+
+        Links are checked (:func:`_check_link`) before they are followed; a linked folder
+        that leads back to one of its own parents is skipped. Files ``keep`` refuses are
+        neither read nor checked.
+        """
+        real_root = os.path.realpath(self.root)
+        found: list[tuple[str, Path]] = []
+
+        def visit(directory: Path, rel: str, parents: frozenset[str]) -> None:
+            real = os.path.realpath(directory)
+            if real in parents:
+                return  # a link back up the tree
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+            for entry in entries:
+                child_rel = f"{rel}/{entry.name}" if rel else entry.name
+                path = Path(entry.path)
+                is_dir = entry.is_dir()
+                if not is_dir and not keep(child_rel):
+                    continue
+                if entry.is_symlink():
+                    _check_link(path, f"{label}/{child_rel}", real_root)
+                if is_dir:
+                    visit(path, child_rel, parents | {real})
+                else:  # files, and anything else that reads like one
+                    found.append((child_rel, path))
+
+        visit(top, "", frozenset())
+        return found
+
     def _root_readable(self) -> None:
         if not self.root.is_dir():
             raise StoreUnavailable(f"local store: {self.url} is not a directory")
@@ -143,6 +224,25 @@ class LocalStore:
     def _check_time(self) -> None:
         if self.deadline.expired():
             raise DeadlineExceeded("the attempt deadline passed before a store call")
+
+
+def _check_link(link: Path, label: str, real_root: str) -> None:
+    """Refuse ``link`` (repo path ``label``) when it dangles or resolves outside the root."""
+    target = os.path.realpath(link)
+    if not os.path.exists(target):  # dangling, or a loop of links
+        raise FatalError(
+            f"local store: {label} is a dangling link; refusing to read it",
+            rule=UNSAFE_LINK_RULE,
+        )
+    if os.path.commonpath([target, real_root]) != real_root:
+        raise FatalError(
+            f"local store: {label} is a link that leaves the store's root; refusing to read it",
+            rule=UNSAFE_LINK_RULE,
+        )
+
+
+def _write_error(path_in_repo: str, exc: OSError) -> StoreUnavailable:
+    return StoreUnavailable(f"local store: cannot write {path_in_repo}: {exc.strerror}")
 
 
 def _ignored(rel: str, patterns: Sequence[str]) -> bool:
@@ -155,6 +255,18 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _copy_aside(source: Path, target: Path) -> Path:
+    """Copy ``source`` to a new temp file next to ``target``; return the temp file."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out, source.open("rb") as src:
+            shutil.copyfileobj(src, out, _CHUNK)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
 
 
 def _atomic_copy(source: Path, target: Path) -> None:

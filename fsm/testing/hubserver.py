@@ -18,7 +18,11 @@ It implements what uploads, existence checks and downloads need, on both client 
 * ``POST /api/<type>s/<repo>/preupload/<rev>``: every file is ``regular``, so neither LFS
   nor Xet machinery is needed;
 * ``POST /api/<type>s/<repo>/commit/<rev>``: NDJSON commits with inline base64 content,
-  deletions included.
+  deletions included. When the header line names a ``parentCommit`` (the client's
+  ``create_commit(parent_commit=...)``), it is checked when the commit is applied, under
+  the write lock and after any injected hang: a parent that is not the repo's current
+  commit is answered ``412`` (``{"error": "A commit has happened since. Please refresh
+  and try again."}``, like the Hub) and nothing is written.
 
 A server built with ``token=`` answers ``401`` to any request whose
 ``Authorization: Bearer`` header does not carry exactly that token. The token is never
@@ -642,6 +646,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server.hub
         writes: list[tuple[Path, bytes]] = []
         deletes: list[Path] = []
+        parent: str | None = None
         try:
             for line in self._body.splitlines():
                 if not line.strip():
@@ -649,6 +654,8 @@ class _Handler(BaseHTTPRequestHandler):
                 item = json.loads(line)
                 key, value = item.get("key"), item.get("value", {})
                 if key == "header":
+                    named = value.get("parentCommit")
+                    parent = None if named is None else str(named)
                     continue
                 if key == "file":
                     content = value["content"]
@@ -659,9 +666,11 @@ class _Handler(BaseHTTPRequestHandler):
                     deletes.append(_join(repo, value["path"]))
                 else:
                     raise _HttpError(400, f"unsupported commit operation {key!r}")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise _HttpError(400, "invalid commit body") from None
         with hub._write_lock:
+            if parent is not None and parent != hub._commit_of(repo):
+                raise _HttpError(412, "A commit has happened since. Please refresh and try again.")
             for target in deletes:
                 if target.is_dir():
                     shutil.rmtree(target)
