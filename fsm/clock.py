@@ -27,6 +27,14 @@ class Deadline:
         return cls.at_epoch(time.time() + seconds)
 
     @classmethod
+    def at_monotonic(cls, mono_at: float) -> Deadline:
+        """The deadline at ``mono_at`` on the ``time.monotonic`` clock."""
+        return cls(at=time.time() + (mono_at - time.monotonic()), _mono_at=mono_at)
+
+    def earliest(self, other: Deadline) -> Deadline:
+        return self if self._mono_at <= other._mono_at else other
+
+    @classmethod
     def never(cls) -> Deadline:
         return cls(at=float("inf"), _mono_at=float("inf"))
 
@@ -58,7 +66,7 @@ class Deadline:
 MAX_OS_WAIT_S = 86_400.0 * 20
 
 
-def os_timeout(seconds: float | None) -> float | None:
+def os_timeout(seconds: float | None) -> float:
     """``seconds`` made safe to hand to any OS wait: never negative, never past
     :data:`MAX_OS_WAIT_S`; None (wait forever) becomes the maximum too."""
     if seconds is None or seconds != seconds:  # None or NaN

@@ -23,7 +23,6 @@ failure the end of the log is copied to ``out_fd`` for whoever reads the contain
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import selectors
@@ -41,7 +40,7 @@ from typing import IO, Literal, NamedTuple
 
 import structlog
 
-from fsm.clock import Deadline
+from fsm.clock import Deadline, os_timeout
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
 
@@ -376,16 +375,17 @@ def _run(
             if remaining <= 0:
                 stopped_by = "deadline"
                 break
-            waker.wait(None if math.isinf(remaining) else remaining)
+            waker.wait(remaining)  # bounded by MAX_OS_WAIT_S; the loop waits again
     finally:
         if not exited.is_set():
             _stop_group(proc.pid, exited, waker)
         _signal_group(proc.pid, signal.SIGKILL)  # whatever pip left behind in its group
         try:
-            proc.wait(timeout=_KILL_WAIT_S)
+            proc.wait(timeout=os_timeout(_KILL_WAIT_S))
         except subprocess.TimeoutExpired:
             structlog.get_logger().error("pip.unkillable", pid=proc.pid)
-        pump.join(_PUMP_JOIN_S)  # a process that left the group may still hold the pipe
+        # a process that left the group may still hold the pipe
+        pump.join(os_timeout(_PUMP_JOIN_S))
     if stopped_by == "interrupt":
         raise Interrupted(interrupt.signum or signal.SIGTERM)
     if stopped_by == "deadline":
@@ -513,8 +513,9 @@ class _Waker:
             self._send.send(b"!")
 
     def wait(self, timeout: float | None) -> None:
-        """Block until poked or ``timeout`` seconds pass."""
-        if self._selector.select(timeout):
+        """Block until poked or ``timeout`` seconds pass, but never longer than the OS allows
+        (:data:`fsm.clock.MAX_OS_WAIT_S`; None waits that long): callers wait in a loop."""
+        if self._selector.select(os_timeout(timeout)):
             with contextlib.suppress(BlockingIOError):
                 while self._recv.recv(4096):
                     pass

@@ -10,7 +10,8 @@ returns, so no grandchild survives holding a GPU or the pipe.
 Every wait is on a file descriptor: a watcher thread, the pump and the interrupt listener
 each write a byte to a self-pipe, and the main thread blocks in ``poll`` with the time left
 as its timeout. Writing to a pipe is safe inside a signal handler, where taking a lock is
-not.
+not. Every timeout handed to the OS goes through :func:`fsm.clock.os_timeout`: ``poll`` and
+``threading`` refuse waits of about a month (TRAPS), so a longer wait wakes and waits again.
 
 The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
 its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
@@ -36,7 +37,7 @@ from typing import Literal
 
 import structlog
 
-from fsm.clock import Deadline
+from fsm.clock import Deadline, os_timeout
 from fsm.interrupt import InterruptFlag
 
 __all__ = ["TAIL_BYTES", "WorkerExit", "read_tail", "supervise"]
@@ -48,7 +49,6 @@ _CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
 _PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
 _KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
 _JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
-_MAX_POLL_MS = 2**31 - 1  # poll(2) takes a C int
 
 ExitReason = Literal["exited", "deadline", "interrupted"]
 
@@ -96,6 +96,7 @@ def supervise(
     stop_by: Deadline,
     interrupt: InterruptFlag,
     grace_s: float = 10.0,
+    signal_stop_s: float | None = None,
     out_fd: int = 1,
     tail_sink: Callable[[bytes], None] | None = None,
     tail_interval_s: float = 30.0,
@@ -106,7 +107,8 @@ def supervise(
 
     The console (stdout and stderr, one stream) goes to ``out_fd`` and to ``console_path``
     (truncated first). On the deadline or an interrupt the group gets SIGTERM, then up to
-    ``grace_s`` (never past ``stop_by``) to end, then SIGKILL; on the deadline a cap line is
+    ``grace_s`` (never past ``stop_by``, and after a signal never past ``signal_stop_s``
+    seconds after it: the host is going away) to end, then SIGKILL; on the deadline a cap line is
     appended to the console. After the leader exits, descendants get ``drain_timeout_s`` to
     release the pipe; then the whole group is killed.
 
@@ -157,6 +159,7 @@ def supervise(
                 stop_by=stop_by,
                 interrupt=interrupt,
                 grace_s=grace_s,
+                signal_stop_s=signal_stop_s,
                 drain_timeout_s=drain_timeout_s,
             )
             if reason != "exited":
@@ -191,6 +194,7 @@ def _wait_and_stop(
     stop_by: Deadline,
     interrupt: InterruptFlag,
     grace_s: float,
+    signal_stop_s: float | None,
     drain_timeout_s: float,
 ) -> ExitReason:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group."""
@@ -201,6 +205,8 @@ def _wait_and_stop(
     if not exited():
         reason = "interrupted" if interrupt.is_set() else "deadline"
         grace = stop_by.bound(grace_s)
+        if reason == "interrupted" and signal_stop_s is not None and interrupt.at_mono is not None:
+            grace = max(0.0, min(grace, interrupt.at_mono + signal_stop_s - time.monotonic()))
         log.warning("worker.stopping", reason=reason, pgid=run.pid, grace_s=round(grace, 3))
         _killpg(run.pid, signal.SIGTERM)
         grace_end = time.monotonic() + grace
@@ -294,7 +300,12 @@ class _Waker:
             left = until_mono - time.monotonic()
             if left <= 0:
                 return False
-            self._poll.poll(None if left == math.inf else min(math.ceil(left * 1000), _MAX_POLL_MS))
+            self._poll.poll(_poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
+
+
+def _poll_ms(seconds: float | None) -> int:
+    """A ``poll(2)`` timeout in milliseconds for ``seconds`` (None: as long as allowed)."""
+    return math.ceil(os_timeout(seconds) * 1000)
 
 
 def _close_fds(*fds: int) -> None:
@@ -341,7 +352,7 @@ class _Pump:
         """Stop pumping (what is in the pipe already is copied first); True once it ended."""
         if not self.finished:
             self._stop.wake()
-            self._thread.join(_JOIN_S)
+            self._thread.join(os_timeout(_JOIN_S))
             if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
                 structlog.get_logger().error("worker.pump_stuck")
                 return False
@@ -357,7 +368,8 @@ class _Pump:
         stopping = False
         try:
             while True:
-                ready = {fd for fd, _ in poll.poll(0 if stopping else None)}
+                # Without a stop request, wait as long as the OS allows; waking early is a no-op.
+                ready = {fd for fd, _ in poll.poll(0 if stopping else _poll_ms(None))}
                 if self._stop.fd in ready:
                     poll.unregister(self._stop.fd)
                     stopping = True
@@ -439,7 +451,7 @@ class _Run:
         on_group, self._on_group = self._on_group, None
         if on_group is not None:
             on_group(None)
-        return self.proc.wait(timeout)
+        return self.proc.wait(None if timeout is None else os_timeout(timeout))
 
     def close(self) -> None:
         """Make sure the group is dead and the leader reaped (also when unwinding)."""
@@ -462,7 +474,7 @@ def _start_ticks(
 
     def tick() -> None:
         log = structlog.get_logger()
-        while not stop.wait(interval_s):  # a call in flight simply delays the next tick
+        while not _wait_event(stop, interval_s):  # a call in flight delays the next tick
             try:
                 sink(read_tail(console_path))
             except Exception as exc:
@@ -470,6 +482,16 @@ def _start_ticks(
 
     threading.Thread(target=tick, name="worker-tail", daemon=True).start()
     return stop
+
+
+def _wait_event(event: threading.Event, seconds: float) -> bool:
+    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): the OS is only ever
+    asked for waits it accepts, and a wait cut short by that bound simply waits again."""
+    end = time.monotonic() + seconds
+    while not event.wait(os_timeout(end - time.monotonic())):
+        if time.monotonic() >= end:
+            return False
+    return True
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -527,7 +549,7 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
             left = until_mono - time.monotonic()
             if left <= 0:
                 break
-            for fd, _ in poll.poll(min(math.ceil(left * 1000), _MAX_POLL_MS)):
+            for fd, _ in poll.poll(_poll_ms(left)):
                 poll.unregister(fd)
                 pending -= 1
         return _group_members(pgid) if fds else []

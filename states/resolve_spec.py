@@ -1,17 +1,41 @@
 """ResolveSpec: find the job spec (inline or spilled to the store) and build the worker's
-environment (CONTRACT section 5)."""
+environment (CONTRACT section 5).
+
+The worker is started with ``execve``, and Linux refuses (E2BIG) an environment string over
+``MAX_ARG_STRLEN`` or argv plus environment over ``ARG_MAX`` (TRAPS, "Measured in the first
+release"). So the spec goes inline only when it is small enough *and* the whole environment
+then fits; otherwise it goes to the worker as a file. An environment that cannot fit even
+then fails here, classified, naming the variable (never its value: it may be a secret),
+instead of as an exec failure in Train. Everything is measured in bytes, as the kernel does.
+"""
 
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Mapping, Sequence
 
 from fsm import table
 from fsm.context import Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
+from states.train import WORKER_ARGV
 
-#: Larger specs go to the worker as a file: execve refuses environments this big.
-INLINE_SPEC_MAX_CHARS = 96_000
+#: Larger specs (bytes of UTF-8) go to the worker as a file (CONTRACT section 5).
+INLINE_SPEC_MAX_BYTES = 96_000
+#: The kernel's cap on one argv or environment string, its NUL included (32 pages).
+MAX_ARG_STRLEN = 131_072
+#: Kept back from ``ARG_MAX`` for what the kernel puts on the new stack besides argv and
+#: the environment (the executable's name, alignment) and for a conservative count.
+ARG_MAX_MARGIN = 16 * 1024
+#: The kernel never allows more than 3/4 of its 8 MiB default stack limit (``_STK_LIM``),
+#: whatever ``sysconf`` derives from an unlimited stack rlimit.
+_KERNEL_ARG_CAP = 6 * 1024 * 1024
+#: What the kernel always allows (the legacy ``ARG_MAX``), when ``sysconf`` cannot say.
+_MIN_ARG_MAX = 131_072
+_POINTER = struct.calcsize("P")
+
+RULE_ENV_TOO_LARGE = "worker-env-too-large"
 
 
 def resolve_spec(ctx: Context) -> str:
@@ -20,12 +44,6 @@ def resolve_spec(ctx: Context) -> str:
     env = ctx.merged_env()
     env.pop("FLASH_JOB_SPEC_JSON", None)
     env.pop("FLASH_JOB_SPEC_PATH", None)
-    if len(spec) > INLINE_SPEC_MAX_CHARS:
-        spec_file = ctx.scratch / "job_spec.json"
-        spec_file.write_text(spec, encoding="utf-8")
-        env["FLASH_JOB_SPEC_PATH"] = str(spec_file)
-    else:
-        env["FLASH_JOB_SPEC_JSON"] = spec
     assert p.phase is not None and p.seed is not None  # parse() requires both for training
     code_dir = ctx.settings.code_root / "code"
     env.update(
@@ -43,8 +61,83 @@ def resolve_spec(ctx: Context) -> str:
         }
     )
     env.update(ctx.require_store().worker_env())
+    argv = [ctx.python, *WORKER_ARGV]
+    inline = {**env, "FLASH_JOB_SPEC_JSON": spec}
+    if _nbytes(spec) <= INLINE_SPEC_MAX_BYTES and exec_problem(argv, inline) is None:
+        ctx.worker_env = inline
+        return table.SPEC_RESOLVED
+    spec_file = ctx.scratch / "job_spec.json"
+    env["FLASH_JOB_SPEC_PATH"] = str(spec_file)
+    problem = exec_problem(argv, env)
+    if problem is not None:
+        raise FatalError(problem, rule=RULE_ENV_TOO_LARGE)
+    spec_file.write_text(spec, encoding="utf-8")
     ctx.worker_env = env
     return table.SPEC_RESOLVED
+
+
+def arg_max() -> int:
+    """The kernel's limit on argv plus environment (strings, NULs, pointers) for exec."""
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        limit = -1
+    if limit <= 0:  # unknown
+        return _MIN_ARG_MAX
+    return max(_MIN_ARG_MAX, min(limit, _KERNEL_ARG_CAP))
+
+
+def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``execve(argv[0], argv, env)`` would fail with E2BIG, in one line; None if it fits.
+
+    Names the offending environment variable and the size of its value in bytes, never
+    the value itself.
+    """
+    for arg in argv:
+        if _nbytes(arg) + 1 > MAX_ARG_STRLEN:
+            return (
+                f"a worker argument is {_nbytes(arg)} bytes; the kernel refuses any argument "
+                f"over {MAX_ARG_STRLEN - 1} bytes (MAX_ARG_STRLEN)"
+            )
+    # Each variable reaches the kernel as one "NAME=VALUE" string and its NUL.
+    entries = {name: _nbytes(name) + 1 + _nbytes(value) + 1 for name, value in env.items()}
+    for name, entry in entries.items():
+        if entry > MAX_ARG_STRLEN:
+            return (
+                f"the worker's environment variable {name} holds {_value_bytes(name, entry)} "
+                f"bytes; the kernel refuses any NAME=VALUE over {MAX_ARG_STRLEN - 1} bytes "
+                "(MAX_ARG_STRLEN)"
+            )
+    # The executable's name is copied onto the new stack too.
+    total = _nbytes(argv[0]) + 1 + sum(_nbytes(arg) + 1 + _POINTER for arg in argv)
+    total += sum(entry + _POINTER for entry in entries.values()) + 2 * _POINTER  # NULL ends
+    limit = arg_max() - ARG_MAX_MARGIN
+    if total > limit:
+        largest = max(entries, key=lambda name: entries[name], default=None)
+        which = (
+            ""
+            if largest is None
+            else f"; the largest variable is {largest} "
+            f"({_value_bytes(largest, entries[largest])} bytes)"
+        )
+        return (
+            f"the worker's argv and environment are {total} bytes, over the kernel's limit of "
+            f"{limit} bytes (ARG_MAX less a margin){which}"
+        )
+    return None
+
+
+def _value_bytes(name: str, entry: int) -> int:
+    """The size of a variable's value, from the size of its "NAME=VALUE" string and NUL."""
+    return entry - _nbytes(name) - 2
+
+
+def _nbytes(text: str) -> int:
+    """``text``'s size in bytes as exec receives it."""
+    try:
+        return len(os.fsencode(text))
+    except UnicodeEncodeError:  # unencodable: exec would fail anyway; count it generously
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _spec(ctx: Context, p: Payload) -> str:

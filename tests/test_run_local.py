@@ -153,7 +153,7 @@ def test_the_worker_gets_the_contract_environment(layout: Layout) -> None:
     assert _time.time() < float(env["FLASH_RUN_DEADLINE_AT"]) < _time.time() + 1000
 
 
-def test_a_spec_over_96000_characters_reaches_the_worker_as_a_file(layout: Layout) -> None:
+def test_a_spec_over_96000_bytes_reaches_the_worker_as_a_file(layout: Layout) -> None:
     layout.write_worker("""
         (SCRATCH / "spec_env.json").write_text(json.dumps({
             "inline": os.environ.get("FLASH_JOB_SPEC_JSON"),
@@ -258,14 +258,14 @@ def test_starting_a_finished_attempt_again_replays_its_marker_and_never_reruns_t
     """)
     first = layout.run()
     assert first.exit_code == 0
-    layout.marker_path = layout.artifact(f"{ARM}_attempt0.json")
-    original = json.loads(layout.marker_path.read_text())
-    layout.marker_path.unlink()  # say the upload of the first marker was lost
+    marker_path = layout.artifact(f"{ARM}_attempt0.json")
+    original = json.loads(marker_path.read_text())
+    marker_path.unlink()  # say the upload of the first marker was lost
     second = layout.run(environ={})
     assert second.context.path == ["LoadPayload", "Mark", "Succeeded"]
     assert second.exit_code == 0
     assert (layout.scratch / "runs.txt").read_text() == "ran\n"
-    assert json.loads(layout.marker_path.read_text()) == original
+    assert json.loads(marker_path.read_text()) == original
 
 
 def test_a_replayed_failure_keeps_its_class_and_exit_code(layout: Layout) -> None:
