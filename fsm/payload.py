@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,14 @@ ARM_RE = PHASE_RE
 REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 DEFAULT_MAX_WALL_S = 86_400.0
 MODES = ("train", "preload")
+#: The attempt number names the marker: a JSON integer in this range (CONTRACT section 3).
+MAX_ATTEMPT = 1_000_000
+#: ``hf_prefix`` bounds, in UTF-8 bytes: the marker's repo path stays a usable path on the
+#: Hub and a local filesystem (a file name is at most 255 bytes; a path well under 4096).
+MAX_PREFIX_BYTES = 1_000
+MAX_PART_BYTES = 255
+#: Folders the Hub refuses to commit under (huggingface_hub ``FORBIDDEN_FOLDERS``).
+HUB_FORBIDDEN_PARTS = (".git", ".cache")
 
 
 @dataclass(frozen=True)
@@ -63,65 +72,64 @@ class Payload:
 
 def read_raw(path: Path) -> dict[str, Any]:
     """The payload file as a JSON object, or a PayloadError naming what is wrong."""
+    shown = _shown(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise PayloadError(f"payload file {path} does not exist") from None
+        raise PayloadError(f"payload file {shown} does not exist") from None
     except OSError as exc:
-        raise PayloadError(f"payload file {path} is unreadable: {exc.strerror or exc}") from None
+        raise PayloadError(
+            f"payload file {shown} is unreadable: {_one_line(exc.strerror or str(exc))}"
+        ) from None
     try:
-        raw = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise PayloadError(f"payload file {path} is not UTF-8 text") from None
+        raise PayloadError(f"payload file {shown} is not UTF-8 text") from None
+    try:
+        raw = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise PayloadError(
-            f"payload file {path} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            f"payload file {shown} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
     except RecursionError:
-        raise PayloadError(f"payload file {path} nests too deeply to be a payload") from None
+        raise PayloadError(f"payload file {shown} nests too deeply to be a payload") from None
+    except ValueError as exc:  # anything else the decoder refuses: never a traceback
+        raise PayloadError(
+            f"payload file {shown} is not usable JSON: {_one_line(str(exc))}"
+        ) from None
 
     if not isinstance(raw, dict):
         raise PayloadError(f"payload must be a JSON object, got {_json_type(raw)}")
+    for key, value in raw.items():
+        digits = _long_integer_in(value)
+        if digits is not None:
+            raise PayloadError(
+                f"payload key {key!r:.80} holds an integer of {digits} digits, "
+                "too long to be a number"
+            )
     return raw
 
 
 def destination(raw: Mapping[str, Any]) -> Destination | None:
-    """The marker's destination if ``hf_repo`` and ``hf_prefix`` are usable, else None.
+    """The marker's destination, or None when it is not usable as given.
 
-    Lenient on purpose: a payload invalid elsewhere still gets its fatal marker.
+    Usable only when ``hf_repo``, ``hf_prefix``, ``flash_arm`` and ``attempt`` are each
+    valid as given (``flash_arm`` and ``attempt`` may be absent or null: their defaults
+    apply). A present but invalid value is never coerced to a default: that would write
+    another attempt's marker. The rest of the payload does not matter here, so a payload
+    invalid elsewhere still gets its fatal marker. :func:`parse` decides the same way: both
+    go through ``_destination``.
     """
     try:
         return _destination(raw)
     except PayloadError:
-        repo, prefix = raw.get("hf_repo"), raw.get("hf_prefix")
-        if not (_valid_repo(repo) and _valid_prefix(prefix)):
-            return None
-        arm = raw.get("flash_arm")
-        attempt = raw.get("attempt")
-        env = raw.get("env")
-        token = env.get("HF_TOKEN") if isinstance(env, dict) else None
-        return Destination(
-            hf_repo=str(repo),
-            hf_prefix=str(prefix).strip("/"),
-            arm=arm if isinstance(arm, str) and ARM_RE.fullmatch(arm) else "instance",
-            attempt=attempt
-            if isinstance(attempt, int) and _is_int(attempt) and attempt >= 0
-            else 0,
-            token=token if isinstance(token, str) and token else None,
-        )
+        return None
 
 
 def parse(raw: Mapping[str, Any]) -> Payload:
     """Validate ``raw`` against the contract; raise PayloadError naming the first problem."""
     dest = _destination(raw)
-    try:
-        # JSON escapes can spell lone surrogates, which no file name, environment or
-        # upload can carry: refuse them once, for every string in the payload.
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise PayloadError(
-            "payload holds a string that is not valid Unicode (a lone surrogate escape)"
-        ) from None
+    _check_encodable(raw)
     mode = _opt(raw, "mode", str, "train")
     if mode not in MODES:
         raise PayloadError(f"payload key 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
@@ -184,15 +192,14 @@ def load(path: Path) -> Payload:
 
 
 def _destination(raw: Mapping[str, Any]) -> Destination:
+    """The one place that decides the destination keys: raises naming the first bad one."""
     repo = _required(raw, "hf_repo", str)
     if not _valid_repo(repo):
         raise PayloadError(f"payload key 'hf_repo' must look like 'org/name', got {repo!r:.80}")
     prefix = _required(raw, "hf_prefix", str)
-    if not _valid_prefix(prefix):
-        raise PayloadError(
-            "payload key 'hf_prefix' must be a relative repo folder without '..', "
-            f"got {prefix!r:.80}"
-        )
+    problem = _prefix_problem(prefix)
+    if problem is not None:
+        raise PayloadError(f"payload key 'hf_prefix' {problem}, got {prefix!r:.80}")
     arm = _opt(raw, "flash_arm", str, "instance")
     if not ARM_RE.fullmatch(arm):
         raise PayloadError(
@@ -201,10 +208,21 @@ def _destination(raw: Mapping[str, Any]) -> Destination:
         )
     attempt = _opt(raw, "attempt", int, 0)
     if attempt < 0:
-        raise PayloadError(f"payload key 'attempt' must be >= 0, got {attempt}")
-    token = _env(raw).get("HF_TOKEN") or None
+        raise PayloadError(f"payload key 'attempt' must be >= 0, got {_short_int(attempt)}")
+    if attempt > MAX_ATTEMPT:
+        raise PayloadError(
+            f"payload key 'attempt' must be at most {MAX_ATTEMPT:,}, got {_short_int(attempt)}"
+        )
+    # The token only authenticates the store: an env invalid elsewhere does not hide it
+    # (parse() still refuses that env afterwards).
+    env = raw.get("env")
+    token = env.get("HF_TOKEN") if isinstance(env, dict) else None
     return Destination(
-        hf_repo=repo, hf_prefix=prefix.strip("/"), arm=arm, attempt=attempt, token=token
+        hf_repo=repo,
+        hf_prefix=prefix.strip("/"),
+        arm=arm,
+        attempt=attempt,
+        token=token if isinstance(token, str) and token else None,
     )
 
 
@@ -212,16 +230,93 @@ def _valid_repo(value: object) -> bool:
     return isinstance(value, str) and len(value) <= 200 and bool(REPO_RE.fullmatch(value))
 
 
-def _valid_prefix(value: object) -> bool:
-    if not isinstance(value, str) or not value.strip("/") or len(value) > 1000:
-        return False
-    if value.startswith("/") or "\\" in value or "\x00" in value:
-        return False
+def _prefix_problem(value: str) -> str | None:
+    """Why ``value`` cannot be the run's repo folder, or None when it can."""
+    if value.startswith("/"):
+        return "must be a relative repo folder (no leading '/')"
+    if "\\" in value:
+        return "must use '/' between folders (no backslash)"
+    if any(unicodedata.category(char) == "Cc" for char in value):
+        return "must not hold NUL or control characters"
     try:
-        parts = [part.encode("utf-8") for part in value.strip("/").split("/")]
+        encoded = value.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return all(part not in (b"", b".", b"..") and len(part) <= 255 for part in parts)
+        return "must be valid Unicode (no lone surrogate escape)"
+    if len(encoded) > MAX_PREFIX_BYTES:
+        return f"must be at most {MAX_PREFIX_BYTES} bytes as UTF-8 (is {len(encoded)})"
+    parts = value.strip("/").split("/")
+    if not value.strip("/") or any(part in ("", ".", "..") for part in parts):
+        return "must be a relative repo folder without empty, '.' or '..' parts"
+    if any(len(part.encode("utf-8")) > MAX_PART_BYTES for part in parts):
+        return f"must have folder names of at most {MAX_PART_BYTES} bytes as UTF-8"
+    if any(part in HUB_FORBIDDEN_PARTS for part in parts):
+        return f"must not lie under a {' or '.join(HUB_FORBIDDEN_PARTS)} folder (the Hub refuses)"
+    return None
+
+
+class _LongInteger:
+    """A JSON integer with more digits than Python converts (``sys.int_info``)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _LongInteger:
+    try:
+        return int(text)
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return _LongInteger(len(text.lstrip("-")))
+
+
+def _long_integer_in(value: object) -> int | None:
+    """The digit count of a too-long integer anywhere in ``value``, else None."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _LongInteger):
+            return item.digits
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+def _check_encodable(raw: Mapping[str, Any]) -> None:
+    """JSON escapes can spell lone surrogates, which no file name, environment or upload
+    can carry: refuse them once, for every string in the payload, naming the key."""
+    for key, value in raw.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise PayloadError(
+                f"payload key {key!r:.80} holds a string that is not valid Unicode "
+                "(a lone surrogate escape)"
+            ) from None
+        except RecursionError:
+            raise PayloadError(
+                f"payload key {key!r:.80} nests too deeply to be a payload"
+            ) from None
+
+
+def _short_int(value: int) -> str:
+    """``value`` for a message: huge numbers by their digit count, not their digits."""
+    digits = len(str(abs(value))) if value.bit_length() < 10_000 else None
+    if digits is not None and digits <= 20:
+        return str(value)
+    return f"an integer of {digits or 'over 3000'} digits"
+
+
+def _shown(path: Path) -> str:
+    """A path for a one-line message: as is when printable, else its repr."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _is_int(value: object) -> bool:
@@ -232,7 +327,7 @@ def _json_type(value: object) -> str:
     names = {
         bool: "a boolean",
         int: "a number",
-        float: "a number",
+        float: "a floating-point number",
         str: "a string",
         list: "an array",
         dict: "an object",

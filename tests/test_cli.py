@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from conftest import ARM, PREFIX, Layout
@@ -65,7 +66,6 @@ def test_a_payload_that_is_not_a_json_object_exits_2(
         ({"seed": True}, ["'seed'", "integer"]),
         ({"phase": "../../etc"}, ["'phase'"]),
         ({"phase": "a/b"}, ["'phase'"]),
-        ({"attempt": -1}, ["'attempt'", ">= 0"]),
         ({"env": {"A": 1}}, ["'env'", "'A'", "string"]),
         ({"extra_pip": "torch"}, ["'extra_pip'", "list"]),
         ({"max_wall_s": 0}, ["'max_wall_s'"]),
@@ -74,15 +74,15 @@ def test_a_payload_that_is_not_a_json_object_exits_2(
     ],
 )
 def test_an_invalid_payload_exits_2_and_leaves_a_fatal_marker(
-    layout: Layout, overrides: dict[str, object], words: list[str]
+    layout: Layout, overrides: dict[str, Any], words: list[str]
 ) -> None:
     layout.write_payload(**overrides)
     proc = layout.cli(*layout.run_args())
     assert proc.returncode == 2
     _assert_one_clear_line(proc, "payload", *words)
-    marker_attempt = 0
-    marker = layout.marker(attempt=marker_attempt)
+    marker = layout.marker(attempt=0)
     assert marker is not None, "the destination was known, so a marker is written"
+    assert layout.markers() == [layout.artifact(f"{ARM}_attempt0.json")]
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "payload-invalid")
 
 
@@ -97,12 +97,38 @@ def test_a_fixed_payload_runs_after_an_invalid_one_for_the_same_attempt(layout: 
     assert marker is not None and marker["ok"] is True
 
 
-def test_an_invalid_payload_without_a_destination_writes_no_marker(layout: Layout) -> None:
-    layout.write_payload(hf_prefix="../escape")
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"hf_prefix": "../escape"}, ["'hf_prefix'"]),
+        ({"attempt": -1}, ["'attempt'", ">= 0"]),
+        ({"attempt": 2.0}, ["'attempt'", "integer"]),
+        ({"attempt": "2"}, ["'attempt'", "integer", "string"]),
+        ({"attempt": 1_000_001}, ["'attempt'", "1,000,000"]),
+        ({"flash_arm": "bad arm"}, ["'flash_arm'"]),
+    ],
+)
+def test_an_invalid_payload_without_a_destination_writes_no_marker(
+    layout: Layout, overrides: dict[str, Any], words: list[str]
+) -> None:
+    """An invalid destination key is never replaced by its default to write a marker."""
+    layout.write_payload(**overrides)
     proc = layout.cli(*layout.run_args())
     assert proc.returncode == 2
-    _assert_one_clear_line(proc, "'hf_prefix'")
+    _assert_one_clear_line(proc, "payload unusable", *words)
     assert not list(layout.store.rglob("*.json"))
+
+
+def test_an_integer_too_long_to_convert_exits_2_with_one_line_naming_its_key(
+    layout: Layout,
+) -> None:
+    """json.loads refuses integers over 4,300 digits: that is exit 2, never unclassified."""
+    text = json.dumps(layout.payload(attempt=-7)).replace("-7", "1" + "0" * 5000)
+    layout.write_payload(text)
+    proc = layout.cli(*layout.run_args())
+    assert proc.returncode == 2, proc.stderr.decode()[-2000:]
+    _assert_one_clear_line(proc, "payload unusable", "'attempt'", "5001 digits")
+    assert layout.markers() == []
 
 
 def test_unknown_payload_keys_are_ignored(layout: Layout) -> None:

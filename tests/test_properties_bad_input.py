@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import Layout
+from conftest import ARM, Layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,11 +73,13 @@ BAD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "hf_prefix": _wrong_type("str") | st.integers(1001, 300_000).map(lambda n: "a" * n)
     | st.integers(256, 1000).map(lambda n: "sft/" + "a" * n)
     | st.sampled_from(["../x", "../../../tmp/escape", "/etc/passwd", ".", "..", "a/../../b",
-                       "./x", "a\\b", "a\x00b", "/", "", "a//b", "a/./b"]),
+                       "./x", "a\\b", "a\x00b", "/", "", "a//b", "a/./b", "a/\x07", "a/.git/b",
+                       "sft/" + "\u00e9" * 128, "/".join(["\u00e9" * 100] * 6)]),
     "phase": _wrong_type("str") | PATHLIKE | HUGE | st.just("sft/../../x"),
     "seed": _wrong_type("int") | st.floats(allow_nan=False, allow_infinity=False),
-    "flash_arm": _wrong_type("str") | PATHLIKE | HUGE,
-    "attempt": _wrong_type("int") | st.integers(max_value=-1),
+    "flash_arm": _wrong_type("str") | PATHLIKE | HUGE | st.sampled_from(["bad arm", "a" * 65]),
+    "attempt": _wrong_type("int") | st.integers(max_value=-1)
+    | st.integers(1_000_001, 10**300) | st.integers(-3, 3).map(float),
     "job_spec_json": _wrong_type("str"),
     "job_spec_in_hf": _wrong_type("bool"),
     "env": _wrong_type("dict") | st.sampled_from([
@@ -294,3 +296,119 @@ def test_a_prefix_folder_name_longer_than_a_file_name_is_unusable() -> None:
     raw = Layout(Path("/nonexistent")).payload(hf_prefix="sft/" + "a" * 300)
     with pytest.raises(PayloadError):
         payload.parse(raw)
+
+
+# --- invalid in exactly one destination key ----------------------------------------------------
+
+#: A valid folder name (so only the planted defect makes a prefix invalid).
+_PART = st.text(alphabet="abcXYZ019-_\u00e9\u4e2d", min_size=1, max_size=10)
+_PARTS = st.lists(_PART, min_size=1, max_size=4)
+_BAD_CHARS = st.sampled_from(["\\", "\x00", "\n", "\t", "\x1b", "\x7f", "\x85", "\ud800"])
+
+
+@st.composite
+def _bad_prefix(draw: st.DrawFn) -> Any:
+    parts = draw(_PARTS)
+    at = draw(st.integers(0, len(parts)))
+    kind = draw(st.sampled_from(
+        ["type", "part", "char", "absolute", "long-part", "long-total"]
+    ))
+    if kind == "type":
+        return draw(_wrong_type("str"))
+    if kind == "part":
+        bad = draw(st.sampled_from(["", ".", "..", ".git", ".cache"]))
+        if bad == "":  # between two names: an empty name at either end is a '/' there
+            parts.append("z")
+            at = draw(st.integers(1, len(parts) - 1))
+        parts.insert(at, bad)
+        return "/".join(parts)
+    if kind == "char":
+        part = parts[at % len(parts)]
+        cut = draw(st.integers(0, len(part)))
+        parts[at % len(parts)] = part[:cut] + draw(_BAD_CHARS) + part[cut:]
+        return "/".join(parts)
+    if kind == "absolute":
+        return "/" + "/".join(parts)
+    if kind == "long-part":  # over 255 bytes as UTF-8, maybe under 255 characters
+        parts.insert(at, draw(st.sampled_from(["a", "\u00e9", "\u4e2d"])) * draw(
+            st.integers(128, 400)))
+        part = parts[at]
+        if len(part.encode()) <= 255:
+            parts[at] = part * 2
+        return "/".join(parts)
+    # long-total: folder names within 255 bytes, the whole over 1,000 bytes
+    return "/".join(parts + ["\u4e2d" * 80] * draw(st.integers(5, 12)))
+
+
+_BAD_ARM = (
+    _wrong_type("str")
+    | st.sampled_from(["", "bad arm", "a/b", "../lambda", "-lead", ".hidden", "\u00e9", "a" * 65])
+    | st.tuples(st.text(alphabet="ab01._-", max_size=20), _BAD_CHARS | st.just(" ")).map(
+        lambda t: "a" + t[0] + t[1])
+)
+_BAD_REPO = _wrong_type("str") | st.sampled_from(
+    ["noslash", "a/b/c", "/a", "../x", "a/..", "./a", "a/b/", "", "org/\ud800", "org/" + "a" * 200]
+)
+#: ``attempt``: any JSON value but an integer in [0, 1_000_000]; a str is digits text to
+#: splice in raw (an integer too long for json.loads to convert).
+_BAD_ATTEMPT = (
+    _wrong_type("int")
+    | st.integers(-3, 3).map(float)
+    | st.sampled_from(["0", "2", "one", "1e3"])
+    | st.integers(max_value=-1)
+    | st.integers(1_000_001, 10**400)
+)
+_RAW_DIGITS = st.integers(4_301, 9_000).map(lambda n: "1" + "0" * (n - 1))
+
+
+@dataclass(frozen=True)
+class OneBadKey:
+    key: str
+    text: str  # the payload file's JSON text
+
+
+@st.composite
+def one_bad_destination_key(draw: st.DrawFn, good: dict[str, Any]) -> OneBadKey:
+    key = draw(st.sampled_from(["hf_repo", "hf_prefix", "flash_arm", "attempt"]))
+    data = dict(good)
+    if key == "attempt" and draw(st.integers(0, 4)) == 0:
+        data["attempt"] = -424242
+        text = json.dumps(data).replace("-424242", draw(_RAW_DIGITS))
+        return OneBadKey(key, text)
+    strategy = {
+        "hf_repo": _BAD_REPO, "hf_prefix": _bad_prefix(), "flash_arm": _BAD_ARM,
+        "attempt": _BAD_ATTEMPT,
+    }[key]
+    data[key] = draw(strategy)
+    return OneBadKey(key, json.dumps(data))
+
+
+@settings(max_examples=max(5, settings().max_examples // 2))
+@given(st.data())
+def test_a_payload_invalid_in_one_destination_key_exits_2_and_writes_no_marker(
+    data: st.DataObject,
+) -> None:
+    """Run as a process over a store holding attempt 0's marker: exit 2, one line naming
+    the key, the store byte-for-byte unchanged; and ``validate`` says the same."""
+    with world() as (base, layout):
+        bad = data.draw(one_bad_destination_key(layout.payload()), label="payload")
+        layout.write_payload(bad.text)
+        for name in (f"{ARM}_attempt0.json", "instance_attempt0.json"):
+            layout.artifact(name).parent.mkdir(parents=True, exist_ok=True)
+            layout.artifact(name).write_text(json.dumps({"ok": True, "attempt": 0, "by": name}))
+        store_before = {p: p.read_bytes() for p in layout.store.rglob("*") if p.is_file()}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLASH_")}
+        for args in (layout.run_args(), ["validate", str(layout.payload_path)]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "fsm", *args],
+                env=env, capture_output=True, timeout=60, check=False, cwd=base,
+            )
+            stderr = proc.stderr.decode("utf-8", "replace")
+            assert "Traceback" not in stderr, stderr[-3000:]
+            assert proc.returncode == 2, (args[0], bad.key, stderr[-2000:])
+            last = stderr.strip().splitlines()[-1]
+            _check_one_clear_line(last)
+            assert last.startswith("flash-bootstrap: payload unusable: "), last
+            assert f"'{bad.key}'" in last, (bad.key, last)
+            store_after = {p: p.read_bytes() for p in layout.store.rglob("*") if p.is_file()}
+            assert store_after == store_before, f"{args[0]} wrote to the store"
