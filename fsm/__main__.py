@@ -1,7 +1,5 @@
 """``python -m fsm`` is the ``flash-bootstrap`` command."""
 
-import sys
+from fsm.cli import entrypoint
 
-from fsm.cli import main
-
-sys.exit(main())
+entrypoint()

@@ -2,19 +2,33 @@
 
 Bad input never shows a traceback: it ends with exit status 2 and one line on stderr
 naming the problem.
+
+``run`` points SIGTERM/SIGINT at the process's interrupt flag before anything heavy is
+imported, and leaves with ``os._exit`` once its last line is written: a library's
+lingering non-daemon threads (huggingface_hub's download pool) cannot keep a finished
+runner alive.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
+
+from fsm import interrupt
+
+if sys.argv[1:2] == ["run"]:
+    # The first thing a runner does: a signal during the imports below is remembered.
+    interrupt.install_early()
+
+import argparse
+import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 PROG = "flash-bootstrap"
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
 #: The demo's scenarios (fsm.demo.SCENARIOS; a test keeps the two in step). Named here so
 #: that ``run`` does not pay for importing the demo.
 DEMO_SCENARIOS = (
@@ -58,6 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entrypoint() -> NoReturn:
+    """The console script (and ``python -m fsm``): run, flush, and leave at once."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's own exits
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException as exc:  # a defect: still one line, still leave
+        from fsm.log import REDACTOR
+
+        text = " ".join(REDACTOR.text(str(exc)).split())[:500]
+        _last_say(f"internal error: {type(exc).__name__}: {text}")
+        code = EXIT_INTERNAL
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_without_repeated_command(argv))
     command: str = args.command
@@ -98,7 +130,20 @@ def _say(line: str) -> None:
     print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
+def _last_say(line: str) -> None:
+    """The process's last line: no log event may follow it."""
+    from fsm import log
+
+    log.silence()
+    _say(line)
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.store is not None:
+        problem = _store_url_problem(args.store)
+        if problem:
+            _say(problem)
+            return 2
     from fsm import log
     from fsm.context import Settings
     from fsm.runner import run_attempt
@@ -111,15 +156,8 @@ def _run(args: argparse.Namespace) -> int:
         code_root=args.code_root,
         scratch_dir=args.scratch_dir,
     )
-    if settings.store_url is not None:
-        problem = _store_url_problem(settings.store_url)
-        if problem:
-            _say(problem)
-            return 2
-    if not (settings.store_url or "").startswith("file://"):
-        _prepare_transfer()
-    outcome = run_attempt(settings)
-    _say(outcome.reason)
+    outcome = run_attempt(settings, interrupt=interrupt.PROCESS_FLAG, say=_last_say)
+    _last_say(outcome.reason)
     return outcome.exit_code
 
 
@@ -131,15 +169,6 @@ def _store_url_problem(url: str) -> str | None:
     if url.startswith(("http://", "https://")):
         return None
     return f"--store {url!r}: expected file:///abs/dir or an http(s) Hub endpoint"
-
-
-def _prepare_transfer() -> None:
-    """Switch the fast-transfer accelerator on before huggingface_hub is first imported."""
-    try:
-        from fsm.store.hub import configure_transfer
-    except ImportError:  # pragma: no cover - the Hub adapter ships with the package
-        return
-    configure_transfer(os.environ)
 
 
 def _validate(path: Path) -> int:

@@ -1,14 +1,18 @@
-"""The worker's console tail in the store: redacted, and never allowed to block the run."""
+"""The worker's console tail in the store while the worker runs: redacted, fenced (it
+never lands after the marker), and never allowed to block the run. The final tail goes
+up with the marker (``fsm.outcome.attach_tail``)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import structlog
 
+from fsm.clock import os_timeout
 from fsm.context import Context
 from fsm.supervise import TAIL_BYTES, read_tail
 
@@ -34,8 +38,12 @@ def upload_tail(ctx: Context, *, tail: bytes | None = None) -> bool:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            ctx.exit_store().upload_file(
-                Path(tmp), ctx.require_payload().dest.path(console_name(ctx))
+            # Fenced: once Mark seals the fence no periodic tail lands, not even one that
+            # is in flight now (the marker's commit outdates it at the store).
+            ctx.exit_store().commit(
+                {ctx.require_payload().dest.path(console_name(ctx)): Path(tmp)},
+                message=f"Console tail {console_name(ctx)}",
+                fence=ctx.fence,
             )
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -63,7 +71,10 @@ class PeriodicTail:
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""
         self._closed = True
-        if self._busy.acquire(timeout=max(0.0, timeout_s)):
-            self._busy.release()
-        else:
-            log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
+        end = time.monotonic() + timeout_s
+        # Lock.acquire refuses very long timeouts: wait in pieces the OS accepts.
+        while not self._busy.acquire(timeout=os_timeout(end - time.monotonic())):
+            if time.monotonic() >= end:
+                log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
+                return
+        self._busy.release()

@@ -8,26 +8,39 @@ never decides where the machine goes next (handlers return events for that).
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsm.clock import Deadline
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
-from fsm.marker import AttemptLock, Publisher
+from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
-from fsm.store.base import Store
+from fsm.store.base import Fence, Store
 
 if TYPE_CHECKING:
     from fsm.supervise import WorkerExit
 
-StoreFactory = Callable[[Destination, Deadline], Store]
+StoreFactory = Callable[[Destination, Deadline, Mapping[str, str]], Store]
 
 _FALSY = ("", "0", "false", "no", "off")
+_T = TypeVar("_T")
+_SIGNAL_POLL_S = 0.05
+
+# After SIGTERM/SIGINT the host is going away: Docker's default stop timeout is 10 s.
+# The worker gets its grace only up to SIGNAL_STOP_S after the signal, verification runs
+# up to SIGNAL_VERIFY_S, and the marker must have landed by SIGNAL_MARK_S.
+SIGNAL_STOP_S = 4.0
+SIGNAL_VERIFY_S = 6.0
+SIGNAL_MARK_S = 8.0
+#: Mark's least bound when the attempt deadline itself has passed.
+MIN_PUBLISH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,8 @@ class Settings:
     """Where things are: from the command line, else the environment, else defaults."""
 
     payload_path: Path = Path("/root/flash/payload.json")
+    #: ``--store`` as given; without it the store comes from the environment merged with
+    #: the payload's env (``FLASH_STORE``, else the Hub at ``HF_ENDPOINT``).
     store_url: str | None = None
     code_root: Path = Path("/runcode")
     scratch_dir: Path = Path("/tmp")
@@ -54,7 +69,7 @@ class Settings:
 
         return cls(
             payload_path=Path(pick(payload, "FLASH_PAYLOAD_PATH", "/root/flash/payload.json")),
-            store_url=store or environ.get("FLASH_STORE") or None,
+            store_url=store or None,
             code_root=Path(pick(code_root, "FLASH_CODE_ROOT", "/runcode")),
             scratch_dir=Path(pick(scratch_dir, "FLASH_SCRATCH_DIR", "/tmp")),
         )
@@ -117,6 +132,8 @@ class Context:
     out_fd: int = 1
     publisher: Publisher = field(default_factory=Publisher)
     lock: AttemptLock | None = None
+    #: Sealed when the final commit starts: no optional upload lands after it.
+    fence: Fence = field(default_factory=Fence)
     # --- learned as the run goes -----------------------------------------------------
     started_at: float = 0.0
     deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
@@ -129,7 +146,11 @@ class Context:
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
     failure: Failure | None = None
-    replayed: dict[str, Any] | None = None
+    replayed: Persisted | None = None
+    #: The payload's env as read (even from an invalid payload): it decides the store.
+    raw_env: Mapping[str, str] = field(default_factory=dict)
+    #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
+    end_artifacts: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
     _exit_store: Store | None = None
@@ -148,8 +169,58 @@ class Context:
 
     @property
     def stop_deadline(self) -> Deadline:
-        """When a worker being stopped must be gone: half the reserve stays for the exit."""
-        return self.deadline.earlier_by(self.reserve_s / 2)
+        """When a worker being stopped must be gone: half the reserve stays for the exit,
+        and after a signal no later than SIGNAL_STOP_S after it."""
+        return self._after_signal(self.deadline.earlier_by(self.reserve_s / 2), SIGNAL_STOP_S)
+
+    @property
+    def verify_deadline(self) -> Deadline:
+        """When verification must be done: the attempt deadline, or soon after a signal."""
+        return self._after_signal(self.deadline, SIGNAL_VERIFY_S)
+
+    @property
+    def mark_deadline(self) -> Deadline:
+        """When the marker must have landed: the attempt deadline (at least MIN_PUBLISH_S
+        from now), and after a signal within Docker's stop timeout."""
+        base = Deadline.after(max(self.deadline.remaining(), MIN_PUBLISH_S))
+        return self._after_signal(base, SIGNAL_MARK_S)
+
+    def _after_signal(self, deadline: Deadline, seconds: float) -> Deadline:
+        at = self.interrupt.at_mono
+        if at is None:
+            return deadline
+        return deadline.earliest(Deadline.at_monotonic(at + seconds))
+
+    def run_past_signal(self, fn: Callable[[], _T], *, until_s: float) -> _T:
+        """``fn()``, which a signal does not cut short but bounds: once SIGTERM/SIGINT has
+        come, ``fn`` gets until ``until_s`` seconds after it, then ``Interrupted`` is raised
+        and ``fn`` is abandoned in its daemon thread (it holds no lock of ours)."""
+        box: list[_T] = []
+        error: list[BaseException] = []
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box.append(fn())
+            except BaseException as exc:  # handed to the waiting thread
+                error.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name="flash-past-signal", daemon=True).start()
+        # Short slices: the flag is set inside a signal handler, which must not set an Event.
+        while not done.wait(_SIGNAL_POLL_S):
+            at = self.interrupt.at_mono
+            if at is not None and time.monotonic() >= at + until_s:
+                raise Interrupted(self.interrupt.signum or 15)
+        if error:
+            raise error[0]
+        return box[0]
+
+    @property
+    def owns_attempt(self) -> bool:
+        """Whether this process holds the attempt's lock: nothing is written before."""
+        return self.lock is not None and self.lock.held
 
     def require_payload(self) -> Payload:
         assert self.payload is not None, "LoadPayload sets the payload"
@@ -161,12 +232,23 @@ class Context:
         return self.store
 
     def exit_store(self) -> Store:
-        """The store for the exit (console tail, verification), bounded by the attempt
-        deadline itself: these run in the reserve kept back from the work."""
-        assert self.dest is not None, "LoadPayload finds the destination"
+        """The store for verification, bounded by the attempt deadline itself (these run
+        in the reserve kept back from the work), or soon after a signal."""
+        if self.interrupt.is_set():
+            return self.store_until(self.verify_deadline)
         if self._exit_store is None:
-            self._exit_store = self.open_store(self.dest, self.deadline)
+            self._exit_store = self.store_until(self.deadline)
         return self._exit_store
+
+    def store_until(self, deadline: Deadline) -> Store:
+        """A store handle for the attempt's destination whose calls end by ``deadline``."""
+        assert self.dest is not None, "LoadPayload finds the destination"
+        return self.open_store(self.dest, deadline, self.store_env())
+
+    def store_env(self) -> dict[str, str]:
+        """What the store obeys: the runner's environment with the payload's env over it
+        (CONTRACT section 2), known even before the rest of the payload is valid."""
+        return {**self.environ, **self.raw_env}
 
     @property
     def scratch(self) -> Path:

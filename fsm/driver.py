@@ -4,6 +4,10 @@ Each working state's handler does its work and returns the event that happened. 
 handler that raises is classified by the policy, and the failure becomes one of the four
 exits every working state shares (retriable, fatal, interrupted, deadline). Mark is the
 only handler that publishes; it leaves for exactly one terminal state.
+
+The loop is total: a handler that returns an event its state does not allow, a state
+without a handler, or a failure inside Mark itself is a defect of the runner, and it
+still ends the attempt in a terminal state under the policy's ``internal-error`` rule.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from fsm import policy, table
+from fsm import marker, outcome, policy, table
 from fsm.context import Context, Failure
-from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted
+from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, Interrupted
 from fsm.machine import RunMachine
 
 Handler = Callable[[Context], str]
 
 log = structlog.get_logger("fsm.driver")
+INTERNAL_RULE = "internal-error"
 
 
 def failure_event(rule: policy.Rule) -> str:
@@ -44,6 +49,11 @@ def describe(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def missing_handlers(handlers: Mapping[str, Handler]) -> list[str]:
+    """The working states of the table that have no handler (a defect)."""
+    return [state for state in table.WORKING if state not in handlers]
+
+
 # structlog names its message key "event"; the renderer (fsm.log) moves the message to
 # "msg" and this "_event" to "event", so a state.changed line reads {msg, from, event, to}.
 
@@ -51,34 +61,42 @@ def describe(exc: BaseException) -> str:
 def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | None = None) -> str:
     """Drive the machine from its current state to a terminal one; return that state."""
     machine = machine or RunMachine()
+    missing = missing_handlers(handlers)
+    if missing:
+        log.error("driver.handlers_missing", states=missing, rule=INTERNAL_RULE)
     while not machine.is_terminal:
         state = machine.state
         ctx.path.append(state)
         started = time.monotonic()
-        event = _step(ctx, state, handlers[state])
-        source = state
+        if state == table.MARK:
+            event = _mark(ctx, handlers.get(state))
+        else:
+            event = _step(ctx, state, handlers.get(state))
+            if event not in machine.allowed():
+                event = _internal(
+                    ctx, state,
+                    f"the handler of {state} returned {event!r}, which {state} does not allow "
+                    f"(allowed: {', '.join(machine.allowed())})",
+                )
         machine.fire(event)
         log.info(
             "state.changed",
             run_id=ctx.payload.run_id if ctx.payload else None,
             attempt=ctx.dest.attempt if ctx.dest else None,
-            **{"from": source, "_event": event, "to": machine.state},
+            **{"from": state, "_event": event, "to": machine.state},
             seconds=round(time.monotonic() - started, 4),
         )
     ctx.path.append(machine.state)
     return machine.state
 
 
-def _step(ctx: Context, state: str, handler: Handler) -> str:
-    if state == table.MARK:
-        # Mark publishes the outcome and must run to the end: a signal now only sets the
-        # flag. (Affects transitions: Mark has no failure exits in the table.)
-        ctx.raise_on_interrupt = False
-        return handler(ctx)
+def _step(ctx: Context, state: str, handler: Handler | None) -> str:
     try:
-        if ctx.interrupt.is_set():
+        if handler is None:
+            raise LookupError(f"no handler for state {state}")
+        if ctx.interrupt.is_set() and state not in table.RUN_AFTER_SIGNAL:
             raise Interrupted(ctx.interrupt.signum or 15)
-        if ctx.work_deadline.expired():
+        if ctx.work_deadline.expired() and state != table.LOAD_PAYLOAD:
             raise DeadlineExceeded(f"run wall deadline exceeded before {state} could start")
         ctx.raise_on_interrupt = True
         try:
@@ -88,20 +106,94 @@ def _step(ctx: Context, state: str, handler: Handler) -> str:
     except BaseException as exc:  # every failure is classified, none escapes the machine
         if isinstance(exc, SystemExit | AttemptBusy):
             raise
-        if ctx.interrupt.is_set() and not isinstance(exc, Interrupted):
+        if isinstance(exc, LookupError) and handler is None:
+            return _internal(ctx, state, str(exc))
+        if (
+            ctx.interrupt.is_set()
+            and not isinstance(exc, Interrupted)
+            and not (isinstance(exc, FlashError) and exc.stands_after_signal)
+        ):
             # Whatever broke after a SIGTERM/SIGINT broke because of it (a pipe cut, a
             # process killed): the host is going away, and that is what decides.
             exc = Interrupted(ctx.interrupt.signum or 15)
         rule = policy.classify(state, exc)
-        ctx.failure = Failure(
-            rule=rule.id, retriable=rule.retriable, message=describe(exc), state=state
-        )
-        log.warning(
-            "state.failed",
-            state=state,
-            rule=rule.id,
-            verdict=rule.verdict,
-            error=ctx.redactor.text(ctx.failure.message),
-            exc_type=type(exc).__name__,
-        )
-        return failure_event(rule)
+        return _failed(ctx, state, rule, describe(exc), type(exc).__name__)
+
+
+def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:
+    ctx.failure = Failure(rule=rule.id, retriable=rule.retriable, message=message, state=state)
+    log.warning(
+        "state.failed",
+        state=state,
+        rule=rule.id,
+        verdict=rule.verdict,
+        error=ctx.redactor.text(message),
+        exc_type=exc_type,
+    )
+    return failure_event(rule)
+
+
+def _internal(ctx: Context, state: str, fault: str) -> str:
+    """A defect of the runner in ``state``: the attempt fails fatally, naming it."""
+    defect = FatalError(f"internal error in {state}: {fault}", rule=INTERNAL_RULE)
+    return _failed(ctx, state, policy.classify(state, defect), defect.message, "InternalError")
+
+
+def _mark(ctx: Context, handler: Handler | None) -> str:
+    """Run Mark; when Mark itself fails, keep the outcome persisted (exit 3 says the
+    marker was not published) and still reach the terminal state of that outcome."""
+    ctx.raise_on_interrupt = False  # Mark runs to the end: a signal only sets the flag
+    try:
+        if handler is None:
+            raise LookupError("no handler for state Mark")
+        event = handler(ctx)
+        if event in table.allowed(table.MARK):
+            return event
+        raise LookupError(f"Mark returned {event!r}, which Mark does not allow")
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        fault = describe(exc)
+        log.error("mark.failed", error=ctx.redactor.text(fault), rule=INTERNAL_RULE)
+        return _salvage(ctx, fault)
+
+
+def _salvage(ctx: Context, fault: str) -> str:
+    """Mark failed: persist the outcome the attempt had decided (a restart publishes it)."""
+    record = ctx.publisher.record
+    if record is None and ctx.dest is not None:
+        failure = ctx.failure
+        try:
+            record = outcome.record(ctx, failure)
+        except Exception:  # the builder is what failed: the bare contract fields
+            record = marker.Persisted(
+                marker=marker.build(
+                    ok=failure is None,
+                    retriable=bool(failure and failure.retriable),
+                    error=failure.message if failure else "",
+                    dest=ctx.dest,
+                    redactor=ctx.redactor,
+                    evidence={"rule": failure.rule if failure else INTERNAL_RULE,
+                              "state": failure.state if failure else table.MARK},
+                ),
+                artifacts={},
+            )
+        ctx.publisher.record = record
+        if ctx.payload is not None and ctx.owns_attempt and ctx.replayed is None:
+            path = marker.result_path(ctx.settings.payload_path, ctx.dest)
+            try:
+                marker.persist(
+                    path,
+                    marker.identity(ctx.dest, run_id=ctx.payload.run_id, mode=ctx.payload.mode),
+                    record,
+                )
+                ctx.publisher.result.persisted = path
+            except OSError as exc:
+                log.error("result.persist_failed", path=str(path), error=exc.strerror)
+    if not ctx.publisher.result.landed:
+        ctx.publisher.result.error = f"Mark failed: {fault}"
+    if record is None:  # no destination: nothing to persist, the failure decides
+        retriable = bool(ctx.failure and ctx.failure.retriable)
+        return outcome.event_for({"ok": False, "retriable": retriable})
+    ctx.evidence["marker"] = record.marker
+    return outcome.event_for(record.marker)

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 
 class FlashError(Exception):
-    """A classified failure: a message for the marker plus the deciding policy rule."""
+    """A classified failure: a message for the marker plus the deciding policy rule.
+
+    ``stands_after_signal``: the verdict was reached on facts that came before a
+    SIGTERM/SIGINT (a worker that had already exited on its own), so a later signal does
+    not turn it into ``interrupted``.
+    """
 
     retriable: bool = False
 
-    def __init__(self, message: str, *, rule: str) -> None:
+    def __init__(self, message: str, *, rule: str, stands_after_signal: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.rule = rule
+        self.stands_after_signal = stands_after_signal
 
 
 class RetriableError(FlashError):
@@ -88,4 +94,9 @@ class IllegalEvent(Exception):
 
 
 class AttemptBusy(Exception):
-    """Another live runner holds this attempt's lock: it, not we, will write the marker."""
+    """Another live runner holds this attempt's lock: it, not we, will write the marker.
+    ``ended_by`` says what ended the wait: "busy" (too long), "interrupted", "deadline"."""
+
+    def __init__(self, message: str, *, ended_by: str = "busy") -> None:
+        super().__init__(message)
+        self.ended_by = ended_by

@@ -13,6 +13,8 @@ setting the flag is a plain assignment, and listeners must be signal-safe themse
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable
 
 Listener = Callable[[int], None]
@@ -23,6 +25,8 @@ class InterruptFlag:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        #: ``time.monotonic()`` when the first signal arrived (the stop budget counts from it)
+        self.at_mono: float | None = None
         self._listeners: tuple[Listener, ...] = ()
 
     def is_set(self) -> bool:
@@ -31,6 +35,7 @@ class InterruptFlag:
     def trigger(self, signum: int) -> None:
         """Record the signal and notify every listener (signal-safe)."""
         if self.signum is None:
+            self.at_mono = time.monotonic()
             self.signum = signum
         for listener in self._listeners:  # a snapshot: the tuple is replaced, never mutated
             listener(signum)
@@ -43,3 +48,20 @@ class InterruptFlag:
             self._listeners = tuple(x for x in self._listeners if x is not listener)
 
         return unsubscribe
+
+
+#: The process's one flag. ``install_early`` points SIGTERM/SIGINT at it as the first thing
+#: ``flash-bootstrap run`` does, before any heavy import, so a signal during start-up is
+#: remembered (and ends in a retriable marker once the destination is known) instead of
+#: killing the process with nothing written.
+PROCESS_FLAG = InterruptFlag()
+
+
+def install_early(flag: InterruptFlag = PROCESS_FLAG) -> None:
+    """Route SIGTERM and SIGINT to ``flag`` (the runner installs its own handler later)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        flag.trigger(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)

@@ -46,3 +46,13 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+def _drop(_logger: Any, _method: str, _event: MutableMapping[str, Any]) -> Any:
+    raise structlog.DropEvent
+
+
+def silence() -> None:
+    """Drop every log event from here on: the process's last stderr line is its reason
+    (CONTRACT section 2), whatever a lingering thread still has to say."""
+    structlog.configure(processors=[_drop])

@@ -12,7 +12,6 @@ exclusive lock keeps two live runners off one attempt.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -20,18 +19,22 @@ import random
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
-from fsm.clock import Deadline
-from fsm.errors import DeadlineExceeded, FlashError, StoreAuthError
+from fsm.clock import Deadline, os_timeout
+from fsm.errors import DeadlineExceeded, FlashError, StoreAuthError, StoreNotFound
+from fsm.interrupt import InterruptFlag
 from fsm.payload import Destination
 from fsm.redact import Redactor
-from fsm.store.base import Store
+from fsm.store.base import Fence, Store
 
 MAX_ERROR_CHARS = 2_000
+#: The persisted result's format; a file of any other version is set aside, never replayed.
+RESULT_VERSION = 1
 log = structlog.get_logger("fsm.marker")
 
 
@@ -58,6 +61,21 @@ def build(
     return marker
 
 
+def identity(
+    dest: Destination, *, run_id: str | None, mode: str
+) -> dict[str, Any]:
+    """What makes a persisted result this attempt's (CONTRACT section 4): replayed only when
+    every one of these is equal."""
+    return {
+        "hf_repo": dest.hf_repo,
+        "hf_prefix": dest.hf_prefix,
+        "run_id": run_id,
+        "mode": mode,
+        "flash_arm": dest.arm,
+        "attempt": dest.attempt,
+    }
+
+
 def result_path(payload_path: Path, dest: Destination) -> Path:
     """Where the attempt's result is persisted: next to the payload."""
     return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.result.json"
@@ -67,14 +85,94 @@ def lock_path(payload_path: Path, dest: Destination) -> Path:
     return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.lock"
 
 
-def read_result(path: Path) -> dict[str, Any] | None:
-    """The persisted marker of a finished attempt, or None (absent or unreadable)."""
+@dataclass(frozen=True)
+class Persisted:
+    """A finished attempt's result as persisted next to the payload: its marker and the
+    end-of-attempt artifacts that go up in the same commit."""
+
+    marker: dict[str, Any]
+    artifacts: dict[str, str]
+
+
+def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
+    write_json_atomic(
+        path,
+        {
+            "version": RESULT_VERSION,
+            "identity": ident,
+            "marker": record.marker,
+            "artifacts": record.artifacts,
+        },
+    )
+
+
+def load_persisted(path: Path, ident: dict[str, Any]) -> Persisted | None:
+    """This attempt's persisted result, or None.
+
+    A file that is there but not exactly this attempt's (another run's, another mode's, an
+    older format, a malformed marker) is never replayed: it is moved aside, kept for
+    forensics, and logged, and the attempt runs.
+    """
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = path.read_bytes()
+    except FileNotFoundError:
         return None
-    if isinstance(data, dict) and isinstance(data.get("ok"), bool):
-        return data
+    except OSError as exc:
+        log.warning("result.unreadable", path=str(path), error=exc.strerror)
+        return None
+    problem, record = _check_persisted(data, ident)
+    if problem is None:
+        return record
+    aside = path.with_name(f"{path.name}.set-aside-{time.time_ns()}")
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        log.error("result.set_aside_failed", path=str(path), reason=problem, error=exc.strerror)
+        return None
+    log.warning("result.set_aside", path=str(path), kept_as=str(aside), reason=problem)
+    return None
+
+
+def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Persisted | None]:
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return "not JSON", None
+    if not isinstance(raw, dict):
+        return "not a JSON object", None
+    if raw.get("version") != RESULT_VERSION or not isinstance(raw.get("identity"), dict):
+        return "no attempt identity (an older format)", None
+    if raw["identity"] != ident:
+        differ = sorted(k for k in set(ident) | set(raw["identity"])
+                        if raw["identity"].get(k) != ident.get(k))
+        return f"another attempt's result (differs in {', '.join(differ)})", None
+    record, artifacts = raw.get("marker"), raw.get("artifacts", {})
+    problem = marker_problem(record, ident["attempt"])
+    if problem is not None:
+        return f"malformed marker: {problem}", None
+    if not isinstance(artifacts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
+    ):
+        return "malformed artifacts", None
+    assert isinstance(record, dict)
+    return None, Persisted(marker=record, artifacts=artifacts)
+
+
+def marker_problem(record: object, attempt: int) -> str | None:
+    """Why ``record`` is not a well-formed marker of ``attempt`` (CONTRACT section 4)."""
+    if not isinstance(record, dict):
+        return "not an object"
+    for key in ("ok", "retriable"):
+        if not isinstance(record.get(key), bool):
+            return f"{key!r} is not true/false"
+    number = record.get("attempt")
+    if not isinstance(number, int) or isinstance(number, bool) or number != attempt:
+        return f"'attempt' is not {attempt}"
+    ts = record.get("ts")
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or ts != ts:
+        return "'ts' is not a number"
+    if not isinstance(record.get("error", ""), str):
+        return "'error' is not text"
     return None
 
 
@@ -92,49 +190,87 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
+LockWait = Literal["held", "busy", "interrupted", "deadline"]
+
+
 class AttemptLock:
-    """An exclusive ``flock`` on the attempt, held for the life of the process."""
+    """An exclusive ``flock`` on the attempt, held for the life of the process.
+
+    Until a runner holds it, it writes nothing for the attempt: no marker, no persisted
+    result, no upload (DESIGN, "An attempt's writes belong to its owner").
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, timeout_s: float) -> bool:
-        """Take the lock, waiting up to ``timeout_s`` for a previous runner to let go.
-        True when held (or when the lock file cannot be made: a read-only payload
-        directory has nothing to protect)."""
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(
+        self, timeout_s: float, *, interrupt: InterruptFlag, deadline: Deadline
+    ) -> LockWait:
+        """Take the lock, waiting up to ``timeout_s`` for a previous runner to let go; a
+        signal or the deadline ends the wait at once. A lock file that cannot be made (a
+        read-only payload directory) has nothing to protect: "held"."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:
-            return True
+            self._fd = -1
+            return "held"
         give_up = time.monotonic() + timeout_s
-        delay = 0.05
+        delay = 0.01
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                if time.monotonic() >= give_up:
+                if delay == 0.01:
+                    log.info("attempt.lock_wait", lock=str(self.path), timeout_s=timeout_s)
+                ended: LockWait | None = None
+                if interrupt.is_set():
+                    ended = "interrupted"
+                elif deadline.expired():
+                    ended = "deadline"
+                elif time.monotonic() >= give_up:
+                    ended = "busy"
+                if ended is not None:
                     os.close(fd)
-                    return False
-                time.sleep(min(delay, max(0.0, give_up - time.monotonic())))
-                delay = min(delay * 2, 1.0)
+                    return ended
+                # Short naps: a signal must end the wait promptly (the flag is polled).
+                time.sleep(os_timeout(min(delay, deadline.remaining(), give_up - time.monotonic())))
+                delay = min(delay * 2, 0.1)
                 continue
             self._fd = fd
-            return True
+            return "held"
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self._fd >= 0:
             os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+        self._fd = None
+
+
+@dataclass
+class Published:
+    """How publishing went: the marker landed, or why not; where the result is kept."""
+
+    landed: bool = False
+    error: str = ""
+    persisted: Path | None = None
 
 
 class Publisher:
-    """Publishes the attempt's one marker: persist, local copy, upload with retries."""
+    """Publishes the attempt's one marker: persist, then one commit of the end-of-attempt
+    artifacts with the marker last. Mark and the deadline watchdog both go through here;
+    ``claim`` lets only the first of them publish."""
 
     def __init__(self) -> None:
         self._claim = threading.Lock()
         self._claimed = False
         self.done = threading.Event()
+        self.result = Published()
+        #: What was (or is being) published, by whichever caller claimed first.
+        self.record: Persisted | None = None
 
     def claim(self) -> bool:
         """True for the first caller only; everyone else must not publish."""
@@ -146,75 +282,101 @@ class Publisher:
 
     def publish(
         self,
-        marker: dict[str, Any],
+        record: Persisted,
         *,
         dest: Destination,
         store: Store | None,
         result_file: Path | None,
+        ident: dict[str, Any],
         scratch_dir: Path,
         deadline: Deadline,
+        fence: Fence | None = None,
         tries: int = 5,
         base_delay_s: float = 1.0,
-    ) -> bool:
-        """Persist, then upload the marker. True when it reached the store."""
+    ) -> Published:
+        """Persist the result at once, then commit the artifacts and the marker. Every try
+        carries the same files, so a try abandoned at its time bound that lands late only
+        repeats what landed; sealing ``fence`` first means no optional write of the attempt
+        (a periodic console tail) lands after the marker."""
+        result = self.result
+        self.record = record
         try:
             if result_file is not None:
                 try:
-                    write_json_atomic(result_file, marker)
+                    persist(result_file, ident, record)
+                    result.persisted = result_file
                 except OSError as exc:
-                    log.warning("marker.persist_failed", path=str(result_file), error=exc.strerror)
-            local = scratch_dir / dest.marker_name
-            try:
-                write_json_atomic(local, marker)
-            except OSError as exc:
-                # An unwritable scratch directory must not cost the marker: upload it from
-                # the system's temporary directory instead.
-                log.warning("marker.local_copy_failed", path=str(local), error=exc.strerror)
-                local = Path(tempfile.gettempdir()) / f".flash-{os.getpid()}-{dest.marker_name}"
-                write_json_atomic(local, marker)
+                    log.warning("result.persist_failed", path=str(result_file),
+                                error=exc.strerror)
+            if fence is not None:
+                fence.seal()
             if store is None:
-                log.warning("marker.no_store", reason="the marker's destination is unknown")
-                return False
-            return _upload(store, local, dest, deadline, tries, base_delay_s)
+                result.error = "the marker's store could not be opened"
+                return result
+            files = _local_copies(record, dest, scratch_dir)
+            result.landed, result.error = _commit(store, files, dest, deadline, tries, base_delay_s)
+            return result
         finally:
             self.done.set()
 
 
-def _upload(
+def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> dict[str, Path]:
+    """The files of the final commit, written locally (the marker last): the scratch
+    directory, else the system's temporary directory (an unwritable scratch directory
+    must not cost the marker)."""
+    files: dict[str, Path] = {}
+    items = [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]
+    for name, text in items:
+        local = scratch_dir / name
+        try:
+            _write_text_atomic(local, text)
+        except OSError as exc:
+            log.warning("marker.local_copy_failed", path=str(local), error=exc.strerror)
+            local = Path(tempfile.gettempdir()) / f".flash-{os.getpid()}-{name}"
+            _write_text_atomic(local, text)
+        files[dest.path(name)] = local
+    return files
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _commit(
     store: Store,
-    local: Path,
+    files: dict[str, Path],
     dest: Destination,
     deadline: Deadline,
     tries: int,
     base_delay_s: float,
-) -> bool:
+) -> tuple[bool, str]:
     target = dest.path(dest.marker_name)
+    error = ""
     for attempt in range(1, tries + 1):
         try:
-            store.upload_file(local, target)
-        except (StoreAuthError, DeadlineExceeded) as exc:
-            log.error("marker.upload_failed", path=target, error=str(exc), final=True)
-            return False
-        except (FlashError, OSError) as exc:
+            store.commit(files, message=f"Attempt marker {dest.marker_name}")
+        except (StoreAuthError, StoreNotFound, DeadlineExceeded) as exc:
+            error = " ".join(str(exc).split()) or type(exc).__name__
+            log.error("marker.upload_failed", path=target, error=error, final=True)
+            return False, error
+        except (FlashError, OSError, ValueError) as exc:
+            error = " ".join(str(exc).split()) or type(exc).__name__
             delay = base_delay_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
             last = attempt == tries or deadline.remaining() < delay
             log.warning(
-                "marker.upload_retry", path=target, attempt=attempt, error=str(exc), final=last
+                "marker.upload_retry", path=target, attempt=attempt, error=error, final=last
             )
             if last:
-                return False
-            time.sleep(delay)
+                return False, error
+            time.sleep(os_timeout(delay))
         else:
-            log.info("marker.published", path=target)
-            return True
-    return False  # pragma: no cover - the loop returns
-
-
-def acquire_lock(payload_path: Path, dest: Destination, timeout_s: float) -> AttemptLock | None:
-    """The attempt lock, or None when another live runner holds it past ``timeout_s``."""
-    lock = AttemptLock(lock_path(payload_path, dest))
-    with contextlib.suppress(OSError):
-        if lock.acquire(timeout_s):
-            return lock
-        return None
-    return lock
+            log.info("marker.published", path=target, files=len(files))
+            return True, ""
+    return False, error  # pragma: no cover - the loop returns

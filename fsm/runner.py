@@ -1,5 +1,11 @@
 """One attempt, start to finish: build the context, arm the signals and the watchdog,
-drive the machine, and say how it ended."""
+drive the machine, and say how it ended.
+
+The exit status is a fact about what was published (CONTRACT section 2): 0 or 1 only when
+the marker landed, 3 when the outcome was decided and persisted but the marker could not
+be published, 2 for an unusable payload, 124 for the deadline, and 75 when this runner
+never owned the attempt (another live runner holds its lock) and so wrote nothing.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from fsm import driver, table
 from fsm.clock import Deadline
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy
+from fsm.interrupt import InterruptFlag
 from fsm.payload import Destination
 from fsm.store.base import Store
 from fsm.watchdog import EXIT_DEADLINE, Watchdog
@@ -25,6 +32,8 @@ from fsm.watchdog import EXIT_DEADLINE, Watchdog
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
+EXIT_UNPUBLISHED = 3
+EXIT_NOT_OWNER = 75  # EX_TEMPFAIL: another runner owns the attempt; nothing was written
 
 log = structlog.get_logger("fsm.runner")
 
@@ -43,13 +52,15 @@ class Outcome:
 
 
 def store_factory(settings: Settings) -> StoreFactory:
-    """Open the store named by ``--store``/``FLASH_STORE`` (default: the Hub)."""
+    """Open the store named by ``--store``, else by ``FLASH_STORE`` in the environment
+    merged with the payload's env (else the Hub at that environment's ``HF_ENDPOINT``)."""
 
-    def open_for(dest: Destination, deadline: Deadline) -> Store:
+    def open_for(dest: Destination, deadline: Deadline, environ: Mapping[str, str]) -> Store:
         from fsm.store import open_store
 
+        url = settings.store_url or environ.get("FLASH_STORE") or None
         return open_store(
-            settings.store_url, repo_id=dest.hf_repo, token=dest.token, deadline=deadline
+            url, repo_id=dest.hf_repo, token=dest.token, deadline=deadline, environ=environ
         )
 
     return open_for
@@ -64,29 +75,40 @@ def run_attempt(
     python: str = sys.executable,
     handle_signals: bool = True,
     hard_exit: Callable[[int], object] = os._exit,
+    interrupt: InterruptFlag | None = None,
+    say: Callable[[str], None] | None = None,
+    handlers: Mapping[str, driver.Handler] | None = None,
 ) -> Outcome:
     """Run one attempt through the machine and return how it ended.
 
     ``hard_exit`` is what the deadline watchdog calls when the attempt is stuck past its
-    deadline (the process's ``os._exit``; tests running in-process hand in their own).
+    deadline (the process's ``os._exit``; tests running in-process hand in their own), after
+    ``say`` has written the one-line reason. ``interrupt`` is the flag the signals set (the
+    command line hands in the one it armed before its imports). ``handlers`` replaces the
+    states' handlers (tests of the driver's totality hand in broken ones).
     """
-    from states import HANDLERS  # the handlers import the heavier machinery
+    if handlers is None:
+        from states import HANDLERS  # the handlers import the heavier machinery
+
+        handlers = HANDLERS
 
     ctx = Context(
         settings=settings,
         environ=dict(os.environ if environ is None else environ),
         open_store=open_store or store_factory(settings),
+        interrupt=interrupt or InterruptFlag(),
         out_fd=out_fd,
         python=python,
         started_at=time.time(),
     )
-    watchdog = Watchdog(ctx, exit=hard_exit)
+    watchdog = Watchdog(ctx, exit=hard_exit, say=say or _stderr_line)
     with _signals(ctx, handle_signals):
         watchdog.start()
         try:
-            terminal = driver.run(ctx, HANDLERS)
+            terminal = driver.run(ctx, handlers)
         except AttemptBusy as exc:
-            return Outcome(EXIT_FAILED, None, f"{exc}; leaving it alone", ctx)
+            code = EXIT_DEADLINE if exc.ended_by == "deadline" else EXIT_NOT_OWNER
+            return Outcome(code, None, str(exc), ctx)
         finally:
             watchdog.stop()
             if ctx.lock is not None:
@@ -94,26 +116,49 @@ def run_attempt(
     return _outcome(ctx, terminal)
 
 
+def _stderr_line(line: str) -> None:
+    print(f"flash-bootstrap: {line}", file=sys.stderr, flush=True)
+
+
 def _outcome(ctx: Context, terminal: str) -> Outcome:
     record = ctx.evidence.get("marker") or {}
     rule = record.get("rule") or (ctx.failure.rule if ctx.failure else "")
     attempt = ctx.dest.attempt if ctx.dest else "?"
-    if terminal == table.SUCCEEDED:
-        return Outcome(EXIT_OK, terminal, f"attempt {attempt} succeeded", ctx)
+    published = ctx.publisher.result
     error = record.get("error") or (ctx.redactor.text(ctx.failure.message) if ctx.failure else "")
-    verdict = "retriable" if terminal == table.FAILED_RETRIABLE else "fatal"
-    if rule == "payload-invalid":
-        code = EXIT_UNUSABLE
-        reason = f"payload unusable: {error}"
-    elif rule == "deadline":
-        code = EXIT_DEADLINE
-        reason = f"attempt {attempt} failed ({verdict}, rule {rule}): {error}"
-    else:
-        code = EXIT_FAILED
-        reason = f"attempt {attempt} failed ({verdict}, rule {rule}): {error}"
+    verdict = {
+        table.SUCCEEDED: "succeeded",
+        table.FAILED_RETRIABLE: "failed (retriable",
+        table.FAILED_FATAL: "failed (fatal",
+    }[terminal]
+    if terminal != table.SUCCEEDED:
+        verdict += f", rule {rule}): {error}"
     if ctx.dest is None:
-        reason += " (no marker: the payload names no usable hf_repo/hf_prefix)"
-    return Outcome(code, terminal, " ".join(reason.split())[:2_000], ctx)
+        reason = f"payload unusable: {error} (no marker: the payload names no usable destination)"
+        return _said(ctx, EXIT_UNUSABLE, terminal, reason)
+    if ctx.payload is None:  # a usable destination, an unusable rest: the fatal marker
+        code, reason = EXIT_UNUSABLE, f"payload unusable: {error}"
+    elif not published.landed:
+        code, reason = EXIT_UNPUBLISHED, f"attempt {attempt} {verdict}"
+    elif terminal == table.SUCCEEDED:
+        code, reason = EXIT_OK, f"attempt {attempt} succeeded"
+    elif rule == "deadline":
+        code, reason = EXIT_DEADLINE, f"attempt {attempt} {verdict}"
+    else:
+        code, reason = EXIT_FAILED, f"attempt {attempt} {verdict}"
+    if not published.landed:
+        kept = (
+            f"the result is persisted at {published.persisted} and running the same payload "
+            "again publishes it"
+            if published.persisted
+            else "the result could not be persisted either"
+        )
+        reason = f"marker NOT published ({ctx.redactor.text(published.error)}); {kept}; {reason}"
+    return _said(ctx, code, terminal, reason)
+
+
+def _said(ctx: Context, code: int, terminal: str, reason: str) -> Outcome:
+    return Outcome(code, terminal, " ".join(ctx.redactor.text(reason).split())[:2_000], ctx)
 
 
 @contextmanager

@@ -93,6 +93,12 @@ FAILURES: Final[tuple[tuple[str, str, str], ...]] = tuple(
 
 TRANSITIONS: Final[tuple[tuple[str, str, str], ...]] = PROGRESS + FAILURES
 
+#: States whose handler still runs after SIGTERM/SIGINT (every other working state takes
+#: ``interrupted`` at once): LoadPayload, to learn where the retriable marker goes, and
+#: VerifyRemote, because a worker's confirmed completion outranks a late signal. Both
+#: leave by the events above; this only decides whether the handler is called.
+RUN_AFTER_SIGNAL: Final[tuple[str, ...]] = (LOAD_PAYLOAD, VERIFY_REMOTE)
+
 #: The terminal state Mark leads to for each outcome it publishes.
 OUTCOME_EVENT: Final[dict[str, str]] = {
     SUCCEEDED: MARKED_SUCCEEDED,

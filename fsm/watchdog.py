@@ -4,7 +4,11 @@ Handlers stop their own work at the work deadline (the attempt deadline less the
 reserve), so normally the machine reaches Mark in time. When something is stuck instead
 (a hung download inside C code, a wedged pip), the watchdog fires at the attempt
 deadline itself: it kills the worker's process group, publishes the fatal marker from
-its own thread under a short bound, and hard-exits with status 124.
+its own thread under a short bound (through the same builder and publisher as Mark),
+says why on stderr, and hard-exits: 124, or 3 when the marker could not be published.
+
+It obeys the owner rule like everyone else: a runner that does not hold the attempt's
+lock writes nothing, so then it only says why and exits.
 """
 
 from __future__ import annotations
@@ -17,21 +21,28 @@ from collections.abc import Callable
 
 import structlog
 
-from fsm import marker, policy
+from fsm import marker, outcome, policy
 from fsm.clock import Deadline
-from fsm.context import Context
+from fsm.context import Context, Failure
 
 EXIT_DEADLINE = 124
+EXIT_UNPUBLISHED = 3
 MARKER_BOUND_S = 8.0
 log = structlog.get_logger("fsm.watchdog")
 
 
 class Watchdog:
     def __init__(
-        self, ctx: Context, *, exit: Callable[[int], object] = os._exit, poll_s: float = 0.25
+        self,
+        ctx: Context,
+        *,
+        exit: Callable[[int], object] = os._exit,
+        say: Callable[[str], None] = print,
+        poll_s: float = 0.25,
     ) -> None:
         self._ctx = ctx
         self._exit = exit
+        self._say = say
         self._poll_s = poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="flash-watchdog", daemon=True)
@@ -52,49 +63,77 @@ class Watchdog:
 
     def _fire(self) -> None:
         ctx = self._ctx
-        log.error("deadline.watchdog_fired", state=ctx.path[-1] if ctx.path else None)
+        where = ctx.path[-1] if ctx.path else "start-up"
+        log.error("deadline.watchdog_fired", state=where)
         if ctx.worker_pgid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(ctx.worker_pgid, signal.SIGKILL)
-        if ctx.publisher.claim() and ctx.dest is not None:
-            rule = policy.rule("deadline")
-            record = marker.build(
-                ok=False,
-                retriable=rule.retriable,
-                error=(
-                    "run wall deadline exceeded: the attempt was still in "
-                    f"{ctx.path[-1] if ctx.path else 'start-up'} when its deadline passed"
-                ),
-                dest=ctx.dest,
-                redactor=ctx.redactor,
-                evidence={
-                    "state": ctx.path[-1] if ctx.path else None,
-                    "path": [*ctx.path],
-                    "rule": rule.id,
-                    "run_id": ctx.evidence.get("run_id"),
-                    "watchdog": True,
-                },
+        status = EXIT_DEADLINE
+        if ctx.dest is None or not ctx.owns_attempt:
+            reason = (
+                f"the attempt deadline passed in {where} before this runner owned the attempt; "
+                "it wrote nothing"
             )
-            payload_path = ctx.settings.payload_path
-            writer = threading.Thread(
-                target=ctx.publisher.publish,
-                kwargs={
-                    "marker": record,
-                    "dest": ctx.dest,
-                    "store": ctx.open_store(ctx.dest, Deadline.after(MARKER_BOUND_S)),
-                    "result_file": marker.result_path(payload_path, ctx.dest),
-                    "scratch_dir": ctx.scratch,
-                    "deadline": Deadline.after(MARKER_BOUND_S),
-                    "tries": 3,
-                    "base_delay_s": 0.5,
-                },
-                name="flash-watchdog-marker",
-                daemon=True,
+        elif ctx.publisher.claim():
+            published = self._publish(ctx, where)
+            reason = (
+                f"attempt {ctx.dest.attempt} failed (fatal, rule deadline): run wall deadline "
+                f"exceeded in {where}"
             )
-            writer.start()
-            writer.join(MARKER_BOUND_S)
+            if not published.landed:
+                status = EXIT_UNPUBLISHED
+                reason = (
+                    f"marker NOT published ({ctx.redactor.text(published.error)}); the result "
+                    f"is persisted at {published.persisted}; {reason}"
+                )
         else:
             # Mark is publishing: give it the same short bound to finish.
             ctx.publisher.done.wait(MARKER_BOUND_S)
-        log.error("deadline.hard_exit", status=EXIT_DEADLINE)
-        self._exit(EXIT_DEADLINE)
+            landed = ctx.publisher.result.landed
+            status = EXIT_DEADLINE if landed else EXIT_UNPUBLISHED
+            reason = f"the attempt deadline passed while its marker was being published in {where}"
+        log.error("deadline.hard_exit", status=status)
+        with contextlib.suppress(Exception):
+            self._say(" ".join(reason.split()))
+        self._exit(status)
+
+    def _publish(self, ctx: Context, where: str) -> marker.Published:
+        assert ctx.dest is not None
+        rule = policy.rule("deadline")
+        failure = Failure(
+            rule=rule.id,
+            retriable=rule.retriable,
+            message=(
+                f"run wall deadline exceeded: the attempt was still in {where} when its "
+                "deadline passed"
+            ),
+            state=where,
+        )
+        record = outcome.record(ctx, failure, watchdog=True)
+        bound = Deadline.after(MARKER_BOUND_S)
+        payload = ctx.payload
+        writer = threading.Thread(
+            target=ctx.publisher.publish,
+            args=(record,),
+            kwargs={
+                "dest": ctx.dest,
+                "store": ctx.store_until(bound),
+                "result_file": (
+                    marker.result_path(ctx.settings.payload_path, ctx.dest) if payload else None
+                ),
+                "ident": marker.identity(
+                    ctx.dest, run_id=payload.run_id if payload else None,
+                    mode=payload.mode if payload else "",
+                ),
+                "scratch_dir": ctx.scratch,
+                "deadline": bound,
+                "fence": ctx.fence,
+                "tries": 3,
+                "base_delay_s": 0.5,
+            },
+            name="flash-watchdog-marker",
+            daemon=True,
+        )
+        writer.start()
+        writer.join(MARKER_BOUND_S)
+        return ctx.publisher.result

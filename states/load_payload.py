@@ -1,7 +1,14 @@
-"""LoadPayload: read and validate the payload, open the store, fix the deadline.
+"""LoadPayload: read and validate the payload, take the attempt's lock, fix the deadline,
+open the store.
 
-Also where a restarted container finds that its attempt already ended: the persisted
-result is replayed through Mark instead of training again.
+Nothing is written for the attempt before its lock is held: a payload whose destination
+is unusable gets no marker at all, and a runner that cannot get the lock (another live
+runner owns the attempt) leaves without touching anything. Also where a restarted
+container finds that its attempt already ended: a persisted result of exactly this
+attempt of this run is replayed through Mark instead of training again.
+
+Runs even after a signal (the driver lets it): a signal that came during start-up must
+still end in a retriable marker once the destination is known.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 from fsm import marker, payload, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
-from fsm.errors import AttemptBusy
+from fsm.errors import AttemptBusy, Interrupted, PayloadError
 from fsm.log import REDACTOR
 from fsm.redact import secret_keys
 
@@ -18,42 +25,70 @@ REPLAY_BOUND_S = 60.0
 
 
 def load_payload(ctx: Context) -> str:
-    raw = payload.read_raw(ctx.settings.payload_path)
-    _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
-    if isinstance(raw.get("run_id"), str):
-        ctx.evidence["run_id"] = raw["run_id"][:200]
-    ctx.dest = payload.destination(raw)
-    if ctx.dest is not None:
-        # Known as early as possible: even an invalid payload gets its fatal marker.
-        ctx.store = ctx.open_store(ctx.dest, ctx.deadline)
+    with ctx.interrupts_handled():
+        raw = payload.read_raw(ctx.settings.payload_path)
+        _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
+        if isinstance(raw.get("run_id"), str):
+            ctx.evidence["run_id"] = raw["run_id"][:200]
+        env = raw.get("env")
+        if isinstance(env, dict):
+            ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
+        dest = payload.destination(raw)
+        if dest is None:
+            return _invalid(raw)  # raises: no destination, no marker
+        try:
+            parsed: payload.Payload | None = payload.parse(raw)
+            problem: PayloadError | None = None
+        except PayloadError as exc:
+            parsed, problem = None, exc
+        if parsed is not None:
+            ctx.deadline = (
+                Deadline.at_epoch(parsed.deadline_at)
+                if parsed.deadline_at is not None
+                else Deadline.at_epoch(ctx.started_at + parsed.max_wall_s)
+            )
+        _take_lock(ctx, dest)
+        ctx.dest = dest  # from here on this process owns the attempt and may mark it
+        if problem is not None:
+            raise problem
+        assert parsed is not None
+        ctx.payload = parsed
+        ctx.tuning = Tuning.from_env(ctx.merged_env())
+        ctx.store = ctx.store_until(ctx.work_deadline)
+        ctx.scratch.mkdir(parents=True, exist_ok=True)
 
-    parsed = payload.parse(raw)
-    ctx.payload = parsed
-    ctx.dest = parsed.dest
-    ctx.tuning = Tuning.from_env(ctx.merged_env())
-    ctx.deadline = (
-        Deadline.at_epoch(parsed.deadline_at)
-        if parsed.deadline_at is not None
-        else Deadline.at_epoch(ctx.started_at + parsed.max_wall_s)
-    )
-    ctx.store = ctx.open_store(parsed.dest, ctx.work_deadline)
-    ctx.scratch.mkdir(parents=True, exist_ok=True)
-
-    lock = marker.acquire_lock(ctx.settings.payload_path, parsed.dest, LOCK_WAIT_S)
-    if lock is None:
-        raise AttemptBusy(
-            f"attempt {parsed.dest.attempt} is held by another live runner "
-            f"(lock {marker.lock_path(ctx.settings.payload_path, parsed.dest)})"
-        )
-    ctx.lock = lock  # held until the attempt has ended (released by the runner)
-
-    recorded = marker.read_result(marker.result_path(ctx.settings.payload_path, parsed.dest))
-    if recorded is not None:
-        ctx.replayed = recorded
-        # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
-        ctx.deadline = Deadline.after(REPLAY_BOUND_S)
-        return table.RESULT_REPLAYED
+        ident = marker.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
+        recorded = marker.load_persisted(marker.result_path(ctx.settings.payload_path, dest), ident)
+        if recorded is not None:
+            ctx.replayed = recorded
+            # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
+            ctx.deadline = Deadline.after(REPLAY_BOUND_S)
+            return table.RESULT_REPLAYED
+        if ctx.interrupt.is_set():
+            raise Interrupted(ctx.interrupt.signum or 15)
     return table.PRELOAD_REQUESTED if parsed.mode == "preload" else table.TRAIN_REQUESTED
+
+
+def _invalid(raw: dict[str, object]) -> str:
+    payload.parse(raw)  # names the first problem
+    raise PayloadError("payload key 'hf_repo'/'hf_prefix' is unusable")  # pragma: no cover
+
+
+def _take_lock(ctx: Context, dest: payload.Destination) -> None:
+    """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
+    lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
+    wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
+    got = lock.acquire(wait, interrupt=ctx.interrupt, deadline=ctx.deadline)
+    if got == "held":
+        ctx.lock = lock  # held until the process ends (released by the runner)
+        return
+    holder = f"attempt {dest.attempt} ({dest.marker_name}) is held by another live runner"
+    why = {
+        "busy": f"{holder} for over {LOCK_WAIT_S:.0f}s",
+        "interrupted": f"{holder}; a signal ended the wait",
+        "deadline": f"{holder}; the attempt deadline passed while waiting",
+    }[got]
+    raise AttemptBusy(f"{why}; this runner wrote nothing", ended_by=got)
 
 
 def _learn_secrets(ctx: Context, env: object) -> None:

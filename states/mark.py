@@ -1,8 +1,11 @@
 """Mark: publish the attempt's one marker and leave for the terminal state it announces.
 
-The only handler that writes a marker. It never fails: a marker that cannot be uploaded
-is still persisted next to the payload and in the scratch directory, and the outcome
-stays what it was.
+The only handler that writes a marker (the deadline watchdog is the one other writer,
+through the same builder and publisher, when the main thread is stuck). The order is
+fixed: persist the result next to the payload, seal the optional uploads, then one
+commit of the end-of-attempt artifacts (console tail, preload result) with the marker
+last. When the marker cannot land in time the result stays persisted and the run exits 3
+(the runner reads ``ctx.publisher.result``); running the same payload again publishes it.
 """
 
 from __future__ import annotations
@@ -12,80 +15,65 @@ from typing import Any
 
 import structlog
 
-from fsm import marker, policy, table
-from fsm.clock import Deadline
+from fsm import marker, outcome
+from fsm.clock import Deadline, os_timeout
 from fsm.context import Context
+from fsm.store.base import Store
 
 log = structlog.get_logger("states.mark")
-MIN_PUBLISH_S = 10.0
 
 
 def mark(ctx: Context) -> str:
-    if ctx.dest is None:
-        log.error("marker.destination_unknown", reason="hf_repo or hf_prefix unusable")
-        return table.OUTCOME_EVENT[_terminal_of(ctx.failure is None, ctx.failure)]
     publisher = ctx.publisher
+    if ctx.dest is None:
+        publisher.result.error = "the payload names no usable marker destination"
+        log.error("marker.destination_unknown", reason=publisher.result.error)
+        retriable = bool(ctx.failure and ctx.failure.retriable)
+        return outcome.event_for({"ok": False, "retriable": retriable})
     if ctx.replayed is not None:
         record = ctx.replayed
-        log.info("marker.replay", ok=record.get("ok"), rule=record.get("rule"))
+        log.info("marker.replay", ok=record.marker.get("ok"), rule=record.marker.get("rule"))
     else:
-        record = _record(ctx)
+        outcome.attach_tail(ctx, ctx.failure)
+        record = outcome.record(ctx, ctx.failure)
     if publisher.claim():
-        # Mark may run after the work deadline: it gets the whole attempt deadline, and
-        # at least a short bound even when that passed too.
-        deadline = Deadline.after(max(ctx.deadline.remaining(), MIN_PUBLISH_S))
-        try:
-            publisher.publish(
-                record,
-                dest=ctx.dest,
-                store=ctx.open_store(ctx.dest, deadline),
-                result_file=_result_file(ctx),
-                scratch_dir=ctx.scratch,
-                deadline=deadline,
-            )
-        except Exception as exc:  # Mark never fails: the outcome stands, the logs say why
-            log.error("marker.publish_crashed", exc_type=type(exc).__name__,
-                      error=ctx.redactor.text(str(exc)))
-    ctx.evidence["marker"] = record
-    if record.get("ok"):
-        return table.MARKED_SUCCEEDED
-    return table.MARKED_RETRIABLE if record.get("retriable") else table.MARKED_FATAL
+        deadline = ctx.mark_deadline
+        publisher.publish(
+            record,
+            dest=ctx.dest,
+            store=_store(ctx, deadline),
+            result_file=_result_file(ctx),
+            ident=_identity(ctx),
+            scratch_dir=ctx.scratch,
+            deadline=deadline,
+            fence=ctx.fence,
+        )
+    else:  # the watchdog is publishing its record: give it the same bound
+        publisher.done.wait(os_timeout(ctx.mark_deadline.remaining()))
+    published = publisher.record or record
+    ctx.evidence["marker"] = published.marker
+    return outcome.event_for(published.marker)
+
+
+def _store(ctx: Context, deadline: Deadline) -> Store | None:
+    try:
+        return ctx.store_until(deadline)
+    except Exception as exc:  # an unusable store setting: the result stays persisted
+        log.error("marker.store_unusable", exc_type=type(exc).__name__,
+                  error=ctx.redactor.text(str(exc)))
+        return None
 
 
 def _result_file(ctx: Context) -> Path | None:
     """Where to persist the result for a restart, or None: a replay is persisted already,
     and an unusable payload is not an attempt's result (fixed and restarted, it runs)."""
     assert ctx.dest is not None
-    if ctx.replayed is not None or (ctx.failure and ctx.failure.rule == "payload-invalid"):
+    if ctx.replayed is not None or ctx.payload is None:
         return None
     return marker.result_path(ctx.settings.payload_path, ctx.dest)
 
 
-def _record(ctx: Context) -> dict[str, Any]:
+def _identity(ctx: Context) -> dict[str, Any]:
     assert ctx.dest is not None
-    failure = ctx.failure
-    evidence: dict[str, Any] = {
-        # where the attempt's fate was decided: the failing state, or the last one of work
-        "state": failure.state if failure else ctx.path[-2],
-        "path": [*ctx.path],
-        "rule": failure.rule if failure else ctx.evidence.get("rule", policy.SUCCESS_RULE),
-        "run_id": ctx.evidence.get("run_id"),
-    }
-    if "worker" in ctx.evidence:
-        evidence["worker"] = ctx.evidence["worker"]
-    if "preload" in ctx.evidence:
-        evidence["preload"] = ctx.evidence["preload"]
-    return marker.build(
-        ok=failure is None,
-        retriable=failure.retriable if failure else False,
-        error=failure.message if failure else "",
-        dest=ctx.dest,
-        redactor=ctx.redactor,
-        evidence=evidence,
-    )
-
-
-def _terminal_of(ok: bool, failure: Any) -> str:
-    if ok:
-        return table.SUCCEEDED
-    return table.FAILED_RETRIABLE if failure.retriable else table.FAILED_FATAL
+    p = ctx.payload
+    return marker.identity(ctx.dest, run_id=p.run_id if p else None, mode=p.mode if p else "")

@@ -2,14 +2,12 @@
 
 Refuses to warm ephemeral disk: the parent of ``HF_HOME`` must exist and, when the
 payload names a sentinel, hold it. ``preload_result.json`` is the completion signal the
-warm driver polls, so it is uploaded and confirmed (with bounded retries) before Mark.
+warm driver polls: it goes up in one commit with the marker.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,6 @@ from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS
 
 RESULT_NAME = "preload_result.json"
-CONFIRM_TRIES = 3
 log = structlog.get_logger("states.preload")
 
 
@@ -52,7 +49,9 @@ def preload(ctx: Context) -> str:
     else:
         result["error"] = problem
     ctx.evidence["preload"] = {k: v for k, v in result.items() if k != "error"}
-    _publish_result(ctx, result)
+    # The warm driver polls preload_result.json: it goes up in the marker's own commit, so
+    # it has landed exactly when the marker has.
+    ctx.end_artifacts[RESULT_NAME] = json.dumps(result)
     if problem is not None:
         raise FatalError(problem, rule="preload-unmounted")
     if result["failed"]:
@@ -73,28 +72,3 @@ def _mount_problem(
             "refusing to warm ephemeral disk"
         )
     return None
-
-
-def _publish_result(ctx: Context, result: dict[str, Any]) -> None:
-    """Upload preload_result.json and confirm it landed; bounded retries, never fatal."""
-    p = ctx.require_payload()
-    store = ctx.require_store()
-    local = ctx.scratch / RESULT_NAME
-    local.write_text(json.dumps(result), encoding="utf-8")
-    target = p.dest.path(RESULT_NAME)
-    for attempt in range(1, CONFIRM_TRIES + 1):
-        try:
-            store.upload_file(local, target)
-            if store.exists(target):
-                return
-        except DeadlineExceeded:
-            raise
-        except (FlashError, OSError) as exc:
-            log.warning("preload.result_upload_retry", attempt=attempt, error=str(exc))
-        if attempt < CONFIRM_TRIES:
-            time.sleep(ctx.work_deadline.bound(2.0 * attempt * random.uniform(0.5, 1.0)))
-    log.error(
-        "preload.result_upload_failed",
-        tries=CONFIRM_TRIES,
-        note="the warm driver falls back to the attempt marker",
-    )

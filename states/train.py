@@ -1,4 +1,9 @@
-"""Train: run the worker under the attempt's deadline, its console streamed and tailed."""
+"""Train: run the worker under the attempt's deadline, its console streamed and tailed.
+
+The worker's exit is a fact, not a verdict: after a signal too, VerifyRemote looks at the
+store before anything is decided (a worker that uploaded DONE and metrics.json and was
+then stopped with the host succeeded). The final console tail goes up with the marker.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,14 @@ import contextlib
 import signal
 
 from fsm import table
-from fsm.console import PeriodicTail, console_path, upload_tail
-from fsm.context import Context
-from fsm.errors import DeadlineExceeded, Interrupted
+from fsm.console import PeriodicTail, console_path
+from fsm.context import SIGNAL_STOP_S, Context
+from fsm.errors import DeadlineExceeded
 from fsm.supervise import supervise
+
+#: How long the end of training waits for a periodic tail upload in flight; it is fenced
+#: (it can never land after the marker), so there is no reason to wait longer.
+TAIL_CLOSE_S = 1.0
 
 WORKER_ARGV = ("-m", "flash.engine.worker")
 
@@ -33,13 +42,14 @@ def train(ctx: Context) -> str:
             stop_by=ctx.stop_deadline,
             interrupt=ctx.interrupt,
             grace_s=tuning.stop_grace_s,
+            signal_stop_s=SIGNAL_STOP_S,
             out_fd=ctx.out_fd,
             tail_sink=periodic,
             tail_interval_s=tuning.console_upload_interval_s,
             on_group=lambda pgid: setattr(ctx, "worker_pgid", pgid),  # for the watchdog
         )
     if periodic is not None:
-        periodic.close(timeout_s=ctx.stop_deadline.bound(30.0))
+        periodic.close(timeout_s=ctx.stop_deadline.bound(TAIL_CLOSE_S))
     ctx.evidence["worker"] = {
         "exit_code": result.returncode,
         "signal": signal.Signals(result.signal).name if result.signal else None,
@@ -47,14 +57,8 @@ def train(ctx: Context) -> str:
         "seconds": round(result.duration_s, 3),
     }
     ctx.worker_result = result
-    if result.reason == "interrupted":
-        upload_tail(ctx)
-        raise Interrupted(ctx.interrupt.signum or signal.SIGTERM)
     if result.reason == "deadline":
-        upload_tail(ctx)  # the supervisor appended the cap line to the console
         raise DeadlineExceeded(
             "run wall deadline exceeded: the worker was stopped at the attempt deadline"
         )
-    if result.returncode != 0 or tuning.upload_console:
-        upload_tail(ctx)
     return table.WORKER_EXITED

@@ -483,8 +483,9 @@ def test_a_sigterm_to_the_entrypoint_as_pid_1_leaves_a_retriable_marker_promptly
     marker = box.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
-        False, True, "interrupted", "Train"
+        False, True, "interrupted", "VerifyRemote"
     )
+    assert marker["worker"]["reason"] == "interrupted"
     assert b"rule interrupted" in err
 
 

@@ -48,8 +48,11 @@ STABLE_IDS = (
     "worker-heartbeat-retriable",
     "worker-upload-lost",
     "worker-failed",
+    "store-unsafe-link",
+    "worker-env-too-large",
     "preload-unmounted",
     "preload-model-failed",
+    "internal-error",
     "unclassified",
 )
 

@@ -3,15 +3,21 @@ fault-injecting wrapper around the store, real worker processes, real signals.
 
 A fault plan says which store call fails, how and how often, what the worker does, and
 whether a signal arrives (from inside a store call, or sent by the worker to the runner).
-A small model of the states says which policy rule must decide each plan; the invariants
-hold for every plan: exactly one marker, written last; ``ok`` iff Succeeded;
-``retriable`` iff FailedRetriable; the marker names the rule the policy gives for the
-fault; a signal before Mark gives retriable; a deadline gives fatal; success only after
-``DONE`` and ``metrics.json`` were confirmed in the store; the canary token nowhere.
+A small model of the states says which policy rule must decide each plan and whether the
+marker's commit lands; the invariants hold for every plan: at most one marker, published
+once, in the last store call, its commit carrying the end-of-attempt artifacts with the
+marker last; the outcome persisted next to the payload either way; the exit status a fact
+about publishing (0/1/124 only when the marker landed, else 3, and running the payload
+again then publishes the persisted outcome without redoing the work); ``ok`` iff
+Succeeded; ``retriable`` iff FailedRetriable; the marker names the rule the policy gives
+for the fault; a signal that stopped the worker or came before it ran gives retriable
+unless completion was confirmed; a deadline gives fatal; success only after ``DONE`` and
+``metrics.json`` were confirmed in the store; the canary token nowhere.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -21,18 +27,19 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
+from unittest import mock
 
 import pytest
 import structlog
-from conftest import ARM, CANARY, PREFIX, Layout
+from conftest import ARM, CANARY, PREFIX, REPO, Layout
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from fsm import log, policy, table
+from fsm import log, marker, policy, table
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -43,19 +50,31 @@ from fsm.errors import (
 )
 from fsm.payload import Destination
 from fsm.runner import Outcome, run_attempt
-from fsm.store.base import Store, WarmOutcome
+from fsm.store.base import Fence, Store, WarmOutcome
 from fsm.store.local import LocalStore
 
 MARKER = f"{ARM}_attempt0.json"
-STORE_OPS = ("fetch_folder", "download_file", "exists", "upload_file")
+MARKER_PATH = f"{PREFIX}/{MARKER}"
+CONSOLE_PATH = f"{PREFIX}/console_sft.txt"
+#: The persisted result next to the payload (fsm.marker.result_path).
+RESULT = f".flash-{ARM}_attempt0.result.json"
+IDENTITY = {"hf_repo": REPO, "hf_prefix": PREFIX, "run_id": "run-1", "mode": "train",
+            "flash_arm": ARM, "attempt": 0}
+#: How often Mark tries the marker's commit (``Publisher.publish``'s default).
+MARKER_TRIES = 5
+#: "upload_marker" is the commit of the end-of-attempt artifacts with the marker last.
+#: (Periodic console tails, op "upload_file", need FLASH_UPLOAD_CONSOLE and a worker that
+#: outlives the 5 s minimum interval: these plans make none, and check that they do not.)
+STORE_OPS = ("fetch_folder", "download_file", "exists", "upload_marker")
 HTTP_STATUSES = (400, 401, 403, 404, 408, 429, 500, 503)
 KINDS_BY_OP: dict[str, tuple[str, ...]] = {
-    # exists() answers False for a missing path and uploads create paths: no not-found there
+    # exists() answers False for a missing path: no not-found there
     "fetch_folder": ("unavailable", "auth", "not-found", "deadline", "crash", "signal", "http"),
     "download_file": ("unavailable", "auth", "not-found", "deadline", "crash", "signal", "http"),
     "exists": ("unavailable", "auth", "deadline", "crash", "signal", "http"),
-    "upload_file": ("unavailable", "auth", "deadline", "crash", "signal", "http"),
+    "upload_marker": ("unavailable", "auth", "not-found", "deadline", "crash", "signal", "http"),
 }
+
 
 
 class InjectedHttpError(Exception):
@@ -164,16 +183,14 @@ class Plan:
 
 @st.composite
 def faults(draw: st.DrawFn) -> Fault:
-    op = draw(st.sampled_from((*STORE_OPS, "upload_marker")))
-    if op == "upload_marker":
-        # A marker upload that fails stays local (tested elsewhere); here only a signal
-        # arrives while Mark publishes: the outcome it publishes must not change.
-        return Fault(op, 0, "signal", 1)
+    op = draw(st.sampled_from(STORE_OPS))
     kind = draw(st.sampled_from(KINDS_BY_OP[op]))
     if kind == "http":
         kind = f"http-{draw(st.sampled_from(HTTP_STATUSES))}"
-    # (most calls happen once or twice: the first is the likeliest target)
-    return Fault(op, draw(st.sampled_from([0, 0, 0, 1, 2])), kind, draw(st.integers(1, 3)))
+    # Mark's commit is tried as one series (the first try is call 0); elsewhere most calls
+    # happen once or twice: the first is the likeliest target.
+    nth = 0 if op == "upload_marker" else draw(st.sampled_from([0, 0, 0, 1, 2]))
+    return Fault(op, nth, kind, draw(st.integers(1, 3)))
 
 
 def workers(exits: st.SearchStrategy[Exit]) -> st.SearchStrategy[Worker]:
@@ -197,13 +214,15 @@ def plans(draw: st.DrawFn) -> Plan:
     return Plan(draw(workers(FAULT_EXITS)), draw(st.booleans()), tuple(found))
 
 
-# --- the model: which rule must decide a plan ------------------------------------------------
+# --- the model: which rule must decide a plan, and whether its marker lands ----------------
 
 
 @dataclass(frozen=True)
 class Expect:
     rule: str
     state: str
+    landed: bool = True  # the marker's commit lands in the store
+    marker_tries: int = 1  # commits of the marker Mark makes
 
     @property
     def ok(self) -> bool:
@@ -231,18 +250,28 @@ def _escape(state: str, kind: str) -> Expect:
 
 
 def model(plan: Plan) -> tuple[Expect, list[tuple[str, str]]]:
-    """What must decide ``plan`` (mirroring the states), and the store calls made."""
+    """What must decide ``plan`` and whether its marker lands (mirroring the states and
+    the publisher), and the store calls made before Mark."""
     calls = _Calls(plan)
-    return _model(plan, calls), calls.made
+    decided = _decide(plan, calls)
+    landed, tries = _marker_commit(plan)
+    return replace(decided, landed=landed, marker_tries=tries), calls.made
 
 
-def _model(plan: Plan, calls: _Calls) -> Expect:
-    def tail(state: str) -> Expect | None:
-        kind = calls.take("upload_file", state)
-        # The tail is best effort (fsm.console.upload_tail swallows every Exception): only
-        # a signal arriving during its upload escapes it.
-        return _escape(state, kind) if kind == "signal" else None
+def _marker_commit(plan: Plan) -> tuple[bool, int]:
+    """Whether Mark's one commit (end-of-attempt artifacts, the marker last) lands, and
+    after how many tries (fsm.marker._commit)."""
+    fault = next((f for f in plan.faults if f.op == "upload_marker"), None)
+    if fault is None or fault.kind == "signal":
+        return True, 1  # a signal during Mark only sets the flag: the outcome stands
+    if fault.kind == "unavailable":  # retried with backoff; a retry drops the console tail
+        return fault.times < MARKER_TRIES, min(fault.times + 1, MARKER_TRIES)
+    # auth, not-found, deadline: final at once; untyped (crash, http): Mark fails and the
+    # driver keeps the persisted outcome. Either way: exit 3, no marker in the store.
+    return False, 1
 
+
+def _decide(plan: Plan, calls: _Calls) -> Expect:
     if kind := calls.take("fetch_folder", table.FETCH_CODE):
         return _escape(table.FETCH_CODE, kind)
     if plan.spilled:
@@ -251,33 +280,43 @@ def _model(plan: Plan, calls: _Calls) -> Expect:
             return Expect("spec-fetch", table.RESOLVE_SPEC)
         if kind:
             return _escape(table.RESOLVE_SPEC, kind)
-    w = plan.worker
-    if w.exit == "interrupt-runner":
-        tail(table.TRAIN)  # a signal anywhere before Mark is retriable, whatever the tail does
-        return Expect("interrupted", table.TRAIN)
-    if w.exit == "hang":
-        tail(table.TRAIN)
+    if plan.worker.exit == "hang":  # pragma: no cover - hanging workers are deadline plans
         return Expect("deadline", table.TRAIN)
-    if w.returncode_nonzero and (escaped := tail(table.TRAIN)):
-        return escaped
+    return _verify(plan, calls)
+
+
+def _verify(plan: Plan, calls: _Calls) -> Expect:
+    """VerifyRemote runs after a signal too: completion confirmed in the store outranks
+    it; otherwise a worker the signal stopped is ``interrupted``, and a worker that had
+    exited on its own before the signal is judged by its own exit."""
     verify = table.VERIFY_REMOTE
+    w = plan.worker
+    stopped = w.exit == "interrupt-runner"  # the worker's SIGTERM stopped it
+    signalled = stopped
+
+    def broke(kind: str) -> Expect:
+        if signalled:  # whatever broke after a signal broke because of it
+            return Expect("interrupted", verify)
+        if kind == "unavailable":
+            return Expect("verify-unreadable", verify)
+        return _escape(verify, kind)
+
     for _name in ("DONE", "metrics.json"):
         kind = calls.take("exists", verify)
-        if kind == "unavailable":
-            return tail(verify) or Expect("verify-unreadable", verify)
-        if kind:
-            return _escape(verify, kind)
+        if kind == "signal":
+            signalled = True  # the flag is set; verification goes on
+        elif kind:
+            return broke(kind)
     if w.uploads == "both":
         return Expect(policy.SUCCESS_RULE, verify)
     kind = calls.take("download_file", verify)  # the heartbeat
-    if kind == "unavailable":
-        return tail(verify) or Expect("verify-unreadable", verify)
+    if kind == "signal":
+        signalled, kind = True, None
     if kind not in (None, "not-found"):
-        return _escape(verify, kind)
-    heartbeat = kind is None and w.heartbeat == (True, True)
-    if not w.returncode_nonzero and (escaped := tail(verify)):
-        return escaped
-    if heartbeat:
+        return broke(kind)
+    if stopped:
+        return Expect("interrupted", verify)
+    if kind is None and w.heartbeat == (True, True):
         return Expect("worker-heartbeat-retriable", verify)
     if w.wrote_local_metrics:
         return Expect("worker-upload-lost", verify)
@@ -307,6 +346,10 @@ class Journal:
     def store_calls(self) -> list[dict[str, Any]]:
         return [c for c in self.calls if c["op"] != "upload_marker"]
 
+    @property
+    def marker_commits(self) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["op"] == "upload_marker"]
+
 
 class FaultyStore:
     """The real LocalStore, with the plan's faults injected at the planned calls."""
@@ -321,11 +364,11 @@ class FaultyStore:
     def worker_env(self) -> Mapping[str, str]:
         return self.inner.worker_env()
 
-    def _enter(self, op: str, path: str) -> dict[str, Any]:
+    def _enter(self, op: str, path: str, **about: Any) -> dict[str, Any]:
         journal = self.journal
         index = journal.count[op]
         journal.count[op] += 1
-        call: dict[str, Any] = {"op": op, "path": path, "fault": None}
+        call: dict[str, Any] = {"op": op, "path": path, "fault": None, **about}
         if journal.hang_at is not None and op != "upload_marker" and (
             len(journal.store_calls) == journal.hang_at
         ):
@@ -344,10 +387,22 @@ class FaultyStore:
             raise make_exc(kind)
         return call
 
+    def commit(
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+    ) -> bool:
+        # The marker's commit (with the end-of-attempt artifacts), or a periodic tail.
+        op = "upload_marker" if MARKER_PATH in files else "upload_file"
+        call = self._enter(
+            op,
+            MARKER_PATH if op == "upload_marker" else ", ".join(files),
+            files=list(files),
+            fenced=fence is not None,
+        )
+        call["landed"] = self.inner.commit(files, message=message, fence=fence)
+        return bool(call["landed"])
+
     def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        op = "upload_marker" if path_in_repo.endswith("/" + MARKER) else "upload_file"
-        self._enter(op, path_in_repo)
-        self.inner.upload_file(local_path, path_in_repo)
+        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
 
     def exists(self, path_in_repo: str) -> bool:
         call = self._enter("exists", path_in_repo)
@@ -397,6 +452,40 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_", "HF_"))}
 
 
+#: Mark's backoff between tries of the marker's commit, shortened so a plan whose commit
+#: fails three times costs milliseconds, not seconds (the tries and what they carry are
+#: the real publisher's; the watchdog passes its own backoff and keeps it).
+_quick_retries = mock.patch.object(
+    marker.Publisher,
+    "publish",
+    functools.partialmethod(marker.Publisher.publish, base_delay_s=0.01),
+)
+
+
+def run_in_process(layout: Layout, journal: Journal) -> Ran:
+    """One attempt of the payload in ``layout``, in this process, every store call
+    through a FaultyStore over ``layout``'s local store."""
+
+    def open_store(dest: Destination, deadline: Deadline, environ: Mapping[str, str]) -> Store:
+        return FaultyStore(LocalStore(layout.store, deadline=deadline), journal)
+
+    outcome: Outcome | None = None
+    with rendered_logs() as logs, open(layout.root / "stdout.bin", "ab") as out, _quick_retries:
+        try:
+            outcome = run_attempt(
+                layout.settings(),
+                _environ(),
+                open_store=open_store,
+                out_fd=out.fileno(),
+                handle_signals=True,
+                hard_exit=journal.hard_exit,
+            )
+            code = outcome.exit_code
+        except SystemExit as exc:  # the hung call ended by the (in-process) hard exit
+            code = int(exc.code or 0)
+    return Ran(layout, journal, outcome, code, logs.getvalue())
+
+
 @contextmanager
 def attempt(
     plan: Plan, *, hang_at: int | None = None, **payload: Any
@@ -414,46 +503,63 @@ def attempt(
             payload.setdefault("job_spec_json", None)
             payload.setdefault("job_spec_in_hf", True)
         layout.write_payload(**payload)
-        journal = Journal(plan, hang_at=hang_at)
-
-        def open_store(dest: Destination, deadline: Deadline) -> Store:
-            return FaultyStore(LocalStore(layout.store, deadline=deadline), journal)
-
-        outcome: Outcome | None = None
-        with rendered_logs() as logs, open(layout.root / "stdout.bin", "ab") as out:
-            try:
-                outcome = run_attempt(
-                    layout.settings(),
-                    _environ(),
-                    open_store=open_store,
-                    out_fd=out.fileno(),
-                    handle_signals=True,
-                    hard_exit=journal.hard_exit,
-                )
-                code = outcome.exit_code
-            except SystemExit as exc:  # the hung call ended by the (in-process) hard exit
-                code = int(exc.code or 0)
-        yield Ran(layout, journal, outcome, code, logs.getvalue())
+        yield run_in_process(layout, Journal(plan, hang_at=hang_at))
 
 
 # --- the invariants --------------------------------------------------------------------------
 
 
-def _check_one_marker_written_last(ran: Ran) -> dict[str, Any]:
-    layout = ran.layout
+def _persisted(layout: Layout) -> dict[str, Any]:
+    path = layout.payload_path.parent / RESULT
+    assert path.is_file(), "the outcome is persisted next to the payload"
+    record = json.loads(path.read_text())
+    assert record["version"] == marker.RESULT_VERSION
+    assert record["identity"] == IDENTITY
+    return record  # type: ignore[no-any-return]
+
+
+def _check_one_marker_written_last(ran: Ran) -> tuple[dict[str, Any], bool]:
+    """The outcome is persisted next to the payload; the runner's last store call is the
+    marker's commit; every try of it is one must-land commit with the marker last (a retry
+    carries nothing the first try did not); at most one lands, and then the store holds
+    that one marker, newer than every other file of the run; when none lands the store
+    holds no marker. Returns the marker and whether it landed."""
+    layout, journal = ran.layout, ran.journal
+    persisted = _persisted(layout)
+    commits = journal.marker_commits
+    assert commits, "the outcome was published (by Mark, or the watchdog when it fired)"
+    assert journal.calls[-1] is commits[-1], "no store call came after the marker's commit"
+    assert not [c for c in journal.calls if c["op"] == "upload_file"], (
+        "no separate console-tail upload: the tail goes up in the marker's commit"
+    )
+    for call in commits:
+        assert call["files"][-1] == MARKER_PATH and not call["fenced"]
+    for retry in commits[1:]:
+        assert set(retry["files"]) <= set(commits[0]["files"]), "a retry adds nothing"
+    assert ("console_sft.txt" in persisted["artifacts"]) == (CONSOLE_PATH in commits[0]["files"])
+    landed = [c for c in commits if c.get("landed")]
+    assert landed in ([], commits[-1:]), "the marker landed at most once, on the last try"
+    if not landed:
+        assert layout.markers() == [], "no marker in the store when its commit never landed"
+        return persisted["marker"], False
     assert [p.name for p in layout.markers()] == [MARKER]
-    marker = layout.marker()
-    assert marker is not None
-    # Published once, and no store call of the runner came after it.
-    # (Mark's, or the watchdog's when it fired: then Mark must not publish a second one.)
-    uploads = [c for c in ran.journal.calls if c["op"] == "upload_marker"]
-    assert len(uploads) == 1
-    assert ran.journal.calls[-1]["op"] == "upload_marker"
+    published = layout.marker()
+    assert published is not None and published == persisted["marker"]
+    # The tail is in the store iff it rode on the try that landed.
+    assert layout.artifact("console_sft.txt").is_file() == (CONSOLE_PATH in landed[0]["files"])
     marker_path = layout.artifact(MARKER)
     for path in marker_path.parent.rglob("*"):
         if path.is_file():
             assert path.stat().st_mtime_ns <= marker_path.stat().st_mtime_ns, path
-    return marker
+    return published, True
+
+
+def expected_exit(marker: dict[str, Any], landed: bool) -> int:
+    """CONTRACT section 2: 0/1 (124 for the deadline) only when the marker landed; 3 when
+    the outcome was decided and persisted but the marker could not be published."""
+    if not landed:
+        return 3
+    return 0 if marker["ok"] else 124 if marker["rule"] == "deadline" else 1
 
 
 def _check_canary_nowhere(ran: Ran) -> None:
@@ -470,15 +576,15 @@ def _check_canary_nowhere(ran: Ran) -> None:
         assert CANARY not in ran.outcome.reason
 
 
-def _check_outcome_agrees_with_marker(ran: Ran, marker: dict[str, Any]) -> None:
+def _check_outcome_agrees_with_marker(ran: Ran, marker: dict[str, Any], landed: bool) -> None:
     outcome = ran.outcome
     assert outcome is not None
+    assert outcome.marker == marker
     assert marker["ok"] == (outcome.terminal == table.SUCCEEDED)
     assert marker["retriable"] == (outcome.terminal == table.FAILED_RETRIABLE)
     fatal = not marker["ok"] and not marker["retriable"]
     assert (outcome.terminal == table.FAILED_FATAL) == fatal
-    expected_code = 0 if marker["ok"] else 124 if marker["rule"] == "deadline" else 1
-    assert ran.exit_code == expected_code
+    assert ran.exit_code == expected_exit(marker, landed)
     assert outcome.context.path[-1] == outcome.terminal
     assert outcome.context.path.count(table.MARK) == 1
 
@@ -495,28 +601,47 @@ def _check_success_was_confirmed(ran: Ran, marker: dict[str, Any]) -> None:
     assert ran.layout.artifact("DONE").is_file() and ran.layout.artifact("metrics.json").is_file()
 
 
-def _signalled_before_mark(ran: Ran) -> bool:
+def _check_signal_rule(ran: Ran, marker: dict[str, Any]) -> None:
+    """A signal before the worker ran, or one that stopped the worker, ends the attempt
+    retriable ``interrupted``, unless the worker's completion was confirmed after it."""
     plan = ran.journal.plan
     assert ran.outcome is not None
-    worker_ran = table.TRAIN in ran.outcome.context.path
-    return (plan.worker.exit == "interrupt-runner" and worker_ran) or any(
-        c["fault"] == "signal" and c["op"] != "upload_marker" for c in ran.journal.calls
+    before_worker = any(
+        c["fault"] == "signal" and c["op"] in ("fetch_folder", "download_file")
+        and not c["path"].endswith("heartbeat.json")
+        for c in ran.journal.calls
     )
+    stopped = plan.worker.exit == "interrupt-runner" and table.TRAIN in ran.outcome.context.path
+    if before_worker:
+        assert (marker["rule"], marker["retriable"]) == ("interrupted", True)
+        assert marker["state"] in (table.FETCH_CODE, table.RESOLVE_SPEC)
+    elif stopped and not marker["ok"]:
+        assert (marker["rule"], marker["retriable"]) == ("interrupted", True)
+        assert marker["state"] == table.VERIFY_REMOTE
+    elif stopped:
+        assert plan.worker.uploads == "both"
 
 
 def _injected_and_escaped(ran: Ran, kind: str) -> bool:
-    """A fault of ``kind`` fired outside a console-tail upload (where it would be swallowed)."""
-    return any(
-        c["fault"] == kind and c["op"] not in ("upload_file", "upload_marker")
-        for c in ran.journal.calls
-    )
+    """A fault of ``kind`` fired in a store call of the work (not Mark's commit)."""
+    return any(c["fault"] == kind and c["op"] != "upload_marker" for c in ran.journal.calls)
+
+
+def _check_rerun_publishes_persisted(ran: Ran, marker: dict[str, Any]) -> None:
+    """After exit 3, running the same payload again publishes the persisted outcome
+    without redoing the work: the marker's commit is its only store call."""
+    again = run_in_process(ran.layout, Journal(replace(ran.journal.plan, faults=())))
+    assert [c["op"] for c in again.journal.calls] == ["upload_marker"]
+    assert again.layout.marker() == marker
+    assert again.exit_code == expected_exit(marker, True)
+    assert again.outcome is not None and again.outcome.context.replayed is not None
 
 
 def check_plan(plan: Plan) -> None:
     expect, _ = model(plan)
     with attempt(plan) as ran:
-        marker = _check_one_marker_written_last(ran)
-        _check_outcome_agrees_with_marker(ran, marker)
+        marker, landed = _check_one_marker_written_last(ran)
+        _check_outcome_agrees_with_marker(ran, marker, landed)
         _check_success_was_confirmed(ran, marker)
         _check_canary_nowhere(ran)
         assert ran.journal.exit_codes == [], "the watchdog fired in a run with no deadline"
@@ -524,12 +649,15 @@ def check_plan(plan: Plan) -> None:
             marker["error"]
         )
         assert marker["ok"] == expect.ok
+        assert (landed, len(ran.journal.marker_commits)) == (expect.landed, expect.marker_tries)
         if not marker["ok"]:
             assert marker["retriable"] == policy.rule(marker["rule"]).retriable
-        if _signalled_before_mark(ran):
-            assert (marker["rule"], marker["retriable"]) == ("interrupted", True)
-        elif _injected_and_escaped(ran, "deadline"):
+        _check_signal_rule(ran, marker)
+        signalled = _injected_and_escaped(ran, "signal") or plan.worker.exit == "interrupt-runner"
+        if _injected_and_escaped(ran, "deadline") and not signalled:
             assert (marker["rule"], marker["retriable"]) == ("deadline", False)
+        if not landed:
+            _check_rerun_publishes_persisted(ran, marker)
 
 
 # --- the properties --------------------------------------------------------------------------
@@ -542,15 +670,25 @@ _SUCCESS = Worker("both", False, None, 0, False)
 @example(Plan(Worker("both", False, None, 139, True), spilled=True))
 @example(Plan(_SUCCESS, False, (Fault("exists", 0, "unavailable", 1),)))
 @example(Plan(_SUCCESS, False, (Fault("upload_marker", 0, "signal", 1),)))
+@example(Plan(_SUCCESS, False, (Fault("upload_marker", 0, "auth", 1),)))
+@example(Plan(Worker("none", False, None, 1, True), False,
+              (Fault("upload_marker", 0, "http-503", 1),)))
 @example(Plan(Worker("none", True, None, "interrupt-runner", True), False))
+@example(Plan(Worker("both", False, None, "interrupt-runner", False), False))
 @example(Plan(Worker("none", False, (True, True), 1, False), True,
               (Fault("download_file", 1, "http-503", 1),)))
 def test_every_fault_plan_ends_with_one_marker_whose_rule_the_policy_gives(plan: Plan) -> None:
-    """Exactly one marker, written last; ok iff Succeeded; retriable iff FailedRetriable; its
-    rule is the policy's for the injected fault; a signal before Mark is retriable; an
-    escaped deadline is fatal; success only after DONE and metrics.json were confirmed in
-    the store; the token appears in no artifact, marker, log line or reason."""
-    event(f"rule {model(plan)[0].rule}")
+    """The outcome is persisted, then published by one commit with the marker last and the
+    runner's last store call; its rule is the policy's for the injected fault; ok iff
+    Succeeded; retriable iff FailedRetriable; the exit status is 0/1 only when the marker
+    landed, else 3 (and a rerun publishes the persisted outcome without working again); a
+    signal before the worker ran, or one that stopped it, is retriable unless completion
+    was confirmed; an escaped deadline is fatal; success only after DONE and metrics.json
+    were confirmed in the store; the token appears in no artifact, marker, log line or
+    reason."""
+    expect = model(plan)[0]
+    event(f"rule {expect.rule}")
+    event(f"marker {'landed' if expect.landed else 'not published'}")
     check_plan(plan)
 
 
@@ -587,7 +725,8 @@ def test_the_deadline_anywhere_ends_the_attempt_fatally_with_one_deadline_marker
     plan, hang_at = planned
     _, made = model(plan)
     with attempt(plan, hang_at=hang_at, **DEADLINE_PAYLOAD) as ran:
-        marker = _check_one_marker_written_last(ran)
+        marker, landed = _check_one_marker_written_last(ran)
+        assert landed
         assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False, "deadline")
         assert ran.exit_code == 124
         _check_canary_nowhere(ran)
@@ -599,7 +738,7 @@ def test_the_deadline_anywhere_ends_the_attempt_fatally_with_one_deadline_marker
             # The worker never ended (or, on a very slow host, the deadline came before
             # the planned hung call): the state that was working when it came decides.
             assert ran.outcome is not None
-            _check_outcome_agrees_with_marker(ran, marker)
+            _check_outcome_agrees_with_marker(ran, marker, landed)
             assert marker["state"] == ran.outcome.context.path[-3]
             if hang_at is None:
                 assert marker["state"] == table.TRAIN
@@ -607,23 +746,54 @@ def test_the_deadline_anywhere_ends_the_attempt_fatally_with_one_deadline_marker
 
 # --- what the properties found -----------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["crash", "http-404"])
-def test_a_signal_is_retriable_even_when_the_console_tail_upload_then_fails_untyped(
-    kind: str,
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_signal_is_retriable_even_when_the_marker_commit_carrying_the_tail_fails_first(
+    times: int,
 ) -> None:
     """Shrunk from the fault-plan property: the worker's SIGTERM reached the runner, then
-    the console-tail upload raised an untyped error; the marker must still say
-    ``interrupted``."""
-    check_plan(Plan(Worker("none", False, None, "interrupt-runner", False), False,
-                    (Fault("upload_file", 0, kind, 1),)))
+    the first try(s) of the marker's commit, the console tail riding on it, failed; a
+    retry lands, the marker still says ``interrupted`` and the status is 1."""
+    plan = Plan(Worker("none", False, None, "interrupt-runner", False), False,
+                (Fault("upload_marker", 0, "unavailable", times),))
+    assert model(plan)[0] == Expect("interrupted", table.VERIFY_REMOTE, True, times + 1)
+    check_plan(plan)
+    with attempt(plan) as ran:
+        commits = ran.journal.marker_commits
+        assert CONSOLE_PATH in commits[0]["files"] and commits[0]["fault"] == "unavailable"
+        assert commits[-1]["landed"] and ran.exit_code == 1
 
 
-def test_the_deadline_is_fatal_deadline_even_when_the_console_tail_upload_then_fails_untyped(
+def test_the_deadline_is_fatal_deadline_even_when_the_marker_commit_carrying_the_tail_fails_first(
 ) -> None:
-    """The same with the deadline: a worker stopped at the deadline, then a tail upload
-    crashing, must still give rule ``deadline``."""
+    """The same with the deadline: a worker stopped at the deadline, then the first try of
+    the marker's commit (the one with the console tail) failing, must still give rule
+    ``deadline`` and status 124 once a retry lands."""
     plan = Plan(Worker("none", False, None, "hang", False), False,
-                (Fault("upload_file", 0, "crash", 1),))
+                (Fault("upload_marker", 0, "unavailable", 1),))
     with attempt(plan, **DEADLINE_PAYLOAD) as ran:
-        marker = _check_one_marker_written_last(ran)
-        assert (marker["rule"], marker["state"], ran.exit_code) == ("deadline", "Train", 124)
+        marker, landed = _check_one_marker_written_last(ran)
+        commits = ran.journal.marker_commits
+        assert CONSOLE_PATH in commits[0]["files"] and commits[0]["fault"] == "unavailable"
+        assert len(commits) == 2 and commits[1]["landed"]
+        assert (marker["rule"], marker["state"], landed, ran.exit_code) == (
+            "deadline", "Train", True, 124
+        )
+
+
+@pytest.mark.parametrize(
+    ("worker", "rule"),
+    [
+        (Worker("both", False, None, 0, False), policy.SUCCESS_RULE),
+        (Worker("none", False, None, 1, False), "worker-failed"),
+    ],
+    ids=["completed", "failed-on-its-own"],
+)
+def test_a_signal_during_verification_does_not_override_what_the_worker_did(
+    worker: Worker, rule: str
+) -> None:
+    """Completion outranks a late signal, and a worker that exited on its own before the
+    signal is judged by its own exit: a SIGTERM arriving while VerifyRemote asks the store
+    for DONE changes neither."""
+    plan = Plan(worker, False, (Fault("exists", 0, "signal", 1),))
+    assert model(plan)[0].rule == rule
+    check_plan(plan)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,7 @@ from typing import Any
 
 import pytest
 import structlog.testing
-from conftest import TRAIN_PATH, WORKER_COMPLETION, RunDirs, assert_no_secret
+from conftest import TRAIN_PATH, WORKER_COMPLETION, RunDirs, assert_no_secret, read_until
 
 import fsm
 from fsm.context import Settings
@@ -220,6 +221,28 @@ class HubRun(RunDirs):
         self.stderr.append(proc.stderr)
         return proc
 
+    def args(self, *, store: bool = True) -> list[str]:
+        return [
+            sys.executable, "-m", "fsm", "run",
+            "--payload", str(self.payload_path),
+            *(["--store", self.server.url] if store else []),
+            "--code-root", str(self.code_root),
+            "--scratch-dir", str(self.scratch),
+        ]
+
+    def start(self, **payload: Any) -> subprocess.Popen[bytes]:
+        """The runner as a real process, left running (signals are the test's to send)."""
+        self.write_payload(**payload)
+        return subprocess.Popen(
+            self.args(), env=self.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+
+    def finish(self, proc: subprocess.Popen[bytes], timeout: float = 30) -> bytes:
+        """Wait for a started runner; its stderr (kept for the secret checks)."""
+        _, err = proc.communicate(timeout=timeout)
+        self.stderr.append(err)
+        return err
+
     # --- the secret checks ---------------------------------------------------------------
 
     def assert_no_secret_anywhere(self, caplog_text: str) -> None:
@@ -385,15 +408,17 @@ def test_a_store_answering_503_to_the_code_fetch_is_retriable_and_the_marker_sti
 
 def test_a_wrong_token_is_fatal_store_auth_and_the_marker_stays_local(hub_run: HubRun) -> None:
     """The server refuses the wrong token for every request, the marker upload included:
-    the marker never reaches the repo. What is left to check is the runner's local copy in
-    ``<scratch>/<arm>_attempt<N>.json``, its exit status and its one stderr line."""
+    the marker never reaches the repo, so the run exits 3 (decided and persisted, not
+    published) and its last line says so. What is left to check is the runner's local copy
+    in ``<scratch>/<arm>_attempt<N>.json``, its exit status and its one stderr line."""
     wrong = f"hf_wrong_{hub_run.token}"
     hub_run.secrets.append(wrong)
     hub_run.write_worker("complete()")
     proc = hub_run.cli(env={"HF_TOKEN": wrong, "FLASH_STOP_GRACE_S": "2"})
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 3, proc.stderr.decode()[-3000:]
     last_line = proc.stderr.decode().strip().splitlines()[-1]
     assert "fatal, rule store-auth" in last_line
+    assert "marker NOT published" in last_line
     local = hub_run.local_marker()
     assert local is not None
     assert (local["ok"], local["retriable"], local["rule"], local["state"]) == (
@@ -532,3 +557,124 @@ def test_preload_warms_two_models_from_the_hub_and_a_second_preload_finds_them_c
     assert result == {"preloaded": [], "already_cached": models, "failed": {}}
     marker = hub_run.marker(attempt=1)
     assert marker is not None and marker["ok"] is True
+
+
+# --- after a signal, the marker first; exit 3 when it cannot land; the process leaves ------
+
+
+def _last_line(stderr: bytes) -> str:
+    return stderr.decode().strip().splitlines()[-1]
+
+
+def test_after_sigterm_a_hung_console_tail_neither_holds_the_marker_back_nor_lands_after_it(
+    hub_run: HubRun,
+) -> None:
+    """The first periodic console tail's commit hangs past Docker's stop timeout. A SIGTERM
+    then still gets the marker out within 10 s, and when the hung tail commit finally
+    reaches the repo it is refused: nothing of the attempt lands after the marker."""
+    hang_s = 12.0
+    hub_run.write_worker("""
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    hub_run.server.hang("POST", r"/commit/", seconds=hang_s, times=1)
+    env = {"HF_TOKEN": hub_run.token, "FLASH_STOP_GRACE_S": "2", "FLASH_UPLOAD_CONSOLE": "1",
+           "FLASH_CONSOLE_UPLOAD_INTERVAL_S": "5"}
+    proc = hub_run.start(env=env)
+    read_until(proc.stdout, b"ready")
+    assert hub_run.server.wait_for(
+        lambda reqs: any(r.fault == "hang" and "/commit/" in r.path for r in reqs), timeout=20
+    ), "the periodic tail never started"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = hub_run.finish(proc)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 1, err.decode()[-3000:]
+    assert elapsed < 10, elapsed
+    marker = hub_run.marker()
+    assert marker is not None and (marker["retriable"], marker["rule"]) == (True, "interrupted")
+    tail = hub_run.artifact("console_sft.txt").read_bytes()
+    assert b"runner got SIGTERM" in tail  # the final tail, from the marker's own commit
+    # The hung tail commit is answered after the marker, and refused.
+    assert hub_run.server.wait_for(
+        lambda reqs: any(r.fault == "hang" and r.ended_at is not None for r in reqs),
+        timeout=hang_s + 5,
+    )
+    hung = next(r for r in _commits(hub_run.server) if r.fault == "hang")
+    assert hung.status == 412
+    assert hub_run.artifact("console_sft.txt").read_bytes() == tail
+    assert hub_run.marker() == marker
+
+
+def test_a_marker_that_cannot_land_after_sigterm_exits_3_in_time_and_a_rerun_publishes_it(
+    hub_run: HubRun,
+) -> None:
+    """Every commit hangs: the outcome is persisted at once, the runner exits 3 within
+    Docker's stop timeout saying why, and running the same payload again publishes it."""
+    hub_run.write_worker("""
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    proc = hub_run.start()
+    read_until(proc.stdout, b"ready")
+    hub_run.server.hang("POST", r"/commit/", seconds=60, times=100)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = hub_run.finish(proc)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 3, err.decode()[-3000:]
+    assert elapsed < 10, elapsed
+    last = _last_line(err)
+    assert "marker NOT published" in last and "rule interrupted" in last
+    assert hub_run.marker() is None
+    hub_run.server.clear_faults()
+    rerun = subprocess.run(hub_run.args(), env=hub_run.environ(), capture_output=True,
+                           timeout=60, check=False)
+    hub_run.stderr.append(rerun.stderr)
+    assert rerun.returncode == 1, rerun.stderr.decode()[-3000:]
+    marker = hub_run.marker()
+    assert marker is not None and (marker["retriable"], marker["rule"]) == (True, "interrupted")
+    assert b'"marker.replay"' in rerun.stderr
+
+
+def test_a_preload_whose_hub_hangs_leaves_the_process_promptly_after_its_marker(
+    hub_run: HubRun,
+) -> None:
+    """huggingface_hub's download pool threads are not daemon threads: the process must
+    still be gone right after the deadline marker is out."""
+    _add_model(hub_run.server, "org/tiny")
+    hub_run.server.hang("GET", r"/resolve/", seconds=120, times=100)
+    mount = hub_run.root / "mnt"
+    mount.mkdir()
+    preload: dict[str, Any] = {
+        "mode": "preload", "models": ["org/tiny"], "phase": None, "seed": None,
+        "job_spec_json": None, "max_wall_s": 4,
+        "env": {"HF_TOKEN": hub_run.token, "HF_HOME": str(mount / "hf")},
+    }
+    started = time.monotonic()
+    proc = hub_run.start(**preload)
+    err = hub_run.finish(proc, timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 124, err.decode()[-3000:]
+    assert elapsed < 4 + 3, elapsed
+    marker = hub_run.marker()
+    assert marker is not None and marker["rule"] == "deadline"
+
+
+def test_a_hub_endpoint_named_only_in_the_payload_env_is_the_runners_store_too(
+    hub_run: HubRun,
+) -> None:
+    """No ``--store`` and no ``HF_ENDPOINT`` in the runner's own environment (no ``-e``
+    flags in production): the payload's env points runner and worker at the same Hub."""
+    hub_run.write_worker("complete()")
+    hub_run.write_payload(env={"HF_TOKEN": hub_run.token, "HF_ENDPOINT": hub_run.server.url,
+                               "FLASH_STOP_GRACE_S": "2"})
+    environ = {k: v for k, v in hub_run.environ().items()
+               if k not in ("HF_ENDPOINT", "FLASH_STORE")}
+    proc = subprocess.run(hub_run.args(store=False), env=environ, capture_output=True,
+                          timeout=60, check=False)
+    hub_run.stderr.append(proc.stderr)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    assert _statuses(hub_run.server, "GET", LISTING)[0] == 200

@@ -41,12 +41,14 @@ def test_a_signal_during_training_stops_the_worker_and_leaves_a_retriable_marker
     assert elapsed < 5, elapsed
     marker = layout.marker()
     assert marker is not None
+    # The store was looked at before anything was decided: no completion, so interrupted.
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
         False,
         True,
         "interrupted",
-        "Train",
+        "VerifyRemote",
     )
+    assert marker["worker"]["reason"] == "interrupted"
     assert layout.artifact("console_sft.txt").read_bytes().startswith(b"ready")
 
 

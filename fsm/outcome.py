@@ -1,0 +1,73 @@
+"""The one place an attempt's marker record is built from what the attempt learned.
+
+Mark builds the record of the attempt's outcome here, and so does the deadline watchdog
+when the main thread is stuck; both hand it to ``fsm.marker.Publisher``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsm import marker, policy, table
+from fsm.context import Context, Failure
+from fsm.marker import Persisted
+
+
+def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> Persisted:
+    """The marker (CONTRACT section 4, with evidence) and the artifacts that go with it."""
+    assert ctx.dest is not None, "a record needs the destination"
+    working = [state for state in ctx.path if state != "Mark"]
+    evidence: dict[str, Any] = {
+        # where the attempt's fate was decided: the failing state, or the last one of work
+        "state": failure.state if failure else (working[-1] if working else None),
+        "path": [*ctx.path],
+        "rule": failure.rule if failure else ctx.evidence.get("rule", policy.SUCCESS_RULE),
+        "run_id": ctx.evidence.get("run_id"),
+    }
+    for key in ("worker", "preload"):
+        if key in ctx.evidence:
+            evidence[key] = ctx.evidence[key]
+    if watchdog:
+        evidence["watchdog"] = True
+    built = marker.build(
+        ok=failure is None,
+        retriable=failure.retriable if failure else False,
+        error=failure.message if failure else "",
+        dest=ctx.dest,
+        redactor=ctx.redactor,
+        evidence=evidence,
+    )
+    return Persisted(marker=built, artifacts=dict(ctx.end_artifacts))
+
+
+#: The console tail rides with the marker only when at least this much of the marker's
+#: time is left: it is optional, the marker is not.
+TAIL_MIN_LEFT_S = 2.0
+
+
+def attach_tail(ctx: Context, failure: Failure | None) -> None:
+    """Put the console tail among the end artifacts when the attempt ran a worker and
+    either failed or uploads its console: redacted, at most the last 64,000 bytes."""
+    from fsm.console import console_name, console_path
+    from fsm.supervise import TAIL_BYTES, read_tail
+
+    if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
+        return
+    if ctx.mark_deadline.remaining() < TAIL_MIN_LEFT_S:
+        ctx.evidence["console_dropped"] = "no time left before the marker"
+        return
+    try:
+        tail = ctx.redactor.bytes(read_tail(console_path(ctx), TAIL_BYTES))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        ctx.evidence.setdefault("console_error", exc.strerror)
+        return
+    ctx.end_artifacts[console_name(ctx)] = tail.decode("utf-8", "replace")
+
+
+def event_for(record: dict[str, Any]) -> str:
+    """The event that leads Mark to the terminal state of the marker it announced."""
+    if record.get("ok") is True:
+        return table.MARKED_SUCCEEDED
+    return table.MARKED_RETRIABLE if record.get("retriable") is True else table.MARKED_FATAL
