@@ -126,6 +126,11 @@ def destination(raw: Mapping[str, Any]) -> Destination | None:
         return None
 
 
+def require_destination(raw: Mapping[str, Any]) -> Destination:
+    """The marker's destination, or a PayloadError naming the key that makes it unusable."""
+    return _destination(raw)
+
+
 def parse(raw: Mapping[str, Any]) -> Payload:
     """Validate ``raw`` against the contract; raise PayloadError naming the first problem."""
     dest = _destination(raw)

@@ -33,9 +33,7 @@ def load_payload(ctx: Context) -> str:
         env = raw.get("env")
         if isinstance(env, dict):
             ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
-        dest = payload.destination(raw)
-        if dest is None:
-            return _invalid(raw)  # raises: no destination, no marker
+        dest = payload.require_destination(raw)  # unusable: no marker anywhere
         try:
             parsed: payload.Payload | None = payload.parse(raw)
             problem: PayloadError | None = None
@@ -52,9 +50,11 @@ def load_payload(ctx: Context) -> str:
         if problem is not None:
             raise problem
         assert parsed is not None
-        ctx.payload = parsed
-        ctx.tuning = Tuning.from_env(ctx.merged_env())
+        ctx.tuning = Tuning.from_env({**ctx.environ, **parsed.env})
+        # An unusable store setting (FLASH_STORE in the payload's env) is the payload's
+        # fault: it raises PayloadError before the payload counts as loaded.
         ctx.store = ctx.store_until(ctx.work_deadline)
+        ctx.payload = parsed
         ctx.scratch.mkdir(parents=True, exist_ok=True)
 
         ident = marker.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
@@ -67,11 +67,6 @@ def load_payload(ctx: Context) -> str:
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
     return table.PRELOAD_REQUESTED if parsed.mode == "preload" else table.TRAIN_REQUESTED
-
-
-def _invalid(raw: dict[str, object]) -> str:
-    payload.parse(raw)  # names the first problem
-    raise PayloadError("payload key 'hf_repo'/'hf_prefix' is unusable")  # pragma: no cover
 
 
 def _take_lock(ctx: Context, dest: payload.Destination) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -19,8 +19,11 @@ import structlog
 from hypothesis import HealthCheck, settings
 
 from fsm import log
+from fsm.clock import Deadline
 from fsm.context import Settings
 from fsm.runner import Outcome, run_attempt
+from fsm.store.hub import HubStore
+from fsm.testing import LocalHubServer
 
 # Hypothesis profiles: "ci" (the default) stays fast; "thorough" is for deep runs:
 #   HYPOTHESIS_PROFILE=thorough pytest tests/test_properties_*.py
@@ -250,3 +253,23 @@ def assert_no_secret(root: Path, secret: str = CANARY) -> None:
     for path in root.rglob("*"):
         if path.is_file() and path.name != "payload.json":
             assert secret.encode() not in path.read_bytes(), f"secret leaked into {path}"
+
+
+Events = list[MutableMapping[str, Any]]
+
+
+@pytest.fixture
+def events(hub_token: str) -> Iterator[Events]:
+    """Every structlog event of the test; none may contain the canary token."""
+    with structlog.testing.capture_logs() as captured:
+        yield captured
+    assert hub_token not in repr(captured)
+
+
+def make_store(server: LocalHubServer, repo: str, token: str, **kw: Any) -> HubStore:
+    """A Hub store on the local server with short retries (``kw`` overrides them)."""
+    options: dict[str, Any] = {"call_timeout_s": 5.0, "retry_base_s": 0.01,
+                               "retry_max_s": 1.0, "max_attempts": 4}
+    options.update(kw)
+    deadline = options.pop("deadline", Deadline.after(60))
+    return HubStore(repo, token=token, deadline=deadline, endpoint=server.url, **options)

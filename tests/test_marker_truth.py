@@ -351,3 +351,28 @@ def test_after_sigterm_a_worker_ignoring_it_cannot_hold_the_marker_past_dockers_
     assert elapsed < 8, elapsed
     marker = layout.marker()
     assert marker is not None and (marker["rule"], marker["retriable"]) == ("interrupted", True)
+
+
+# --- 10. the payload's env decides the store ------------------------------------------------
+
+
+def test_a_store_named_only_in_the_payload_env_is_where_the_marker_goes(layout: Layout) -> None:
+    """``FLASH_STORE`` in the payload's env, no ``--store``: runner and worker use it."""
+    layout.write_worker(RAN_AND_COMPLETE)
+    layout.write_payload(env={"HF_TOKEN": CANARY, "FLASH_STORE": layout.store_url})
+    args = [a for a in layout.run_args() if a not in ("--store", layout.store_url)]
+    proc = layout.cli(*args, env={"FLASH_STORE": ""})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    marker = layout.marker()
+    assert marker is not None and marker["ok"] is True
+
+
+def test_an_unusable_store_in_the_payload_env_is_an_unusable_payload(layout: Layout) -> None:
+    layout.write_worker(RAN_AND_COMPLETE)
+    layout.write_payload(env={"HF_TOKEN": CANARY, "FLASH_STORE": "ftp://example.invalid/x"})
+    args = [a for a in layout.run_args() if a not in ("--store", layout.store_url)]
+    proc = layout.cli(*args)
+    assert proc.returncode == 2, proc.stderr.decode()[-2000:]
+    assert "FLASH_STORE" in _last_line(proc.stderr)
+    assert not (layout.scratch / "ran").exists()
+    assert not _result_file(layout).exists()

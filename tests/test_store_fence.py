@@ -16,12 +16,12 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog.testing
+from conftest import Events, make_store
 
 from fsm.clock import Deadline
 from fsm.errors import StoreUnavailable
@@ -36,23 +36,26 @@ configure_transfer(os.environ, accelerate=False)  # before huggingface_hub is im
 CONSOLE = "sft/r1/console_sft.txt"
 MARKER = "sft/r1/lambda_attempt0.json"
 
-Events = list[MutableMapping[str, Any]]
-
-
-@pytest.fixture
-def events(hub_token: str) -> Iterator[Events]:
-    """Every structlog event of the test; none may contain the canary token."""
-    with structlog.testing.capture_logs() as captured:
-        yield captured
-    assert hub_token not in repr(captured)
-
-
 def _hub_store(server: LocalHubServer, repo: str, token: str, **kw: Any) -> HubStore:
-    options: dict[str, Any] = {"call_timeout_s": 10.0, "retry_base_s": 0.01,
-                               "retry_max_s": 0.5, "max_attempts": 3}
-    options.update(kw)
-    return HubStore(repo, token=token, deadline=Deadline.after(60), endpoint=server.url,
-                    **options)
+    options: dict[str, Any] = {"call_timeout_s": 10.0, "retry_max_s": 0.5, "max_attempts": 3}
+    return make_store(server, repo, token, **{**options, **kw})
+
+
+def _in_thread(
+    commit: Callable[[], bool],
+) -> tuple[threading.Thread, list[bool | BaseException]]:
+    """Start ``commit`` in a daemon thread; its result (or exception) lands in the list."""
+    result: list[bool | BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(commit())
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
 
 
 def _local(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -114,17 +117,10 @@ def test_an_optional_commit_in_flight_when_the_marker_lands_returns_false(
     store = _hub_store(hub_server, hub_dataset, hub_token)
     fence = Fence()
     hub_server.hang("POST", r"/commit/", seconds=3)
-    result: list[bool | BaseException] = []
-
-    def optional() -> None:
-        try:
-            result.append(store.commit({CONSOLE: _local(tmp_path, "console", b"late")},
-                                       message="console tail", fence=fence))
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=optional, daemon=True)
-    thread.start()
+    late = _local(tmp_path, "console", b"late")
+    thread, result = _in_thread(
+        lambda: store.commit({CONSOLE: late}, message="console tail", fence=fence)
+    )
     assert hub_server.wait_for(_held, timeout=10)
     fence.seal()
     assert store.commit({MARKER: _local(tmp_path, "marker", b"{}")}, message="marker")
@@ -175,17 +171,10 @@ def test_a_412_while_the_fence_is_open_refreshes_the_head_and_lands(
     the 412 is answered by reading the head again and trying once more, which lands."""
     store = _hub_store(hub_server, hub_dataset, hub_token)
     hub_server.hang("POST", r"/commit/", seconds=2)
-    result: list[bool | BaseException] = []
-
-    def optional() -> None:
-        try:
-            result.append(store.commit({CONSOLE: _local(tmp_path, "c", b"tail")},
-                                       message="console tail", fence=Fence()))
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=optional, daemon=True)
-    thread.start()
+    tail = _local(tmp_path, "c", b"tail")
+    thread, result = _in_thread(
+        lambda: store.commit({CONSOLE: tail}, message="console tail", fence=Fence())
+    )
     assert hub_server.wait_for(_held, timeout=10)
     hub_server.add_file(hub_dataset, "sft/r1/heartbeat.json", "{}")  # the worker wrote
     thread.join(timeout=15)
@@ -206,17 +195,10 @@ def test_two_412s_give_up_with_store_unavailable(
     StoreUnavailable with a short, token-free reason, and nothing of it in the repo."""
     store = _hub_store(hub_server, hub_dataset, hub_token)
     hub_server.hang("POST", r"/commit/", seconds=2, times=2)
-    result: list[bool | BaseException] = []
-
-    def optional() -> None:
-        try:
-            result.append(store.commit({CONSOLE: _local(tmp_path, "c", b"tail")},
-                                       message="console tail", fence=Fence()))
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=optional, daemon=True)
-    thread.start()
+    tail = _local(tmp_path, "c", b"tail")
+    thread, result = _in_thread(
+        lambda: store.commit({CONSOLE: tail}, message="console tail", fence=Fence())
+    )
     for n in (1, 2):
 
         def held_n(log: list[RequestRecord], n: int = n) -> bool:
@@ -261,18 +243,10 @@ def test_local_commit_being_written_when_the_fence_is_sealed_lands_nothing(
     os.mkfifo(fifo)
     store = LocalStore(root, deadline=Deadline.after(60))
     fence = Fence()
-    result: list[bool | BaseException] = []
-
-    def optional() -> None:
-        try:
-            result.append(store.commit(
-                {CONSOLE: _local(tmp_path, "console", b"late tail"), "sft/r1/late": fifo},
-                message="console tail", fence=fence))
-        except BaseException as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=optional, daemon=True)
-    thread.start()
+    files = {CONSOLE: _local(tmp_path, "console", b"late tail"), "sft/r1/late": fifo}
+    thread, result = _in_thread(
+        lambda: store.commit(files, message="console tail", fence=fence)
+    )
     fd = _reader_waiting(fifo)  # the commit is copying its second file now
     fence.seal()
     os.write(fd, b"late")

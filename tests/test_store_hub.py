@@ -12,12 +12,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any
 
 import pytest
-import structlog.testing
+from conftest import Events, make_store
 
 from fsm.clock import Deadline
 from fsm.errors import (
@@ -35,23 +33,6 @@ configure_transfer(os.environ, accelerate=False)  # before huggingface_hub is im
 
 pytestmark = pytest.mark.hub
 
-Events = list[MutableMapping[str, Any]]
-
-
-@pytest.fixture
-def events(hub_token: str) -> Iterator[Events]:
-    """Every structlog event of the test; none may contain the canary token."""
-    with structlog.testing.capture_logs() as captured:
-        yield captured
-    assert hub_token not in repr(captured)
-
-
-def make_store(server: LocalHubServer, repo: str, token: str, **kw: Any) -> HubStore:
-    options: dict[str, Any] = {"call_timeout_s": 5.0, "retry_base_s": 0.01,
-                               "retry_max_s": 1.0, "max_attempts": 4}
-    options.update(kw)
-    deadline = options.pop("deadline", Deadline.after(60))
-    return HubStore(repo, token=token, deadline=deadline, endpoint=server.url, **options)
 
 
 def _commits(server: LocalHubServer) -> list[int | None]:

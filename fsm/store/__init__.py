@@ -44,7 +44,7 @@ def open_store(
         parts = urlsplit(url)
         path = unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-            raise PayloadError("--store: a file store must be file:///absolute/dir")
+            raise PayloadError("--store or FLASH_STORE: a file store must be file:///absolute/dir")
         from fsm.store.local import LocalStore
 
         return LocalStore(Path(path), deadline=deadline)
@@ -57,7 +57,9 @@ def open_store(
     if scheme in ("http", "https"):
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ, endpoint=url,
                         **_hub_tuning(environ))
-    raise PayloadError(f"--store: unsupported store URL scheme {scheme or url[:16]!r}")
+    raise PayloadError(
+        f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
+    )
 
 
 #: Environment knobs of the Hub adapter's time bounds and retries (all optional):
