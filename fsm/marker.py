@@ -2,12 +2,16 @@
 
 Mark is the only state that publishes a marker on the normal path; the deadline
 watchdog is the one other caller, when the main thread is stuck. ``Publisher.claim``
-makes sure only one of them ever publishes.
+makes sure only one of them ever publishes, and both build their record with
+``fsm.outcome.record``.
 
-The result is persisted next to the payload (in production the bind-mounted
-``/root/flash``, which survives the container) before it is uploaded. A runner started
-again for the same attempt finds it and replays it instead of training again; an
-exclusive lock keeps two live runners off one attempt.
+Only the owner writes: a runner holds the attempt's ``flock`` (:class:`AttemptLock`)
+before anything is written for the attempt. The result is persisted next to the payload
+(in production the bind-mounted ``/root/flash``, which survives the container) with the
+attempt's identity, before it is published. A runner started again for exactly that
+attempt of that run replays it instead of training again; a record of anything else is
+set aside, never replayed. Publishing is one commit of the end-of-attempt artifacts with
+the marker last, after the fence that keeps optional uploads from landing later is sealed.
 """
 
 from __future__ import annotations

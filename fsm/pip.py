@@ -18,6 +18,13 @@ like a real resolution failure. The ``--log`` file is always verbose, so its tai
 classified together with the console tail, while the console stays readable. (A quirk of
 ``--log``: pip then keeps a failing build's own output out of the console, so after a
 failure the end of the log is copied to ``out_fd`` for whoever reads the container log.)
+
+What may be installed is decided before pip runs (issue 11): :func:`refused_extra_pip`
+checks the payload's ``extra_pip`` against :data:`EXTRA_PIP_OPTIONS` and the entry kinds
+below, so pip is never told to read a file of the host (``-r``, ``-c``) and print its
+lines in an error. And every text built here from pip's output (the error message, the
+copy of its log) is redacted whole, before it is collapsed to one line or cut: a secret
+cut through first would leave a prefix no redactor recognises.
 """
 
 from __future__ import annotations
@@ -37,19 +44,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 import structlog
 
 from fsm.clock import Deadline, os_timeout
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
+from fsm.redact import Redactor
 
 __all__ = [
+    "ARCHIVE_SUFFIXES",
+    "EXTRA_PIP_OPTIONS",
     "NETWORK_SIGNATURES",
     "NetworkSignature",
+    "PipOption",
+    "Refusal",
     "classify_pip_output",
     "install",
     "network_signature",
+    "refused_extra_pip",
 ]
 
 RULE_NETWORK = "pip-network"
@@ -167,6 +181,205 @@ def network_signature(text: str) -> NetworkSignature | None:
 def classify_pip_output(text: str) -> Literal["network", "other"]:
     """``network`` when a failed pip's output shows a network failure, else ``other``."""
     return "network" if network_signature(text) is not None else "other"
+
+
+# --- what extra_pip may hold (issue 11) ---------------------------------------------------
+
+#: What an allowed option's value must be: ``url`` an http(s) or file URL; ``formats``
+#: ``:all:``, ``:none:`` or a comma list of package names; ``strategy`` ``eager`` or
+#: ``only-if-needed``; ``host`` a host name or address, optionally with ``:port``.
+ValueKind = Literal["url", "formats", "strategy", "host"]
+
+
+class PipOption(NamedTuple):
+    """A pip option ``extra_pip`` may carry: its spellings, its value (None: a flag)."""
+
+    names: tuple[str, ...]
+    value: ValueKind | None
+    meaning: str
+
+
+#: The only pip options ``extra_pip`` may hold (README, "extra_pip"). A value is given as
+#: the next entry (``["--index-url", URL]``) or, for the long spelling, attached
+#: (``"--index-url=URL"``). Every other option is refused, above all those that make pip
+#: read a file of the host (``-r``, ``-c``) or install somewhere else (``--target``).
+EXTRA_PIP_OPTIONS: tuple[PipOption, ...] = (
+    PipOption(("--index-url", "-i"), "url", "the package index (http(s) or file URL)"),
+    PipOption(("--extra-index-url",), "url", "one more package index (http(s) or file URL)"),
+    PipOption(
+        ("--find-links", "-f"), "url", "a page or directory of archives (http(s) or file URL)"
+    ),
+    PipOption(("--no-index",), None, "use no package index (only --find-links)"),
+    PipOption(("--pre",), None, "allow pre-releases"),
+    PipOption(("--no-deps",), None, "install no dependencies"),
+    PipOption(("--upgrade", "-U"), None, "upgrade what is already installed"),
+    PipOption(("--force-reinstall",), None, "reinstall even when up to date"),
+    PipOption(
+        ("--upgrade-strategy",), "strategy", "how dependencies upgrade: eager or only-if-needed"
+    ),
+    PipOption(("--only-binary",), "formats", ":all:, :none: or package names: wheels only"),
+    PipOption(("--no-binary",), "formats", ":all:, :none: or package names: no wheels"),
+    PipOption(("--prefer-binary",), None, "prefer an older wheel to a newer sdist"),
+    PipOption(("--trusted-host",), "host", "a host (name or address, optional :port)"),
+)
+
+#: What a path or a plain URL in ``extra_pip`` must end with: a wheel or an sdist.
+ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2", ".tar.xz")
+
+_OPTIONS = {name: option for option in EXTRA_PIP_OPTIONS for name in option.names}
+_READS_FILE = "makes pip read a file on the host"
+_MOVES_INSTALL = "changes where pip installs"
+_EDITABLE = "installs a local tree or a checkout in editable mode"
+_BACKEND = "passes settings to build backends"
+#: Why the options most often asked for are refused (any other option: not allowed).
+_REFUSED_OPTIONS = {
+    "-r": _READS_FILE,
+    "--requirement": _READS_FILE,
+    "-c": _READS_FILE,
+    "--constraint": _READS_FILE,
+    "-e": _EDITABLE,
+    "--editable": _EDITABLE,
+    "-t": _MOVES_INSTALL,
+    "--target": _MOVES_INSTALL,
+    "--prefix": _MOVES_INSTALL,
+    "--root": _MOVES_INSTALL,
+    "--user": _MOVES_INSTALL,
+    "--src": _MOVES_INSTALL,
+    "-C": _BACKEND,
+    "--config-settings": _BACKEND,
+}
+_REQUIREMENT_URL_SCHEMES = ("http", "https", "git+https", "file")
+_OPTION_URL_SCHEMES = ("http", "https", "file")
+_PACKAGE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_HOST = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+    r"[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_UNSAFE_IN_PATH = re.compile(r"[\s;#@\[\]]")
+
+
+class Refusal(NamedTuple):
+    """Why ``extra_pip`` is refused: the entry (its index in the list) and the reason."""
+
+    index: int
+    entry: str
+    reason: str
+
+
+def refused_extra_pip(entries: Sequence[str]) -> Refusal | None:
+    """The first entry of ``extra_pip`` that pip must not be given, or None if all are fine.
+
+    Entries are requirement specifiers (PEP 508, ``name @ url`` included), URLs
+    (http/https/file of a wheel or sdist, or ``git+https``), paths of wheels and sdists
+    (:data:`ARCHIVE_SUFFIXES`), and the options of :data:`EXTRA_PIP_OPTIONS` with their
+    values. Anything else is refused: no entry may make pip read a file of the host.
+    """
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        if not entry.startswith("-"):
+            problem = _requirement_problem(entry)
+            if problem is not None:
+                return Refusal(i, entry, problem)
+            i += 1
+            continue
+        name, eq, attached = entry.partition("=") if entry.startswith("--") else (entry, "", "")
+        option = _OPTIONS.get(name)
+        if option is None:
+            return Refusal(i, entry, _option_refusal(name))
+        if option.value is None:
+            if eq:
+                return Refusal(i, entry, f"{name} takes no value")
+            i += 1
+            continue
+        if eq:
+            value, at = attached, i
+        elif i + 1 < len(entries):
+            value, at = entries[i + 1], i + 1
+        else:
+            return Refusal(i, entry, f"{name} needs a value (the next entry)")
+        problem = _value_problem(option.value, value)
+        if problem is not None:
+            return Refusal(at, value if at != i else entry, f"the value of {name} {problem}")
+        i = at + 1
+    return None
+
+
+def _option_refusal(name: str) -> str:
+    reason = _REFUSED_OPTIONS.get(name)
+    if reason is None and not name.startswith("--") and len(name) > 2:
+        reason = _REFUSED_OPTIONS.get(name[:2])  # "-r/etc/x" is "-r /etc/x" to pip
+    if reason is not None:
+        return f"pip option {name[:2] if name not in _REFUSED_OPTIONS else name} {reason}"
+    allowed = ", ".join("/".join(option.names) for option in EXTRA_PIP_OPTIONS)
+    return f"not an allowed pip option (allowed: {allowed})"
+
+
+def _value_problem(kind: ValueKind, value: str) -> str | None:
+    if kind == "url":
+        return _url_problem(value, _OPTION_URL_SCHEMES, archive=False)
+    if kind == "strategy":
+        return None if value in ("eager", "only-if-needed") else "must be eager or only-if-needed"
+    if kind == "host":
+        return None if _HOST.fullmatch(value) else "must be a host name or address"
+    if value in (":all:", ":none:") or all(
+        _PACKAGE_NAME.fullmatch(name) for name in value.split(",")
+    ):
+        return None
+    return "must be :all:, :none: or a comma list of package names"
+
+
+def _requirement_problem(entry: str) -> str | None:
+    """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
+    if _SCHEME.match(entry):
+        return _url_problem(entry, _REQUIREMENT_URL_SCHEMES, archive=True)
+    if (
+        entry.lower().endswith(ARCHIVE_SUFFIXES)
+        and entry.isprintable()
+        and not _UNSAFE_IN_PATH.search(entry)
+    ):
+        return None  # a wheel or an sdist on this host
+    from packaging.requirements import InvalidRequirement, Requirement  # only when needed
+
+    try:
+        requirement = Requirement(entry)
+    except InvalidRequirement:
+        return (
+            "not a requirement (PEP 508), a URL, or the path of a wheel or sdist "
+            f"({', '.join(ARCHIVE_SUFFIXES)}; no spaces or any of ; # @ [ ])"
+        )
+    if requirement.url is not None:
+        return _url_problem(requirement.url, _REQUIREMENT_URL_SCHEMES, archive=True)
+    return None
+
+
+def _url_problem(url: str, schemes: Sequence[str], *, archive: bool) -> str | None:
+    """Why ``url`` is not one pip may be given (None: it is).
+
+    http(s) needs a host; file needs an absolute path on this host; with ``archive``
+    (a package, not an index) an http(s) or file URL must name a wheel or an sdist.
+    """
+    shown = "/".join(schemes)
+    if not url.isprintable() or any(char.isspace() for char in url):
+        return f"must be an {shown} URL without spaces or control characters"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        return f"must be a well-formed {shown} URL"
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        return f"must be an {shown} URL"
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            return "must be a file URL of an absolute path on this host (file:///...)"
+    elif not host:
+        return f"must be an {shown} URL with a host"
+    if archive and scheme != "git+https" and not parts.path.lower().endswith(ARCHIVE_SUFFIXES):
+        return f"must name a wheel or an sdist ({', '.join(ARCHIVE_SUFFIXES)})"
+    return None
 
 
 def install(

@@ -2,58 +2,297 @@
 
 The values of secret-looking keys in the payload env (DESIGN, "Secrets") are replaced by
 ``***`` in log events, console tails, error texts and the marker.
+
+A value can leak around a redactor that only knows whole values (TRAPS.md), so this one:
+
+* knows each secret in the forms it is printed in: as is, URL-quoted (three ways),
+  JSON-escaped (ASCII or not), backslash-escaped as by ``repr`` (both quote styles) and
+  whitespace-collapsed; ``bytes`` knows the UTF-8 of each of these;
+* masks every occurrence of every form whole, overlapping ones included (the union of all
+  matches becomes masks; the text between matches is kept unchanged);
+* masks credentials it was never told about: the userinfo of a URL
+  (``scheme://user:password@host``, ``scheme://token@host``), the value of an HTTP
+  ``Authorization`` header and a bare ``Bearer <token>``;
+* redacts first and shortens afterwards (``keep_last``, ``keep_first``, ``line``,
+  ``tail_of``), so no cut leaves a piece of a secret behind. ``tail_of`` reads ``longest``
+  bytes more than it keeps, so a secret straddling the kept window is masked whole, and
+  masks the piece of a secret that the read window itself cut at its start (and a secret's
+  start still being written at the end of the file).
+
+Results never hold 10 or more consecutive characters of a known secret (or the whole
+secret, when it is shorter) in any of those forms, for inputs that hold the secret whole
+(or, for ``tail_of``, cut by the read window).
 """
 
 from __future__ import annotations
 
+import builtins
+import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import AnyStr
+from urllib.parse import quote, quote_plus
 
 MASK = "***"
+_BMASK = MASK.encode()
 _SECRET_KEY = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
-# Values this short are not redacted: masking "1" or "ab" everywhere would shred the text
-# and such a value is no credential anyway.
+# Values (and printed forms) this short are not redacted: masking "1" or "ab" everywhere
+# would shred the text, and such a value is no credential anyway.
 _MIN_SECRET_LEN = 4
+#: A piece of a secret this long (in characters) is treated as the secret; shorter pieces of
+#: a longer secret carry too little of it to matter (and would match innocent text).
+_FRAGMENT = 10
+#: Settings that sit under secret-looking keys but are no secrets
+#: (``TOKENIZERS_PARALLELISM=false``, ``MAX_TOKENS=4096``): boolean words and plain numbers.
+_SETTING_VALUE = re.compile(
+    r"\s*(?:true|false|yes|no|on|off|[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*",
+    re.IGNORECASE,
+)
+
+# Credentials nobody named. The lookbehind keeps a scheme from starting inside a longer word
+# (and the scan linear); the userinfo runs to the last "@" before the host.
+_URL_USERINFO = (
+    r"(?P<scheme>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,31}://)"
+    r"(?P<userinfo>[^\s/?#\"'<>\\`]+)@"
+)
+_AUTH_HEADER = (
+    r"(?P<key>\b(?:proxy-)?authorization)"
+    r"(?P<sep>\\?[\"']?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
+    r"(?P<value>(?:[A-Za-z][A-Za-z0-9\-]*[ \t]+)?[^\s\"'\\,;]+)"
+)
+_BEARER = r"(?P<key>\bbearer[ \t]+)(?P<value>[^\s\"'\\,;]+)"
+_CREDENTIALS: tuple[tuple[str, str], ...] = (
+    (_URL_USERINFO, r"\g<scheme>***@"),
+    (_AUTH_HEADER, r"\g<key>\g<sep>***"),
+    (_BEARER, r"\g<key>***"),
+)
+_TEXT_CREDENTIALS = [(re.compile(p, re.IGNORECASE), r) for p, r in _CREDENTIALS]
+_BYTES_CREDENTIALS = [
+    (re.compile(p.encode(), re.IGNORECASE), r.encode()) for p, r in _CREDENTIALS
+]
+
+
+def _is_setting(value: str) -> bool:
+    return _SETTING_VALUE.fullmatch(value) is not None
 
 
 def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
-    """The keys of ``env`` whose values are secrets."""
+    """The keys of ``env`` whose values are secrets.
+
+    A key named in ``extra`` (FLASH_SECRET_ENV_KEYS) always is. A key that looks secret
+    (``TOKEN``, ``KEY``, ``SECRET`` or ``PASSWORD`` in it, any case; ``HF_TOKEN``) is, unless
+    its value is a boolean word (true/false/yes/no/on/off) or a plain number: masking
+    "false" everywhere would shred the text and hide nothing.
+    """
     listed = {k.strip() for k in extra if k.strip()}
-    return {k for k in env if _SECRET_KEY.search(k) or k == "HF_TOKEN" or k in listed}
+    return {
+        k
+        for k, v in env.items()
+        if k in listed
+        or (
+            (_SECRET_KEY.search(k) is not None or k == "HF_TOKEN")
+            and not (isinstance(v, str) and _is_setting(v))
+        )
+    }
+
+
+def _backslashed(secret: str, quote_char: str) -> str:
+    """The inside of ``repr(secret)`` written between ``quote_char`` quotes."""
+    out = []
+    for c in secret:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == quote_char:
+            out.append("\\" + c)
+        elif c in "'\"":
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])
+    return "".join(out)
+
+
+_ENCODERS: tuple[Callable[[str], str], ...] = (
+    lambda s: s,
+    lambda s: quote(s, safe=""),
+    quote,
+    quote_plus,
+    lambda s: json.dumps(s)[1:-1],
+    lambda s: json.dumps(s, ensure_ascii=False)[1:-1],
+    lambda s: _backslashed(s, "'"),
+    lambda s: _backslashed(s, '"'),
+    lambda s: " ".join(s.split()),
+)
+
+
+def _forms(secret: str) -> set[str]:
+    """Every printed form of ``secret`` long enough to be masked."""
+    forms = set()
+    for encode in _ENCODERS:
+        try:
+            form = encode(secret)
+        except UnicodeError:  # a lone surrogate cannot be URL-quoted
+            continue
+        if len(form) >= _MIN_SECRET_LEN:
+            forms.add(form)
+    return forms
+
+
+class _BytesForm:
+    """One printed form as bytes, with how much of its ends counts as the secret."""
+
+    def __init__(self, form: str, errors: str) -> None:
+        self.data = form.encode("utf-8", errors)
+        # A cut form keeps its last (first) 10 characters or more, or any part of a form
+        # shorter than that (the start of a read window can only be cut through a secret).
+        self.min_suffix = (
+            len(form[-_FRAGMENT:].encode("utf-8", errors)) if len(form) >= _FRAGMENT else 1
+        )
+        self.min_prefix = (
+            len(form[:_FRAGMENT].encode("utf-8", errors)) if len(form) > _FRAGMENT else 0
+        )
+
+    def cut_at_start(self, window: builtins.bytes) -> int:
+        """The length of the longest proper suffix of the form that starts ``window``
+        and is long enough to count (0 if none)."""
+        size = len(self.data)
+        needle = window[: self.min_suffix]
+        if len(needle) < self.min_suffix:
+            return 0
+        at = self.data.find(needle, 1)
+        while 0 < at <= size - self.min_suffix:
+            if window.startswith(self.data[at:]):
+                return size - at
+            at = self.data.find(needle, at + 1)
+        return 0
+
+    def cut_at_end(self, window: builtins.bytes) -> int:
+        """The length of the longest proper prefix of the form (10 characters or more) that
+        ends ``window`` (0 if none)."""
+        if not self.min_prefix or len(window) < self.min_prefix:
+            return 0
+        needle = window[-self.min_prefix :]
+        size = len(self.data)
+        at = self.data.rfind(needle, 0, size - 1)
+        while at >= 0:
+            if at + self.min_prefix < size and window.endswith(self.data[: at + self.min_prefix]):
+                return at + self.min_prefix
+            at = self.data.rfind(needle, 0, at + self.min_prefix - 1)
+        return 0
+
+
+def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
+    out: dict[builtins.bytes, _BytesForm] = {}
+    for form in forms:
+        for errors in ("strict", "surrogatepass", "surrogateescape"):
+            try:
+                made = _BytesForm(form, errors)
+            except UnicodeError:
+                continue
+            out.setdefault(made.data, made)
+            if errors == "strict":
+                break
+    return list(out.values())
+
+
+def _alternation(forms: Iterable[AnyStr]) -> list[AnyStr]:
+    """Longest first, so at any position the whole form is matched."""
+    return sorted(set(forms), key=lambda f: (-len(f), f))
+
+
+def _spans(pattern: re.Pattern[AnyStr] | None, value: AnyStr) -> list[tuple[int, int]]:
+    """Every position where a form starts, with the longest form matching there
+    (overlapping matches included, so the union of the spans covers every occurrence)."""
+    spans: list[tuple[int, int]] = []
+    if pattern is None:
+        return spans
+    found = pattern.search(value)
+    while found is not None:
+        spans.append(found.span())
+        found = pattern.search(value, found.start() + 1)
+    return spans
+
+
+def _masked(value: AnyStr, spans: list[tuple[int, int]], mask: AnyStr) -> AnyStr:
+    """``value`` with each union of overlapping spans replaced by one ``mask``."""
+    if not spans:
+        return value
+    parts: list[AnyStr] = []
+    pos = 0
+    ordered = sorted(spans)
+    start, end = ordered[0]
+    for s, e in ordered[1:]:
+        if s < end:
+            end = max(end, e)
+            continue
+        parts += [value[pos:start], mask]
+        pos = end
+        start, end = s, e
+    parts += [value[pos:start], mask, value[end:]]
+    return value[:0].join(parts)
 
 
 class Redactor:
-    """Replaces every known secret value by ``***``, in text and in bytes."""
+    """Replaces every known secret value by ``***``, in text and in bytes (see the module)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: list[str] = []
         self._pattern: re.Pattern[str] | None = None
-        self._bpattern: re.Pattern[bytes] | None = None
+        self._bpattern: re.Pattern[builtins.bytes] | None = None
+        self._bforms: list[_BytesForm] = []
+        self._longest = 0
         self.add(secrets)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], extra_keys: Iterable[str] = ()) -> Redactor:
+        """A redactor for the values of ``secret_keys(env, extra_keys)``."""
         return cls(env[k] for k in secret_keys(env, extra_keys))
 
     def add(self, secrets: Iterable[str]) -> None:
+        """Mask these values too (values shorter than 4 characters are ignored)."""
         new = {s for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_LEN}
         if not new - set(self._secrets):
             return
-        # Longest first, so a secret that contains another is masked whole.
         self._secrets = sorted(set(self._secrets) | new, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(s) for s in self._secrets))
+        forms = _alternation(f for s in self._secrets for f in _forms(s))
+        self._bforms = _byte_forms(forms)
+        self._pattern = re.compile("|".join(re.escape(f) for f in forms))
         self._bpattern = re.compile(
-            b"|".join(re.escape(s.encode("utf-8", "surrogatepass")) for s in self._secrets)
+            b"|".join(re.escape(b) for b in _alternation(f.data for f in self._bforms))
         )
+        self._longest = max(len(f.data) for f in self._bforms)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
-    def text(self, value: str) -> str:
-        return self._pattern.sub(MASK, value) if self._pattern else value
+    @property
+    def longest(self) -> int:
+        """The length in bytes of the longest text a secret form matches (0 when none): read
+        this much more than you keep and a secret across the cut is masked whole."""
+        return self._longest
 
-    def bytes(self, value: bytes) -> bytes:
-        return self._bpattern.sub(MASK.encode(), value) if self._bpattern else value
+    def text(self, value: str) -> str:
+        value = _masked(value, _spans(self._pattern, value), MASK)
+        for pattern, repl in _TEXT_CREDENTIALS:
+            value = pattern.sub(repl, value)
+        return value
+
+    def bytes(self, value: builtins.bytes) -> builtins.bytes:
+        return self._redact_bytes(value)
+
+    def _redact_bytes(
+        self, value: builtins.bytes, *, cut_start: bool = False, cut_end: bool = False
+    ) -> builtins.bytes:
+        spans = _spans(self._bpattern, value)
+        if cut_start and (piece := max((f.cut_at_start(value) for f in self._bforms), default=0)):
+            spans.append((0, piece))
+        if cut_end and (piece := max((f.cut_at_end(value) for f in self._bforms), default=0)):
+            spans.append((len(value) - piece, len(value)))
+        value = _masked(value, spans, _BMASK)
+        for pattern, repl in _BYTES_CREDENTIALS:
+            value = pattern.sub(repl, value)
+        return value
 
     def deep(self, value: object) -> object:
         """Redact strings inside nested dicts, lists and tuples (log events, markers)."""
@@ -64,3 +303,43 @@ class Redactor:
         if isinstance(value, list | tuple):
             return type(value)(self.deep(v) for v in value)
         return value
+
+    # --- redact, then shorten --------------------------------------------------------------
+
+    def keep_last(self, text: str, limit: int) -> str:
+        """The last ``limit`` characters of the redacted ``text``."""
+        return self.text(text)[-limit:] if limit > 0 else ""
+
+    def keep_first(self, text: str, limit: int) -> str:
+        """The first ``limit`` characters of the redacted ``text``."""
+        return self.text(text)[:limit] if limit > 0 else ""
+
+    def keep_last_bytes(self, data: builtins.bytes, limit: int) -> builtins.bytes:
+        """The last ``limit`` bytes of the redacted ``data``."""
+        return self.bytes(data)[-limit:] if limit > 0 else b""
+
+    def line(self, text: str, limit: int) -> str:
+        """One line of at most ``limit`` characters (errors, the final stderr line): redacted,
+        whitespace collapsed to single spaces (and redacted again: collapsing can form a
+        secret's collapsed form), then cut."""
+        if limit <= 0:
+            return ""
+        return self.text(" ".join(self.text(text).split()))[:limit]
+
+    def tail_of(self, path: Path, limit: int) -> builtins.bytes:
+        """The redacted last ``limit`` bytes of the file at ``path``.
+
+        Seeks instead of reading the file. Reads ``limit + longest`` bytes, so a secret across
+        the kept window's start is masked whole before the cut; a piece of a secret that the
+        read window cut at its start, or one still being written at the file's end, is masked
+        too. Raises ``OSError`` when the file cannot be read.
+        """
+        if limit <= 0:
+            return b""
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - (limit + self._longest))
+            f.seek(start)
+            window = f.read(size - start)
+        redacted = self._redact_bytes(window, cut_start=start > 0, cut_end=True)
+        return redacted[-limit:]
