@@ -14,7 +14,7 @@ import structlog
 
 from fsm.clock import os_timeout
 from fsm.context import Context
-from fsm.supervise import TAIL_BYTES, read_tail
+from fsm.supervise import TAIL_BYTES
 
 log = structlog.get_logger("fsm.console")
 
@@ -27,13 +27,16 @@ def console_path(ctx: Context) -> Path:
     return ctx.scratch / console_name(ctx)
 
 
-def upload_tail(ctx: Context, *, tail: bytes | None = None) -> bool:
-    """Upload the redacted last 64,000 bytes of the console; False (logged) on failure."""
+def upload_tail(ctx: Context) -> bool:
+    """Upload the redacted last 64,000 bytes of the console; False (logged) on failure.
+
+    The tail is read from the console file here, never taken already cut: the redactor
+    reads a wider window and masks before it cuts, so no secret straddling the tail's
+    start leaves as a fragment."""
     try:
-        if tail is None:
-            path = console_path(ctx)
-            tail = read_tail(path, TAIL_BYTES) if path.exists() else b""
-        text = ctx.redactor.bytes(tail).decode("utf-8", "replace")
+        path = console_path(ctx)
+        tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
+        text = tail.decode("utf-8", "replace")
         fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{console_name(ctx)}.")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -63,10 +66,10 @@ class PeriodicTail:
         self._busy = threading.Lock()
         self._closed = False
 
-    def __call__(self, tail: bytes) -> None:
+    def __call__(self, _tail: bytes) -> None:
         with self._busy:
             if not self._closed:
-                upload_tail(self._ctx, tail=tail)
+                upload_tail(self._ctx)  # reads (and redacts) the tail itself
 
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""

@@ -38,7 +38,8 @@ def failure_event(rule: policy.Rule) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """The one-line text of a failure, as the marker carries it."""
+    """The text of a failure, as the marker carries it (made one line by the redactor,
+    after masking: collapsing whitespace first could hide a secret that holds some)."""
     if isinstance(exc, Interrupted):
         return (
             f"interrupted by signal {exc.signum} (host stop or preemption); retry on a fresh host"
@@ -46,7 +47,7 @@ def describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     if not hasattr(exc, "rule") and not isinstance(exc, DeadlineExceeded):
         text = f"{type(exc).__name__}: {text}"
-    return " ".join(text.split())
+    return text
 
 
 def missing_handlers(handlers: Mapping[str, Handler]) -> list[str]:
@@ -121,13 +122,14 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
 
 
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:
+    message = ctx.redactor.line(message, marker.MAX_ERROR_CHARS)  # redact, then shorten
     ctx.failure = Failure(rule=rule.id, retriable=rule.retriable, message=message, state=state)
     log.warning(
         "state.failed",
         state=state,
         rule=rule.id,
         verdict=rule.verdict,
-        error=ctx.redactor.text(message),
+        error=message,
         exc_type=exc_type,
     )
     return failure_event(rule)
@@ -154,7 +156,8 @@ def _mark(ctx: Context, handler: Handler | None) -> str:
         if isinstance(exc, SystemExit):
             raise
         fault = describe(exc)
-        log.error("mark.failed", error=ctx.redactor.text(fault), rule=INTERNAL_RULE)
+        log.error("mark.failed", error=ctx.redactor.line(fault, marker.MAX_ERROR_CHARS),
+                  rule=INTERNAL_RULE)
         return _salvage(ctx, fault)
 
 

@@ -1,7 +1,9 @@
 """structlog configuration: JSON lines on stderr, readable when stderr is a terminal.
 
-Every event passes through the redaction processor, so a secret value that reaches a
-log call is masked before it is rendered.
+Every event passes through a redaction processor holding the attempt's own redactor
+(``attach``): a secret value that reaches a log call is masked before it is rendered.
+There is no module-level redactor: the processor in structlog's chain is the one place,
+and each attempt puts its own there.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import structlog
 
 from fsm.redact import Redactor
 
-#: The redactor every log event passes through; LoadPayload adds the payload's secrets.
-REDACTOR = Redactor()
 
+class RedactEvent:
+    """structlog processor: mask every secret the attempt knows in every value."""
 
-def redact_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Any:
-    """structlog processor: mask every known secret in every value of the event."""
-    if not REDACTOR:
-        return event
-    return {key: REDACTOR.deep(value) for key, value in event.items()}
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+
+    def __call__(
+        self, _logger: Any, _method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        return {key: self.redactor.deep(value) for key, value in event.items()}
 
 
 def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None:
@@ -38,7 +42,7 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            redact_event,
+            RedactEvent(Redactor()),
             # The message goes to "msg"; a transition's trigger ("_event") becomes "event".
             structlog.processors.EventRenamer("msg", replace_by="_event"),
             renderer,
@@ -46,6 +50,17 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+def attach(redactor: Redactor) -> None:
+    """Make ``redactor`` (the attempt's) the one every log event passes through from now."""
+    processors = list(structlog.get_config()["processors"])
+    found = [i for i, p in enumerate(processors) if isinstance(p, RedactEvent)]
+    if found:
+        processors[found[0]] = RedactEvent(redactor)
+    else:  # configured by someone else (a test, an embedding program): redact before rendering
+        processors.insert(max(0, len(processors) - 1), RedactEvent(redactor))
+    structlog.configure(processors=processors)
 
 
 def _drop(_logger: Any, _method: str, _event: MutableMapping[str, Any]) -> Any:

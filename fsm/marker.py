@@ -58,7 +58,7 @@ def build(
         "ts": time.time() if ts is None else ts,
         "attempt": dest.attempt,
         "retriable": bool(retriable) and not ok,
-        "error": "" if ok else redactor.text(error)[:MAX_ERROR_CHARS],
+        "error": "" if ok else redactor.line(error, MAX_ERROR_CHARS),
     }
     for key, value in evidence.items():
         marker.setdefault(key, redactor.deep(value))
@@ -367,11 +367,11 @@ def _commit(
         try:
             store.commit(files, message=f"Attempt marker {dest.marker_name}")
         except (StoreAuthError, StoreNotFound, DeadlineExceeded) as exc:
-            error = " ".join(str(exc).split()) or type(exc).__name__
+            error = str(exc) or type(exc).__name__
             log.error("marker.upload_failed", path=target, error=error, final=True)
             return False, error
         except (FlashError, OSError, ValueError) as exc:
-            error = " ".join(str(exc).split()) or type(exc).__name__
+            error = str(exc) or type(exc).__name__
             delay = base_delay_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
             last = attempt == tries or deadline.remaining() < delay
             log.warning(

@@ -49,7 +49,7 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
     """Put the console tail among the end artifacts when the attempt ran a worker and
     either failed or uploads its console: redacted, at most the last 64,000 bytes."""
     from fsm.console import console_name, console_path
-    from fsm.supervise import TAIL_BYTES, read_tail
+    from fsm.supervise import TAIL_BYTES
 
     if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
         return
@@ -57,7 +57,8 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
         ctx.evidence["console_dropped"] = "no time left before the marker"
         return
     try:
-        tail = ctx.redactor.bytes(read_tail(console_path(ctx), TAIL_BYTES))
+        # Redacted before the cut: a secret straddling the tail's start is masked whole.
+        tail = ctx.redactor.tail_of(console_path(ctx), TAIL_BYTES)
     except FileNotFoundError:
         return
     except OSError as exc:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fsm.errors import PayloadError
+from fsm.pip import refused_extra_pip
+from fsm.redact import Redactor
 
 PHASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ARM_RE = PHASE_RE
@@ -175,7 +177,8 @@ def parse(raw: Mapping[str, Any]) -> Payload:
     phase = _required(raw, "phase", str)
     if not PHASE_RE.fullmatch(phase):
         raise PayloadError(
-            f"payload key 'phase' must match {PHASE_RE.pattern} (it names files), got {phase!r:.80}"
+            f"payload key 'phase' must match {PHASE_RE.pattern} (it names files), "
+            f"got {_quoted(phase, raw)}"
         )
     seed = _required(raw, "seed", int)
     spec = _opt(raw, "job_spec_json", str, None)
@@ -184,7 +187,7 @@ def parse(raw: Mapping[str, Any]) -> Payload:
         seed=seed,
         job_spec_json=spec,
         job_spec_in_hf=_opt(raw, "job_spec_in_hf", bool, False),
-        extra_pip=tuple(_str_list(raw, "extra_pip")),
+        extra_pip=_extra_pip(raw),
         **common,
     )
 
@@ -200,16 +203,18 @@ def _destination(raw: Mapping[str, Any]) -> Destination:
     """The one place that decides the destination keys: raises naming the first bad one."""
     repo = _required(raw, "hf_repo", str)
     if not _valid_repo(repo):
-        raise PayloadError(f"payload key 'hf_repo' must look like 'org/name', got {repo!r:.80}")
+        raise PayloadError(
+            f"payload key 'hf_repo' must look like 'org/name', got {_quoted(repo, raw)}"
+        )
     prefix = _required(raw, "hf_prefix", str)
     problem = _prefix_problem(prefix)
     if problem is not None:
-        raise PayloadError(f"payload key 'hf_prefix' {problem}, got {prefix!r:.80}")
+        raise PayloadError(f"payload key 'hf_prefix' {problem}, got {_quoted(prefix, raw)}")
     arm = _opt(raw, "flash_arm", str, "instance")
     if not ARM_RE.fullmatch(arm):
         raise PayloadError(
             f"payload key 'flash_arm' must match {ARM_RE.pattern} (it names the marker), "
-            f"got {arm!r:.80}"
+            f"got {_quoted(arm, raw)}"
         )
     attempt = _opt(raw, "attempt", int, 0)
     if attempt < 0:
@@ -383,6 +388,36 @@ def _str_list(raw: Mapping[str, Any], key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise PayloadError(f"payload key {key!r} must be a list of strings")
     return list(value)
+
+
+#: How much of a refused ``extra_pip`` entry its error message quotes.
+QUOTED_ENTRY_CHARS = 80
+
+
+def _extra_pip(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """``extra_pip``: packages to install, never a way to make pip read the host
+    (``fsm.pip.refused_extra_pip`` decides; issue 11)."""
+    entries = _str_list(raw, "extra_pip")
+    refused = refused_extra_pip(entries)
+    if refused is not None:
+        shown = _quoted(refused.entry, raw)
+        raise PayloadError(
+            f"payload key 'extra_pip' entry {refused.position} {shown} is refused: {refused.reason}"
+        )
+    return tuple(entries)
+
+
+def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
+    """A payload value for a one-line message, at most QUOTED_ENTRY_CHARS: the env's secrets
+    and any URL credentials are masked before it is cut (``Redactor.line``), so the cut never
+    leaves a piece of a secret the runner's redactor would not recognise."""
+    value = raw.get("env")
+    env = {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
+    listed = env.get("FLASH_SECRET_ENV_KEYS", "").split(",")
+    line = Redactor.from_env(env, listed).line(entry, QUOTED_ENTRY_CHARS + 1)
+    if len(line) > QUOTED_ENTRY_CHARS:
+        line = line[: QUOTED_ENTRY_CHARS - 3] + "..."
+    return repr(line)
 
 
 def _env(raw: Mapping[str, Any]) -> dict[str, str]:

@@ -196,7 +196,6 @@ class PipOption(NamedTuple):
 
     names: tuple[str, ...]
     value: ValueKind | None
-    meaning: str
 
 
 #: The only pip options ``extra_pip`` may hold (README, "extra_pip"). A value is given as
@@ -204,23 +203,19 @@ class PipOption(NamedTuple):
 #: (``"--index-url=URL"``). Every other option is refused, above all those that make pip
 #: read a file of the host (``-r``, ``-c``) or install somewhere else (``--target``).
 EXTRA_PIP_OPTIONS: tuple[PipOption, ...] = (
-    PipOption(("--index-url", "-i"), "url", "the package index (http(s) or file URL)"),
-    PipOption(("--extra-index-url",), "url", "one more package index (http(s) or file URL)"),
-    PipOption(
-        ("--find-links", "-f"), "url", "a page or directory of archives (http(s) or file URL)"
-    ),
-    PipOption(("--no-index",), None, "use no package index (only --find-links)"),
-    PipOption(("--pre",), None, "allow pre-releases"),
-    PipOption(("--no-deps",), None, "install no dependencies"),
-    PipOption(("--upgrade", "-U"), None, "upgrade what is already installed"),
-    PipOption(("--force-reinstall",), None, "reinstall even when up to date"),
-    PipOption(
-        ("--upgrade-strategy",), "strategy", "how dependencies upgrade: eager or only-if-needed"
-    ),
-    PipOption(("--only-binary",), "formats", ":all:, :none: or package names: wheels only"),
-    PipOption(("--no-binary",), "formats", ":all:, :none: or package names: no wheels"),
-    PipOption(("--prefer-binary",), None, "prefer an older wheel to a newer sdist"),
-    PipOption(("--trusted-host",), "host", "a host (name or address, optional :port)"),
+    PipOption(("--index-url", "-i"), "url"),
+    PipOption(("--extra-index-url",), "url"),
+    PipOption(("--find-links", "-f"), "url"),
+    PipOption(("--no-index",), None),
+    PipOption(("--pre",), None),
+    PipOption(("--no-deps",), None),
+    PipOption(("--upgrade", "-U"), None),
+    PipOption(("--force-reinstall",), None),
+    PipOption(("--upgrade-strategy",), "strategy"),
+    PipOption(("--only-binary",), "formats"),
+    PipOption(("--no-binary",), "formats"),
+    PipOption(("--prefer-binary",), None),
+    PipOption(("--trusted-host",), "host"),
 )
 
 #: What a path or a plain URL in ``extra_pip`` must end with: a wheel or an sdist.
@@ -260,9 +255,9 @@ _UNSAFE_IN_PATH = re.compile(r"[\s;#@\[\]]")
 
 
 class Refusal(NamedTuple):
-    """Why ``extra_pip`` is refused: the entry (its index in the list) and the reason."""
+    """Why ``extra_pip`` is refused: the entry (its position in the list) and the reason."""
 
-    index: int
+    position: int
     entry: str
     reason: str
 
@@ -307,11 +302,11 @@ def refused_extra_pip(entries: Sequence[str]) -> Refusal | None:
 
 
 def _option_refusal(name: str) -> str:
-    reason = _REFUSED_OPTIONS.get(name)
-    if reason is None and not name.startswith("--") and len(name) > 2:
-        reason = _REFUSED_OPTIONS.get(name[:2])  # "-r/etc/x" is "-r /etc/x" to pip
+    # pip reads "-r/etc/x" as "-r /etc/x": a short option is its first two characters
+    key = name if name in _REFUSED_OPTIONS or name.startswith("--") else name[:2]
+    reason = _REFUSED_OPTIONS.get(key)
     if reason is not None:
-        return f"pip option {name[:2] if name not in _REFUSED_OPTIONS else name} {reason}"
+        return f"pip option {key} {reason}"
     allowed = ", ".join("/".join(option.names) for option in EXTRA_PIP_OPTIONS)
     return f"not an allowed pip option (allowed: {allowed})"
 
@@ -333,7 +328,7 @@ def _value_problem(kind: ValueKind, value: str) -> str | None:
 def _requirement_problem(entry: str) -> str | None:
     """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
     if _SCHEME.match(entry):
-        return _url_problem(entry, _REQUIREMENT_URL_SCHEMES, archive=True)
+        return _package_url_problem(entry)
     if (
         entry.lower().endswith(ARCHIVE_SUFFIXES)
         and entry.isprintable()
@@ -350,8 +345,13 @@ def _requirement_problem(entry: str) -> str | None:
             f"({', '.join(ARCHIVE_SUFFIXES)}; no spaces or any of ; # @ [ ])"
         )
     if requirement.url is not None:
-        return _url_problem(requirement.url, _REQUIREMENT_URL_SCHEMES, archive=True)
+        return _package_url_problem(requirement.url)
     return None
+
+
+def _package_url_problem(url: str) -> str | None:
+    problem = _url_problem(url, _REQUIREMENT_URL_SCHEMES, archive=True)
+    return None if problem is None else f"a package URL {problem}"
 
 
 def _url_problem(url: str, schemes: Sequence[str], *, archive: bool) -> str | None:
@@ -382,6 +382,27 @@ def _url_problem(url: str, schemes: Sequence[str], *, archive: bool) -> str | No
     return None
 
 
+#: pip settings from the environment that would make pip read (and quote in its errors) a
+#: file of the host, or read its options from one: the environment twins of the options
+#: extra_pip may not carry (-r, -c, -e, a config file). pip runs without them; the worker's
+#: own environment keeps them.
+_HOST_READING_SETTINGS = frozenset({
+    "PIP_REQUIREMENT", "PIP_REQUIREMENTS", "PIP_CONSTRAINT", "PIP_CONSTRAINTS",
+    "PIP_BUILD_CONSTRAINT", "PIP_EDITABLE", "PIP_CONFIG_FILE", "PIP_SRC",
+})
+
+
+def _installer_env(env: Mapping[str, str]) -> dict[str, str]:
+    """pip's environment: ``env`` less the settings that make pip read host files."""
+    dropped = sorted(k for k in env if k.upper() in _HOST_READING_SETTINGS)
+    if dropped:
+        structlog.get_logger().warning("pip.settings_dropped", keys=dropped,
+                                       reason="they make pip read host files")
+    # The image's own pip configuration (a mirror, say) is trusted; a file the payload
+    # names is not.
+    return {k: v for k, v in env.items() if k.upper() not in _HOST_READING_SETTINGS}
+
+
 def install(
     requirements: Sequence[str],
     *,
@@ -393,6 +414,7 @@ def install(
     tries: int = 3,
     backoff_s: float = 2.0,
     out_fd: int = 1,
+    redactor: Redactor | None = None,
 ) -> None:
     """``pip install`` ``requirements`` into ``python``'s environment, or raise.
 
@@ -402,14 +424,20 @@ def install(
     ``tries`` network-shaped failures, :class:`FatalError` (rule ``pip-failed``) on any
     other failure, :class:`DeadlineExceeded` when ``deadline`` passes and
     :class:`Interrupted` when ``interrupt`` is triggered; pip is stopped in every case.
+
+    ``redactor`` is the attempt's: every text built from pip's output (the error
+    messages, the copy of pip's log on ``out_fd``) is redacted whole before it is collapsed
+    or cut. pip's own console output is forwarded to ``out_fd`` as it comes, like the
+    worker's.
     """
     reqs = list(requirements)
     if not reqs:
         return
     if tries < 1:
         raise ValueError(f"tries must be at least 1, got {tries}")
+    redactor = Redactor() if redactor is None else redactor
     log = structlog.get_logger()
-    child_env = dict(env)
+    child_env = _installer_env(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     with _Waker(interrupt) as waker, tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
         for attempt in range(1, tries + 1):
@@ -418,12 +446,14 @@ def install(
             argv = _pip_argv(python, env, log_path, extra_args, reqs)
             log.info("pip.try", attempt=attempt, tries=tries, requirements=len(reqs))
             started = time.monotonic()
-            returncode, console = _run(argv, child_env, deadline, interrupt, waker, out_fd)
+            returncode, console = _run(
+                argv, child_env, deadline, interrupt, waker, out_fd, redactor
+            )
             seconds = round(time.monotonic() - started, 3)
             if returncode == 0:
                 log.info("pip.installed", attempt=attempt, seconds=seconds)
                 return
-            sig, line = _evidence(returncode, console, log_path, out_fd)
+            sig, line = _evidence(returncode, console, log_path, out_fd, redactor)
             log.warning(
                 "pip.failed",
                 attempt=attempt,
@@ -434,7 +464,7 @@ def install(
             )
             if sig is None:
                 raise FatalError(
-                    _bounded(f"pip install failed (exit status {returncode}): {line}"),
+                    _bounded(f"pip install failed (exit status {returncode}): {line}", redactor),
                     rule=RULE_FAILED,
                 )
             delay = backoff_s * 2 ** (attempt - 1)
@@ -443,7 +473,10 @@ def install(
                 if attempt < tries:
                     tried += " (no time left for another)"
                 raise RetriableError(
-                    _bounded(f"pip install failed (network: {sig.meaning}) after {tried}: {line}"),
+                    _bounded(
+                        f"pip install failed (network: {sig.meaning}) after {tried}: {line}",
+                        redactor,
+                    ),
                     rule=RULE_NETWORK,
                 )
             log.info("pip.backoff", attempt=attempt, seconds=delay)
@@ -451,17 +484,19 @@ def install(
 
 
 def _evidence(
-    returncode: int, console: str, log_path: Path, out_fd: int
+    returncode: int, console: str, log_path: Path, out_fd: int, redactor: Redactor
 ) -> tuple[NetworkSignature | None, str]:
-    """A failed run's network signature (None: not network-shaped) and its telling line.
+    """A failed run's network signature (None: not network-shaped) and its telling line,
+    redacted (whole: nothing is cut yet).
 
-    Also copies the end of pip's verbose log to ``out_fd``, for the human reader.
+    Also copies the end of pip's verbose log to ``out_fd``, redacted, for the human reader.
     """
     log_text = _read_tail(log_path)
-    log_lines = _log_lines(log_text)
+    sig = network_signature(console + "\n" + log_text)  # classified on what pip said
+    log_lines = _log_lines(redactor.text(log_text))
     _report_log(out_fd, log_lines)
-    line = _last_error_line(console, log_lines) or f"pip exited with status {returncode}"
-    return network_signature(console + "\n" + log_text), line
+    line = _last_error_line(redactor.text(console), log_lines)
+    return sig, line or f"pip exited with status {returncode}"
 
 
 def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
@@ -511,7 +546,8 @@ def _log_lines(log_text: str) -> list[str]:
 
 def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
     """Show the end of pip's verbose log on the console: it holds what pip's console omits
-    at its default verbosity (failed index fetches, a failed build's own output)."""
+    at its default verbosity (failed index fetches, a failed build's own output).
+    ``log_lines`` are redacted already: here they are only cut."""
     telling = [line for line in log_lines if not _LOG_CHATTER.match(line)]
     tail = [line[:_REPORT_LINE_CHARS] for line in telling[-_REPORT_LINES:]]
     if not tail:
@@ -552,6 +588,7 @@ def _run(
     interrupt: InterruptFlag,
     waker: _Waker,
     out_fd: int,
+    redactor: Redactor,
 ) -> tuple[int, str]:
     """Run pip once; its exit status and console tail. Stops it on deadline or interrupt."""
     try:
@@ -565,7 +602,8 @@ def _run(
         )
     except OSError as exc:
         raise FatalError(
-            _bounded(f"pip install failed: cannot start {argv[0]}: {exc}"), rule=RULE_FAILED
+            _bounded(f"pip install failed: cannot start {argv[0]}: {exc}", redactor),
+            rule=RULE_FAILED,
         ) from exc
     assert proc.stdout is not None
     tail = _Tail(TAIL_BYTES)
@@ -654,20 +692,33 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of a file, read by seeking ("" when it does not exist)."""
+    """The last ``limit`` bytes of a file, read by seeking ("" when it does not exist),
+    from the first whole line (see :func:`_whole_lines`)."""
     try:
         with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
-            return f.read().decode("utf-8", "replace")
+            start = max(0, f.seek(0, os.SEEK_END) - limit)
+            f.seek(start)
+            return _whole_lines(f.read(), cut=start > 0).decode("utf-8", "replace")
     except OSError:
         return ""
 
 
-def _bounded(message: str) -> str:
-    message = " ".join(message.split())  # one line
-    if len(message) <= MESSAGE_CHARS:
-        return message
-    return message[: MESSAGE_CHARS - 3] + "..."
+def _whole_lines(data: bytes, *, cut: bool) -> bytes:
+    """``data`` without its first line when ``cut`` (the text before it was dropped): that
+    line may begin inside a secret, whose rest no redactor would recognise."""
+    if not cut:
+        return data
+    newline = data.find(b"\n")
+    return b"" if newline < 0 else data[newline + 1 :]
+
+
+def _bounded(message: str, redactor: Redactor) -> str:
+    """``message`` redacted, on one line, at most MESSAGE_CHARS (``Redactor.line``: redacted
+    before it is collapsed and cut, so no cut goes through a secret)."""
+    line = redactor.line(message, MESSAGE_CHARS + 1)
+    if len(line) <= MESSAGE_CHARS:
+        return line
+    return line[: MESSAGE_CHARS - 3] + "..."
 
 
 class _Tail:
@@ -676,6 +727,7 @@ class _Tail:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._buf = bytearray()
+        self._dropped = False
         self._lock = threading.Lock()
 
     def add(self, chunk: bytes) -> None:
@@ -683,10 +735,14 @@ class _Tail:
             self._buf += chunk
             if len(self._buf) > 2 * self._limit:  # trim in batches, not on every chunk
                 del self._buf[: -self._limit]
+                self._dropped = True
 
     def text(self) -> str:
+        """The tail from its first whole line (:func:`_whole_lines`)."""
         with self._lock:
-            return bytes(self._buf[-self._limit :]).decode("utf-8", "replace")
+            cut = len(self._buf) > self._limit or self._dropped
+            data = bytes(self._buf[-self._limit :])
+        return _whole_lines(data, cut=cut).decode("utf-8", "replace")
 
 
 class _Waker:

@@ -60,9 +60,9 @@ _URL_USERINFO = (
 _AUTH_HEADER = (
     r"(?P<key>\b(?:proxy-)?authorization)"
     r"(?P<sep>\\?[\"']?[ \t]*[:=][ \t]*(?:\\?[\"'])?)"
-    r"(?P<value>(?:[A-Za-z][A-Za-z0-9\-]*[ \t]+)?[^\s\"'\\,;]+)"
+    r"(?P<value>(?:[A-Za-z][A-Za-z0-9\-]*[ \t]+)?[^\s\"'\\,;&]+)"
 )
-_BEARER = r"(?P<key>\bbearer[ \t]+)(?P<value>[^\s\"'\\,;]+)"
+_BEARER = r"(?P<key>\bbearer[ \t]+)(?P<value>[^\s\"'\\,;&]+)"
 _CREDENTIALS: tuple[tuple[str, str], ...] = (
     (_URL_USERINFO, r"\g<scheme>***@"),
     (_AUTH_HEADER, r"\g<key>\g<sep>***"),
@@ -123,6 +123,8 @@ _ENCODERS: tuple[Callable[[str], str], ...] = (
     lambda s: _backslashed(s, "'"),
     lambda s: _backslashed(s, '"'),
     lambda s: " ".join(s.split()),
+    # pip lowercases the URL it names in its errors (a token in a URL's path, say)
+    str.lower,
 )
 
 

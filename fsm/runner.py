@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from fsm import driver, table
+from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy
@@ -34,6 +35,8 @@ EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
 EXIT_UNPUBLISHED = 3
 EXIT_NOT_OWNER = 75  # EX_TEMPFAIL: another runner owns the attempt; nothing was written
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
+MAX_REASON_CHARS = 2_000
 
 log = structlog.get_logger("fsm.runner")
 
@@ -101,6 +104,7 @@ def run_attempt(
         python=python,
         started_at=time.time(),
     )
+    log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
     watchdog = Watchdog(ctx, exit=hard_exit, say=say or _stderr_line)
     with _signals(ctx, handle_signals):
         watchdog.start()
@@ -109,6 +113,9 @@ def run_attempt(
         except AttemptBusy as exc:
             code = EXIT_DEADLINE if exc.ended_by == "deadline" else EXIT_NOT_OWNER
             return Outcome(code, None, str(exc), ctx)
+        except Exception as exc:  # a defect outside the (total) driver: still one line
+            log.error("runner.internal_error", exc_type=type(exc).__name__)
+            return _said(ctx, EXIT_INTERNAL, None, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             watchdog.stop()
             if ctx.lock is not None:
@@ -125,7 +132,7 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     rule = record.get("rule") or (ctx.failure.rule if ctx.failure else "")
     attempt = ctx.dest.attempt if ctx.dest else "?"
     published = ctx.publisher.result
-    error = record.get("error") or (ctx.redactor.text(ctx.failure.message) if ctx.failure else "")
+    error = record.get("error") or (ctx.failure.message if ctx.failure else "")
     verdict = {
         table.SUCCEEDED: "succeeded",
         table.FAILED_RETRIABLE: "failed (retriable",
@@ -153,12 +160,12 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
             if published.persisted
             else "the result could not be persisted either"
         )
-        reason = f"marker NOT published ({ctx.redactor.text(published.error)}); {kept}; {reason}"
+        reason = f"marker NOT published ({published.error}); {kept}; {reason}"
     return _said(ctx, code, terminal, reason)
 
 
-def _said(ctx: Context, code: int, terminal: str, reason: str) -> Outcome:
-    return Outcome(code, terminal, " ".join(ctx.redactor.text(reason).split())[:2_000], ctx)
+def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome:
+    return Outcome(code, terminal, ctx.redactor.line(reason, MAX_REASON_CHARS), ctx)
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from fsm.context import Context, Failure
 EXIT_DEADLINE = 124
 EXIT_UNPUBLISHED = 3
 MARKER_BOUND_S = 8.0
+MAX_REASON_CHARS = 2_000
 log = structlog.get_logger("fsm.watchdog")
 
 
@@ -83,7 +84,7 @@ class Watchdog:
             if not published.landed:
                 status = EXIT_UNPUBLISHED
                 reason = (
-                    f"marker NOT published ({ctx.redactor.text(published.error)}); the result "
+                    f"marker NOT published ({published.error}); the result "
                     f"is persisted at {published.persisted}; {reason}"
                 )
         else:
@@ -94,7 +95,7 @@ class Watchdog:
             reason = f"the attempt deadline passed while its marker was being published in {where}"
         log.error("deadline.hard_exit", status=status)
         with contextlib.suppress(Exception):
-            self._say(" ".join(reason.split()))
+            self._say(ctx.redactor.line(reason, MAX_REASON_CHARS))
         self._exit(status)
 
     def _publish(self, ctx: Context, where: str) -> marker.Published:

@@ -1,4 +1,9 @@
-"""InstallExtras: install the run's ``extra_pip`` requirements before anything else."""
+"""InstallExtras: install the run's ``extra_pip`` requirements before anything else.
+
+The payload's ``extra_pip`` was checked against the allow-list when it was parsed
+(``fsm.pip.refused_extra_pip``); pip's failures are reported through the attempt's
+redactor.
+"""
 
 from __future__ import annotations
 
@@ -18,5 +23,6 @@ def install_extras(ctx: Context) -> str:
                 python=ctx.python,
                 out_fd=ctx.out_fd,
                 backoff_s=ctx.tuning.pip_backoff_s,
+                redactor=ctx.redactor,
             )
     return table.EXTRAS_INSTALLED

@@ -13,13 +13,15 @@ still end in a retriable marker once the destination is known.
 
 from __future__ import annotations
 
+import structlog
+
 from fsm import marker, payload, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, Interrupted, PayloadError
-from fsm.log import REDACTOR
 from fsm.redact import secret_keys
 
+log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
 REPLAY_BOUND_S = 60.0
 
@@ -29,7 +31,7 @@ def load_payload(ctx: Context) -> str:
         raw = payload.read_raw(ctx.settings.payload_path)
         _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
         if isinstance(raw.get("run_id"), str):
-            ctx.evidence["run_id"] = raw["run_id"][:200]
+            ctx.evidence["run_id"] = ctx.redactor.keep_first(raw["run_id"], 200)
         env = raw.get("env")
         if isinstance(env, dict):
             ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
@@ -94,6 +96,6 @@ def _learn_secrets(ctx: Context, env: object) -> None:
     listed = ",".join(
         (ctx.environ.get("FLASH_SECRET_ENV_KEYS", ""), text_env.get("FLASH_SECRET_ENV_KEYS", ""))
     )
-    secrets = [text_env[k] for k in secret_keys(text_env, listed.split(","))]
-    ctx.redactor.add(secrets)
-    REDACTOR.add(secrets)
+    keys = secret_keys(text_env, listed.split(","))
+    ctx.redactor.add(text_env[k] for k in keys)
+    log.info("secrets.keys", keys=sorted(keys))  # which keys: never their values

@@ -38,7 +38,7 @@ def preload(ctx: Context) -> str:
             except DeadlineExceeded:
                 raise
             except (FlashError, OSError, ValueError) as exc:
-                result["failed"][repo_id] = ctx.redactor.text(str(exc))[:500]
+                result["failed"][repo_id] = ctx.redactor.line(str(exc), 500)
                 log.warning("preload.model_failed", repo_id=repo_id, error=str(exc))
                 if isinstance(exc, StoreAuthError):
                     break
@@ -51,7 +51,7 @@ def preload(ctx: Context) -> str:
     ctx.evidence["preload"] = {k: v for k, v in result.items() if k != "error"}
     # The warm driver polls preload_result.json: it goes up in the marker's own commit, so
     # it has landed exactly when the marker has.
-    ctx.end_artifacts[RESULT_NAME] = json.dumps(result)
+    ctx.end_artifacts[RESULT_NAME] = ctx.redactor.text(json.dumps(result))
     if problem is not None:
         raise FatalError(problem, rule="preload-unmounted")
     if result["failed"]:

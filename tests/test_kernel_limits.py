@@ -249,8 +249,9 @@ def test_a_40_day_budget_runs_extras_and_the_worker(layout: Layout, tmp_path: Pa
     """)
     layout.write_payload(
         max_wall_s=3_456_000,
-        extra_pip=["--no-index", "--target", str(target), str(wheel)],
-        env={"HF_TOKEN": CANARY, **PIP_ISOLATED},
+        extra_pip=["--no-index", str(wheel)],
+        # (the payload may not move pip's install with --target: the env says where)
+        env={"HF_TOKEN": CANARY, **PIP_ISOLATED, "PIP_TARGET": str(target)},
     )
 
     proc = _run_cli(layout)

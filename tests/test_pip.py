@@ -31,10 +31,12 @@ from fsm.pip import (
     NETWORK_SIGNATURES,
     PIP_RETRIES,
     STOP_GRACE_S,
+    TAIL_BYTES,
     classify_pip_output,
     install,
     network_signature,
 )
+from fsm.redact import Redactor
 
 SECRET = "hf_s3cr3t-value-never-logged"
 
@@ -92,6 +94,7 @@ class Pip:
                 tries=tries,
                 backoff_s=backoff_s,
                 out_fd=out.fileno(),
+                redactor=Redactor([SECRET]),
             )
 
 
@@ -468,3 +471,117 @@ def test_signatures_are_printable_data() -> None:
     for sig in NETWORK_SIGNATURES:
         assert sig.meaning
         assert sig.pattern.pattern
+
+
+# --- redaction: the whole text first, then collapsed and cut (issue 11) ----------------------
+
+FAKE_PIP = """\
+#!{python}
+# Stands in for ``python -m pip install ...``: prints what the test left in FAKE_PIP_DIR
+# (console.txt to stdout, log.txt to the --log file) and fails.
+import os, sys
+from pathlib import Path
+
+here = Path(os.environ["FAKE_PIP_DIR"])
+args = sys.argv[1:]
+Path(args[args.index("--log") + 1]).write_bytes((here / "log.txt").read_bytes())
+sys.stdout.buffer.write((here / "console.txt").read_bytes())
+sys.exit(1)
+"""
+
+#: A secret for these tests: long enough that a cut leaves a telling piece of it.
+LONG_SECRET = "ghp_0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b"
+
+
+def fragments(secret: str, size: int = 10) -> list[str]:
+    """Every ``size``-character piece of ``secret``: a cut through it leaves one of them."""
+    return [secret[i : i + size] for i in range(len(secret) - size + 1)]
+
+
+def assert_no_fragment(text: str, secret: str = LONG_SECRET) -> None:
+    leaked = [piece for piece in fragments(secret) if piece in text]
+    assert leaked == [], f"pieces of the secret leaked: {leaked[:3]} in {text[-300:]!r}"
+
+
+class FakePip:
+    """A stand-in pip that prints a given console and log, then fails (exit status 1)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path / "fakepip"
+        self.dir.mkdir()
+        self.python = self.dir / "python"
+        self.python.write_text(FAKE_PIP.format(python=sys.executable))
+        self.python.chmod(0o755)
+        self.out = tmp_path / "out.txt"
+
+    def fail(self, console: str, log: str = "", secret: str = LONG_SECRET) -> FatalError:
+        (self.dir / "console.txt").write_text(console)
+        (self.dir / "log.txt").write_text(log)
+        with self.out.open("wb") as out, pytest.raises(FatalError) as err:
+            install(
+                ["flashdemo"],
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                     "FAKE_PIP_DIR": str(self.dir)},
+                deadline=Deadline.after(30),
+                interrupt=InterruptFlag(),
+                python=str(self.python),
+                tries=1,
+                out_fd=out.fileno(),
+                redactor=Redactor([secret]),
+            )
+        return err.value
+
+
+@pytest.fixture
+def fake_pip(tmp_path: Path) -> FakePip:
+    return FakePip(tmp_path)
+
+
+@pytest.mark.parametrize("pad", range(380, 440, 4))
+def test_a_secret_where_the_message_is_cut_is_redacted_before_the_cut(
+    fake_pip: FakePip, pad: int
+) -> None:
+    """pip's error line is redacted whole before it is cut to MESSAGE_CHARS: a secret
+    across the cut leaves no piece of itself in the message."""
+    line = f"ERROR: Invalid requirement: '{'x' * pad}{LONG_SECRET}@127.0.0.1/{'y' * 100}.git'"
+    error = fake_pip.fail(f"Collecting something\n{line}\n")
+    assert len(error.message) == MESSAGE_CHARS  # the cut happened, inside the secret or after
+    assert_one_line(error.message)
+    assert "***" in error.message or error.message.endswith("x...")
+    assert_no_fragment(error.message)
+
+
+def test_a_secret_holding_whitespace_is_redacted_before_the_line_is_collapsed(
+    fake_pip: FakePip,
+) -> None:
+    """A secret with a run of spaces is masked before whitespace is collapsed (collapsed
+    first, it would no longer match)."""
+    secret = "tok  en\twith   spaces-0123456789abcdef"
+    error = fake_pip.fail(f"ERROR: could not use {secret} here\n", secret=secret)
+    assert "ERROR: could not use *** here" in error.message
+    assert_no_fragment(error.message, " ".join(secret.split()))
+
+
+def test_the_copy_of_pips_log_is_redacted_before_its_lines_are_cut(fake_pip: FakePip) -> None:
+    """The end of pip's verbose log shown on out_fd cuts long lines: never through a secret."""
+    log = "".join(
+        f"2026-01-01T00:00:00,000 Looking at {'y' * pad}{LONG_SECRET}/simple/\n"
+        for pad in range(360, 400, 4)
+    )
+    error = fake_pip.fail("ERROR: boom\n", log=log)
+    shown = fake_pip.out.read_text()
+    assert "pip failed; the end of its verbose log:" in shown
+    assert "Looking at yyy" in shown
+    assert_no_fragment(shown)
+    assert_no_fragment(error.message)
+
+
+def test_a_tail_that_begins_inside_a_secret_shows_none_of_it(fake_pip: FakePip) -> None:
+    """Only the last TAIL_BYTES of pip's output are kept: a line cut at their start (it may
+    begin inside a secret) is dropped, not reported."""
+    keep = 12  # characters of the secret that fall inside the kept tail
+    console = "z" * 5000 + LONG_SECRET + "q" * (TAIL_BYTES - keep)
+    error = fake_pip.fail(console, log=console)
+    assert_no_fragment(error.message)
+    assert_no_fragment(fake_pip.out.read_text().split(console)[-1])
+    assert error.message == "pip install failed (exit status 1): pip exited with status 1"

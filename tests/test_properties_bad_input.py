@@ -5,7 +5,6 @@ the run's directories."""
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
@@ -26,7 +25,6 @@ from hypothesis import strategies as st
 
 from fsm import log, payload
 from fsm.errors import PayloadError
-from fsm.redact import Redactor
 from fsm.runner import run_attempt
 
 MISSING = object()  # a mutation that deletes the key
@@ -140,20 +138,15 @@ def bad_payloads(draw: st.DrawFn, layout_payload: dict[str, Any]) -> BadInput:
 
 @contextmanager
 def isolated_redaction() -> Iterator[io.StringIO]:
-    """Generated env values become secrets of the shared log redactor: give each example
-    its own, and route the real log chain to a buffer; both restored after."""
+    """Route the real log chain to a buffer (each attempt attaches its own redactor to
+    it); structlog's configuration is restored after."""
     saved = structlog.get_config()
     buffer = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        fresh = Redactor()
-        mp.setattr(log, "REDACTOR", fresh)
-        # (the package re-exports the handler under the module's name: go by module path)
-        mp.setattr(importlib.import_module("states.load_payload"), "REDACTOR", fresh)
-        log.configure(buffer, json=True)
-        try:
-            yield buffer
-        finally:
-            structlog.configure(**saved)
+    log.configure(buffer, json=True)
+    try:
+        yield buffer
+    finally:
+        structlog.configure(**saved)
 
 
 @contextmanager

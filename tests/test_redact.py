@@ -1,0 +1,257 @@
+"""The redactor on the cases of issue 11, one example each: a token across the console
+tail's 64,000-byte boundary, a URL-special password printed quoted and escaped, text cut or
+collapsed before redaction, "false" taken for a secret; and the rules around them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote, quote_plus
+
+import pytest
+
+import fsm.redact
+from fsm.redact import MASK, Redactor, secret_keys
+
+TOKEN = "hf_Zq8XwV3nP0rT6yLmK2bC9dF4gH7jS1aQe"  # 37 characters, like the one that leaked
+PASSWORD = 'p@ss/w"rd!{x} 100%&more'
+PEM = (
+    "-----BEGIN PRIVATE KEY-----\n"
+    "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n"
+    "VJTUt9Us8cKjMzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuic\n"
+    "-----END PRIVATE KEY-----\n"
+)
+
+
+def fragments(secret: str, size: int = 10) -> list[str]:
+    return [secret[i : i + size] for i in range(len(secret) - size + 1)]
+
+
+def test_a_token_printed_across_the_tail_boundary_is_masked_whole(tmp_path: Path) -> None:
+    """The tail starts 64,000 bytes before the end; a token printed 7 characters before that
+    point used to be uploaded as its last 30 characters."""
+    path = tmp_path / "console.txt"
+    before, after = b"x" * 5_000, b"y" * (64_000 - 30) + b"\n"
+    path.write_bytes(before + TOKEN.encode() + after)
+    tail = Redactor([TOKEN]).tail_of(path, 64_000)
+    assert len(tail) == 64_000
+    assert not any(f.encode() in tail for f in fragments(TOKEN))
+    assert tail.endswith(after)
+
+
+def test_a_token_cut_by_the_read_window_is_masked_even_when_masks_shorten_the_tail(
+    tmp_path: Path,
+) -> None:
+    """Masks after the cut make the redacted window shorter than it was read, so the kept
+    bytes reach back to the window's first byte: the piece of the token there is masked."""
+    redactor = Redactor([TOKEN])
+    path = tmp_path / "console.txt"
+    rest = (". " + TOKEN) * 5 + "\n"
+    content = ("x" * 500 + TOKEN + rest).encode()
+    path.write_bytes(content)
+    for at in range(1, len(TOKEN)):
+        limit = len(content) - redactor.longest - (500 + at)
+        tail = redactor.tail_of(path, limit)
+        assert not any(f.encode() in tail for f in fragments(TOKEN)), at
+        assert tail.endswith(rest.replace(TOKEN, MASK).encode())
+
+
+def test_what_is_left_of_a_short_secret_at_the_start_of_a_cut_window_is_masked(
+    tmp_path: Path,
+) -> None:
+    secret = "pw:73!x"  # shorter than 10 characters: any remaining part counts
+    redactor = Redactor([secret])
+    path = tmp_path / "console.txt"
+    content = ("z" * 100 + secret + (" " + secret) * 40 + " end").encode()
+    path.write_bytes(content)
+    start = 100 + 4  # the window starts at "!x"
+    limit = len(content) - redactor.longest - start
+    tail = redactor.tail_of(path, limit)
+    assert tail.startswith(MASK.encode() + b" ***")
+    assert b"!x" not in tail
+
+
+def test_a_secret_still_being_written_at_the_end_of_the_console_is_masked(
+    tmp_path: Path,
+) -> None:
+    """A block-buffered worker flushes at any byte: the tail read in between holds the
+    token's first characters at its very end."""
+    path = tmp_path / "console.txt"
+    path.write_bytes(b"loading token=" + TOKEN[:20].encode())
+    assert Redactor([TOKEN]).tail_of(path, 1_000) == b"loading token=***"
+
+
+def test_the_tail_is_read_by_seeking_not_by_reading_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 50 MB console costs no more than its tail: one read of ``limit + longest`` bytes."""
+    path = tmp_path / "console.txt"
+    with open(path, "wb") as f:
+        f.truncate(50_000_000)
+        f.seek(0, 2)
+        f.write(b"done with " + TOKEN.encode() + b"\n")
+    reads: list[int] = []
+    real_open = open
+
+    class Spy:
+        def __init__(self, file: IO[bytes]) -> None:
+            self.file = file
+
+        def __enter__(self) -> Spy:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+        def seek(self, offset: int, whence: int = 0) -> int:
+            return self.file.seek(offset, whence)
+
+        def read(self, size: int = -1) -> bytes:
+            reads.append(size)
+            return self.file.read(size)
+
+    def spy_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return Spy(real_open(file, mode, *args, **kwargs))
+
+    monkeypatch.setattr(fsm.redact, "open", spy_open, raising=False)
+    redactor = Redactor([TOKEN])
+    assert redactor.tail_of(path, 100).endswith(b"done with ***\n")
+    assert reads == [100 + redactor.longest]
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        quote(PASSWORD, safe=""),
+        quote(PASSWORD),
+        quote_plus(PASSWORD),
+        json.dumps(PASSWORD)[1:-1],
+        json.dumps(PASSWORD, ensure_ascii=False)[1:-1],
+        repr(PASSWORD)[1:-1],
+        " ".join(PASSWORD.split()),
+    ],
+    ids=["quote-safe-none", "quote", "quote-plus", "json", "json-unicode", "repr", "collapsed"],
+)
+def test_a_url_special_password_is_masked_however_it_was_printed(printed: str) -> None:
+    redactor = Redactor([PASSWORD])
+    assert redactor.text(f"db={printed}; retry") == f"db={MASK}; retry"
+    assert redactor.bytes(f"db={printed}; retry".encode()) == f"db={MASK}; retry".encode()
+
+
+def test_a_json_document_holding_a_secret_keeps_its_shape() -> None:
+    redactor = Redactor([PASSWORD, "sécret-ünïcode"])
+    doc = json.dumps({"password": PASSWORD, "user": "ann", "other": "sécret-ünïcode"})
+    assert json.loads(redactor.text(doc)) == {"password": MASK, "user": "ann", "other": MASK}
+
+
+def test_keeping_the_first_characters_of_a_message_never_keeps_a_token_prefix() -> None:
+    redactor = Redactor([TOKEN])
+    message = "401 for token " + TOKEN + " on org/x"
+    for limit in range(len(message) + 1):
+        assert not any(f in redactor.keep_first(message, limit) for f in fragments(TOKEN))
+        assert not any(f in redactor.keep_last(message, limit) for f in fragments(TOKEN))
+    assert redactor.keep_first(message, 20) == "401 for token *** on"
+    assert redactor.keep_last(message, 12) == "*** on org/x"
+    assert redactor.keep_last_bytes(message.encode(), 12) == b"*** on org/x"
+    assert redactor.keep_first(message, 0) == redactor.keep_last(message, 0) == ""
+
+
+def test_a_pem_key_is_masked_before_the_line_collapses_its_newlines() -> None:
+    redactor = Redactor([PEM])
+    error = f"bad key:\n{PEM}\nin   /etc/key.pem"
+    assert redactor.line(error, 2_000) == "bad key: *** in /etc/key.pem"
+    assert redactor.line(error, 12) == "bad key: ***"
+    # a key already collapsed by someone else is still known
+    assert redactor.line("got " + " ".join(PEM.split()), 100) == "got ***"
+
+
+def test_the_line_masks_a_secret_that_collapsing_whitespace_forms() -> None:
+    redactor = Redactor(["open sesame"])
+    assert redactor.line("said open\n\tsesame twice", 100) == "said *** twice"
+
+
+def test_overlapping_secrets_are_masked_as_one() -> None:
+    """Masking one match at a time would leave the tail of the second secret."""
+    first, second = "AAAA-shared-middle-part", "shared-middle-part-ZZZZZZZZZZ"
+    redactor = Redactor([first, second])
+    assert redactor.text("x AAAA-shared-middle-part-ZZZZZZZZZZ y") == "x *** y"
+
+
+def test_text_around_a_secret_is_kept_exactly() -> None:
+    redactor = Redactor([TOKEN])
+    assert redactor.text(f"a{TOKEN}b {TOKEN}\n") == f"a{MASK}b {MASK}\n"
+    assert redactor.text("nothing secret here: 1 2 3") == "nothing secret here: 1 2 3"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("git+https://user:pa55@github.com/x", "git+https://***@github.com/x"),
+        ("pip install git+https://ghp_abc123@github.com/o/r.git",
+         "pip install git+https://***@github.com/o/r.git"),
+        ("postgres://u:p@ss@db:5432/x?sslmode=1", "postgres://***@db:5432/x?sslmode=1"),
+        ("https://example.com/a@b and mail@example.com",
+         "https://example.com/a@b and mail@example.com"),
+        ("Authorization: Bearer hf_abc\r\nHost: x", "Authorization: ***\r\nHost: x"),
+        ("proxy-authorization=Basic dXNlcjpwdw==&x=1", "proxy-authorization=***&x=1"),
+        ('{"Authorization": "token abc", "a": 1}', '{"Authorization": "***", "a": 1}'),
+        ("{'authorization': 'Bearer abc'}", "{'authorization': '***'}"),
+        ("curl -H 'Authorization: Bearer abc' x", "curl -H 'Authorization: ***' x"),
+        ("retrying with Bearer eyJhbGciOi.J9x-_ now", "retrying with Bearer *** now"),
+        ("Authorization failed for org/x", "Authorization failed for org/x"),
+    ],
+)
+def test_credentials_nobody_named_are_masked_in_text_and_bytes(text: str, expected: str) -> None:
+    assert Redactor().text(text) == expected
+    assert Redactor().bytes(text.encode()) == expected.encode()
+
+
+def test_settings_under_secret_looking_keys_are_not_secrets() -> None:
+    env = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "MAX_TOKENS": "4096",
+        "KEY_FRACTION": " 0.25\n",
+        "USE_SECRET_MANAGER": "Yes",
+        "HF_TOKEN": "hf_real_token_value",
+        "WANDB_API_KEY": "0123abcd" * 5,
+        "DB_DSN": "postgres://u:pw@db/x",
+        "FLAG": "true",
+    }
+    assert secret_keys(env, ["DB_DSN", " FLAG "]) == {"HF_TOKEN", "WANDB_API_KEY", "DB_DSN", "FLAG"}
+    redactor = Redactor.from_env(env, ["DB_DSN", "FLAG"])
+    assert redactor.text("parallelism=false tokens=4096") == "parallelism=false tokens=4096"
+    assert redactor.text("flag is true") == "flag is ***"  # listed: a secret whatever it is
+    assert redactor.text(env["HF_TOKEN"]) == MASK
+
+
+def test_values_shorter_than_four_characters_are_never_masked() -> None:
+    """Masking "1" or "ab" everywhere would shred every line and hide no credential."""
+    redactor = Redactor(["ab", "x1y"])
+    assert not redactor
+    assert redactor.longest == 0
+    assert redactor.text("ab x1y") == "ab x1y"
+
+
+def test_longest_is_the_longest_printed_form_in_bytes() -> None:
+    assert Redactor().longest == 0
+    assert Redactor(["ééééé"]).longest == len(quote("ééééé").encode())  # 30
+    redactor = Redactor(["abcd"])
+    redactor.add([PASSWORD])
+    assert redactor.longest == max(len(quote(PASSWORD, safe="")), len(quote_plus(PASSWORD)))
+
+
+def test_a_secret_with_an_undecodable_byte_is_masked_in_console_bytes() -> None:
+    secret = "tok\udcff-value"  # how Python reads the byte 0xFF from an environment variable
+    redactor = Redactor([secret])
+    assert redactor.bytes(b"[tok\xff-value]") == b"[***]"
+    assert redactor.text(f"[{secret}]") == "[***]"
+
+
+def test_deep_redacts_nested_events_and_keeps_their_shape() -> None:
+    redactor = Redactor([TOKEN])
+    event: dict[str, Any] = {
+        "msg": f"using {TOKEN}",
+        "args": (1, [f"x{TOKEN}", None], {"k": quote(TOKEN)}),
+    }
+    assert redactor.deep(event) == {"msg": "using ***", "args": (1, ["x***", None], {"k": MASK})}
