@@ -19,11 +19,24 @@ ARG CONSTRAINTS=constraints/runtime.txt
 # writable so setuptools can build in it, and discarded afterwards: no source layer, no pip
 # cache, no build dependencies stay in the image. Every dependency is a pinned wheel, so the
 # base image needs no compiler.
+#
+# The image carries the runner only. The test helpers (fsm/testing: the local Hub server and
+# the pytest plugin) are part of the one distribution, since an extra cannot leave modules
+# out, so the step deletes that directory right after the install and drops its lines from
+# the distribution's RECORD: what pip lists is what is there (docs/testing.md). The rmtree
+# fails the build if the helpers ever move; `-I` keeps the working directory (a base image's
+# WORKDIR) off sys.path. `flash-bootstrap policy` then proves the runner runs without them.
 RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
     python3 -m pip install --no-cache-dir --no-input --disable-pip-version-check \
         --root-user-action=ignore \
         -c "/tmp/flash-bootstrap-src/${CONSTRAINTS}" \
         "/tmp/flash-bootstrap-src[fast]" \
+    && python3 -I -c 'import importlib.metadata as md, shutil; \
+        dist = md.distribution("flash-bootstrap"); \
+        record = next(f for f in dist.files if f.name == "RECORD").locate(); \
+        shutil.rmtree(dist.locate_file("fsm/testing")); \
+        lines = record.read_text().splitlines(keepends=True); \
+        record.write_text("".join(x for x in lines if not x.startswith("fsm/testing/")))' \
     && flash-bootstrap policy > /dev/null
 
 # CONTRACT section 1: /root/flash is the host bind mount holding payload.json and the

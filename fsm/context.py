@@ -16,18 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
+from fsm.rules import Rule
 from fsm.store.base import Fence, Store
 
 if TYPE_CHECKING:
     from fsm.supervise import WorkerExit
 
-StoreFactory = Callable[[Destination, Deadline, Mapping[str, str]], Store]
+StoreFactory = Callable[[Destination, Budget, Mapping[str, str]], Store]
 
 _FALSY = ("", "0", "false", "no", "off")
 _T = TypeVar("_T")
@@ -115,10 +117,13 @@ def _float(value: str | None, default: Any) -> Any:
 class Failure:
     """Why the attempt failed: what Mark publishes."""
 
-    rule: str
-    retriable: bool
-    message: str
+    rule: Rule
+    message: str  # redacted, one line
     state: str
+
+    @property
+    def retriable(self) -> bool:
+        return self.rule.retriable
 
 
 @dataclass
@@ -240,10 +245,21 @@ class Context:
             self._exit_store = self.store_until(self.deadline)
         return self._exit_store
 
-    def store_until(self, deadline: Deadline) -> Store:
-        """A store handle for the attempt's destination whose calls end by ``deadline``."""
+    def store_until(self, deadline: Deadline, *, stop_on_signal: bool = True) -> Store:
+        """A store handle for the attempt's destination whose calls end by ``deadline``;
+        its retries stop at a signal unless ``stop_on_signal`` is off (the marker's)."""
         assert self.dest is not None, "LoadPayload finds the destination"
-        return self.open_store(self.dest, deadline, self.store_env())
+        budget = self.budget_until(deadline) if stop_on_signal else Budget(deadline)
+        return self.open_store(self.dest, budget, self.store_env())
+
+    @property
+    def budget(self) -> Budget:
+        """The attempt's budget: its deadline, its interrupt flag, its clock."""
+        return Budget(self.deadline, self.interrupt)
+
+    def budget_until(self, deadline: Deadline) -> Budget:
+        """The attempt's budget ending at ``deadline`` instead."""
+        return Budget(deadline, self.interrupt)
 
     def store_env(self) -> dict[str, str]:
         """What the store obeys: the runner's environment with the payload's env over it

@@ -1,18 +1,18 @@
 """Pictures of the machine, drawn from the same table the runner executes.
 
-Four formats (``flash-bootstrap diagram --format``):
+``flash-bootstrap diagram --format``:
 
 * ``mermaid``: a ``stateDiagram-v2`` (pure Python; GitHub renders it);
-* ``dot``: Graphviz source (pure Python);
-* ``svg`` and ``png``: that Graphviz source laid out by pygraphviz (the ``diagrams`` extra:
-  ``pip install 'flash-bootstrap[diagrams]'``; its wheel bundles Graphviz, no system
-  ``dot`` needed), after checking it against the ``transitions`` GraphMachine.
+* ``dot``, ``svg``, ``png``: the drawing of the ``transitions`` GraphMachine (pygraphviz
+  engine, the ``diagrams`` extra: ``pip install 'flash-bootstrap[diagrams]'``; its wheel
+  bundles Graphviz), restyled with the GraphMachine's per-state styles.
 
-The four exits every working state but Mark shares (``failed_retriable``,
-``failed_fatal``, ``interrupted``, ``deadline_exceeded``, 28 transitions) are drawn
-readably: in Mermaid as one edge per state carrying all four names, in Graphviz as one
-muted edge from a box around those seven states. Terminal states are drawn as terminal
-(``--> [*]`` in Mermaid, double circles in Graphviz).
+Only what ``transitions`` cannot draw is drawn here. Its Mermaid engine does not mark the
+final states of a flat machine, paints the initial state "active" and has no notes, so the
+Mermaid text is written here. In Graphviz, the 28 shared failure transitions (four exits
+of every working state but Mark) become one dashed edge from a box around those seven
+states, and the start arrow is added. Terminal states are terminal (``--> [*]``, double
+circles).
 
 With a marker (``--marker FILE``) the picture shows the path that attempt took: its
 states and transitions highlighted, the state where its fate was decided (the marker's
@@ -21,11 +21,10 @@ Mark, the terminal state the marker announces.
 
 ``python -m fsm.diagram --write diagrams`` regenerates the committed copies
 (``lifecycle.mmd``, ``lifecycle.svg``, ``transitions.json``); ``--policy-doc
-docs/policy.md`` refreshes the generated block of the policy page. ``tests/test_diagram.py``
+docs/policy.md`` refreshes the policy page (``fsm.policy_doc``). ``tests/test_diagram.py``
 fails when a committed copy no longer matches the machine.
 
-Importing this module is cheap: the standard library and ``fsm.table`` only. pygraphviz
-and the diagram extension of ``transitions`` are imported when an image is drawn.
+Importing this module is cheap: the standard library and ``fsm.table`` only.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ __all__ = [
     "DiagramUnavailable",
     "InvalidMarker",
     "dot",
-    "graph_machine_edges",
+    "graph",
     "mermaid",
     "normalise_svg",
     "render",
@@ -92,7 +91,6 @@ class Attempt:
     edges: frozenset[tuple[str, str, str]]  # (source, dest, event) it took
     decided: str | None  # the state where its fate was decided (the marker's ``state``)
     rule: str
-    terminal: str | None  # the terminal state it reached, when its path reached Mark
     outcome: str  # ok, retriable or fatal
     title: str
     watchdog: bool
@@ -142,7 +140,6 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
         edges=frozenset(edges),
         decided=decided,
         rule=rule,
-        terminal=terminal,
         outcome=outcome,
         title=title,
         watchdog=watchdog,
@@ -160,21 +157,16 @@ def _event_between(
     if source == table.MARK and terminal is not None:
         return table.OUTCOME_EVENT[terminal]
     if dest == table.MARK and not ok:
-        # the state before Mark is where a failed attempt failed (the driver's path)
-        return _failure_event(rule, retriable)
+        # the state before Mark is where a failed attempt failed (the driver's path), by
+        # the exit its rule names
+        from fsm.policy import BY_ID  # only for a marker
+
+        known = BY_ID.get(rule)
+        if known is not None:
+            return known.event
+        return table.FAILED_RETRIABLE_EVENT if retriable else table.FAILED_FATAL_EVENT
     progress = [e for e in events if e not in table.FAILURE_EVENTS]
     return progress[0] if progress else None
-
-
-def _failure_event(rule_id: str, retriable: bool) -> str:
-    """The failure exit the driver takes for ``rule_id`` (``fsm.driver.failure_event``)."""
-    from fsm.driver import failure_event  # only for a marker: the driver's one mapping
-    from fsm.policy import BY_ID
-
-    known = BY_ID.get(rule_id)
-    if known is not None:
-        return failure_event(known)
-    return table.FAILED_RETRIABLE_EVENT if retriable else table.FAILED_FATAL_EVENT
 
 
 def _clean(text: str, limit: int) -> str:
@@ -183,19 +175,18 @@ def _clean(text: str, limit: int) -> str:
 
 
 def _one_line(text: str, limit: int) -> str:
-    """One line of marker text for a Graphviz label (``_q`` escapes it), cut at ``limit``."""
+    """One line of marker text for a Graphviz label (``_gv`` escapes it), cut at ``limit``."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # --- Mermaid --------------------------------------------------------------------------
 
-_MERMAID_CLASSES = {
-    "taken": "fill:#cfe3ff,stroke:#1f5fbf,stroke-width:2px",
-    "decided_ok": "fill:#d7f5d7,stroke:#2e8b2e,stroke-width:4px",
-    "decided_retriable": "fill:#ffe7bf,stroke:#d9822b,stroke-width:4px",
-    "decided_fatal": "fill:#ffd4d4,stroke:#c62828,stroke-width:4px",
-}
+_BLUE = "#1f5fbf"  # the path taken
+_PATH_FILL = "#cfe3ff"
+#: (fill, line) per outcome: the deciding state's outline, the terminal states' colours.
+_OUTCOME_COLORS = {"ok": ("#d7f5d7", "#2e8b2e"), "retriable": ("#ffe7bf", "#d9822b"),
+                   "fatal": ("#ffd4d4", "#c62828")}
 
 
 def mermaid(marker: Mapping[str, Any] | None = None) -> str:
@@ -213,8 +204,9 @@ def mermaid(marker: Mapping[str, Any] | None = None) -> str:
     if marker is not None:
         attempt = attempt_of(marker)
         decided_class = f"decided_{attempt.outcome}"
-        used = ["taken", decided_class]
-        lines += [f"    classDef {name} {_MERMAID_CLASSES[name]}" for name in used]
+        fill, line = _OUTCOME_COLORS[attempt.outcome]
+        lines += [f"    classDef taken fill:{_PATH_FILL},stroke:{_BLUE},stroke-width:2px",
+                  f"    classDef {decided_class} fill:{fill},stroke:{line},stroke-width:4px"]
         for state in dict.fromkeys(attempt.path):
             if state != attempt.decided:
                 lines.append(f"    class {state} taken")
@@ -231,128 +223,54 @@ def mermaid(marker: Mapping[str, Any] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- Graphviz -------------------------------------------------------------------------
+# --- Graphviz: the transitions GraphMachine's drawing -----------------------------------
 
 FONT = "Helvetica,Arial,sans-serif"
 CLUSTER = "cluster_working"
+TITLE = "flash-bootstrap: the lifecycle of one attempt"
 _START = "__start__"
-_BLUE = "#1f5fbf"
 _MUTED = "#8a8a8a"
-_TERMINAL_FILL = {
-    table.SUCCEEDED: ("#d7f5d7", "#2e8b2e"),
-    table.FAILED_RETRIABLE: ("#ffe7bf", "#d9822b"),
-    table.FAILED_FATAL: ("#ffd4d4", "#c62828"),
-}
-_OUTCOME_COLOR = {"ok": "#2e8b2e", "retriable": "#d9822b", "fatal": "#c62828"}
+_ON = {"color": _BLUE, "fontcolor": _BLUE, "penwidth": "2.5"}
+_TERMINAL_OUTCOME = {table.SUCCEEDED: "ok", table.FAILED_RETRIABLE: "retriable",
+                     table.FAILED_FATAL: "fatal"}
 
 
-def _q(text: str) -> str:
-    """A double-quoted Graphviz string; newlines become centred line breaks."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + escaped.replace("\n", "\\n") + '"'
+def _styles() -> dict[str, Any]:
+    """The GraphMachine's ``style_attributes``: the named styles ``set_node_style`` applies."""
+    node: dict[str, dict[str, str]] = {
+        "default": {"shape": "box", "style": "rounded,filled", "fillcolor": "white",
+                    "color": "black", "fontname": FONT, "fontsize": "12",
+                    "margin": "0.15,0.06"},
+        "active": {},  # a picture of the table has no current state
+        "path": {"fillcolor": _PATH_FILL, "color": _BLUE, "penwidth": "2.5"},
+        "path_terminal": {"color": _BLUE, "penwidth": "2.5"},  # keeps its outcome's fill
+    }
+    for outcome, (fill, line) in _OUTCOME_COLORS.items():
+        node[f"terminal_{outcome}"] = {  # centred: the engine's labels end in "\\l"
+            "shape": "doublecircle", "style": "filled", "fillcolor": fill, "color": line,
+            "fontsize": "11", "margin": "0.02", "label": "\\N",
+        }
+        node[f"decided_{outcome}"] = {"color": line, "fontcolor": line, "penwidth": "4"}
+    edge = {"default": {"fontname": FONT, "fontsize": "10", "color": "#333333"}}
+    return {"node": node, "edge": edge, "graph": {}}
 
 
-def _attrs(attrs: Mapping[str, str]) -> str:
-    return "[" + ", ".join(f"{key}={_q(value)}" for key, value in attrs.items()) + "]"
-
-
-def dot(marker: Mapping[str, Any] | None = None) -> str:
-    """The Graphviz source of the machine (what ``svg`` and ``png`` lay out).
-
-    The seven states that share the four failure exits sit in one dashed box, and a
-    single muted edge from that box (``ltail``) to Mark carries the four event names.
-    """
-    attempt = attempt_of(marker) if marker is not None else None
-    on_path = set(attempt.path) if attempt else set()
-    title = attempt.title if attempt else "flash-bootstrap: the lifecycle of one attempt"
-    out = [
-        "digraph lifecycle {",
-        "    " + _attrs({
-            "rankdir": "LR", "compound": "true", "newrank": "true", "fontname": FONT,
-            "fontsize": "14", "label": title, "labelloc": "t", "nodesep": "0.35",
-            "ranksep": "0.45", "pad": "0.2",
-        }).replace("[", "graph [", 1) + ";",
-        "    node " + _attrs({
-            "shape": "box", "style": "rounded,filled", "fillcolor": "white",
-            "color": "black", "fontname": FONT, "fontsize": "12", "margin": "0.15,0.06",
-        }).replace("[", '[label="\\N", ', 1) + ";",  # a per-node label would default the rest to ""
-        "    edge " + _attrs({"fontname": FONT, "fontsize": "10", "color": "#333333"}) + ";",
-        "    " + _q(_START) + " " + _attrs(
-            {"shape": "point", "width": "0.14", "style": "filled", "fillcolor": "black"}
-        ) + ";",
-    ]
-
-    def node(state: str) -> str:
-        attrs: dict[str, str] = {}
-        if state in table.TERMINAL:
-            fill, line = _TERMINAL_FILL[state]
-            attrs.update({"shape": "doublecircle", "style": "filled", "fillcolor": fill,
-                          "color": line, "fontsize": "11", "margin": "0.02"})
-        if state in on_path:
-            attrs.update({"color": _BLUE, "penwidth": "2.5"})
-            if state not in table.TERMINAL:
-                attrs["fillcolor"] = "#cfe3ff"
-        if attempt is not None and state == attempt.decided:
-            color = _OUTCOME_COLOR[attempt.outcome]
-            label = f"{state}\ndecided here: {attempt.outcome}"
-            if attempt.rule:
-                label += f"\nrule {attempt.rule}"
-            if attempt.watchdog:
-                label += "\n(deadline watchdog)"
-            attrs.update({"label": label, "color": color, "penwidth": "4",
-                          "fontcolor": color})
-        return f"{_q(state)} {_attrs(attrs)};" if attrs else f"{_q(state)};"
-
-    out.append(f"    subgraph {CLUSTER} {{")
-    out.append("        " + _attrs({
-        "label": "each state in this box may also fail",
-        "labeljust": "l", "style": "dashed,rounded", "color": _MUTED, "fontcolor": "#555555",
-        "fontsize": "10",
-    }).replace("[", "graph [", 1) + ";")
-    out += [f"        {node(state)}" for state in FAILING]
-    out.append("    }")
-    out += [f"    {node(state)}" for state in table.STATES if state not in FAILING]
-    out.append(f"    {{ rank=same; {' '.join(_q(s) for s in table.TERMINAL)} }}")
-
-    taken = attempt.edges if attempt else frozenset()
-    on = {"color": _BLUE, "fontcolor": _BLUE, "penwidth": "2.5"}
-    start_attrs = on if attempt and attempt.path[:1] == (table.INITIAL,) else {}
-    out.append(f"    {_q(_START)} -> {_q(table.INITIAL)}" + (
-        f" {_attrs(start_attrs)};" if start_attrs else ";"
-    ))
-    for event, source, dest in table.PROGRESS:
-        attrs = {"label": event}
-        if (source, dest, event) in taken:
-            attrs.update(on)
-        out.append(f"    {_q(source)} -> {_q(dest)} {_attrs(attrs)};")
-    # The 28 failure transitions, as one edge from the box. Drawn from its last member so
-    # the edge does not pull the layout out of shape; ltail clips it at the box.
-    out.append(f"    {_q(FAILING[-2])} -> {_q(table.MARK)} " + _attrs({
-        "label": "\n".join(table.FAILURE_EVENTS), "ltail": CLUSTER, "style": "dashed",
-        "color": _MUTED, "fontcolor": "#555555", "arrowhead": "empty",
-    }) + ";")
-    for source, dest, event in sorted(taken):
-        if event in table.FAILURE_EVENTS:
-            # the failure exit this attempt took, drawn on its own so it can be seen
-            out.append(f"    {_q(source)} -> {_q(dest)} {_attrs({'label': event, **on})};")
-    out.append("}")
-    return "\n".join(out) + "\n"
-
-
-# --- images (pygraphviz) --------------------------------------------------------------
+def _gv(text: str) -> str:
+    """Label text for Graphviz: backslashes kept, newlines as centred line breaks."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _pygraphviz() -> Any:
     try:
         import pygraphviz
     except ImportError as exc:
-        raise DiagramUnavailable(f"svg and png need pygraphviz: {INSTALL_HINT}") from exc
+        raise DiagramUnavailable(f"dot, svg and png need pygraphviz: {INSTALL_HINT}") from exc
     return pygraphviz
 
 
-def graph_machine_edges() -> set[tuple[str, str, str]]:
-    """Every ``(event, source, dest)`` the ``transitions`` GraphMachine draws for the
-    machine built from ``fsm.machine.machine_kwargs()``, through the pygraphviz engine.
+def graph(marker: Mapping[str, Any] | None = None) -> Any:
+    """The machine as a ``pygraphviz.AGraph``: what the ``transitions`` GraphMachine built
+    from ``fsm.machine.machine_kwargs()`` draws, restyled, with ``marker``'s path on it.
 
     The engine is pinned and checked: ``transitions`` silently falls back to another
     engine (a log warning only) when the one asked for is not installed.
@@ -362,46 +280,80 @@ def graph_machine_edges() -> set[tuple[str, str, str]]:
 
     from fsm.machine import machine_kwargs
 
+    class Drawing(GraphMachine):
+        machine_attributes = {
+            # pygraphviz takes any non-empty string as true: transitions' own "false"
+            # makes a strict graph, which cannot hold the failure edges drawn below
+            "name": "lifecycle", "directed": "true", "strict": "", "rankdir": "LR",
+            "compound": "true", "newrank": "true", "fontname": FONT, "fontsize": "14",
+            "labelloc": "t", "nodesep": "0.35", "ranksep": "0.45", "pad": "0.2",
+        }
+        style_attributes = _styles()
+
     class _Model:
         state: str
 
+    attempt = attempt_of(marker) if marker is not None else None
     model = _Model()
-    machine = GraphMachine(model=model, graph_engine="pygraphviz", **machine_kwargs())
-    graph = model.get_graph()  # type: ignore[attr-defined]  # bound by GraphMachine
-    if not isinstance(graph, pygraphviz.AGraph):
+    machine = Drawing(model=model, graph_engine="pygraphviz",
+                      title=_gv(attempt.title if attempt else TITLE), **machine_kwargs())
+    agraph = model.get_graph()  # type: ignore[attr-defined]  # bound by GraphMachine
+    if not isinstance(agraph, pygraphviz.AGraph):
         raise DiagramUnavailable(
             f"transitions drew with {machine.graph_cls.__module__}, not pygraphviz: "
             + INSTALL_HINT
         )
-    edges: set[tuple[str, str, str]] = set()
-    for edge in graph.edges():
-        # the pygraphviz engine merges parallel transitions into one "a | b" label
-        for event in str(edge.attr["label"]).split(" | "):
-            edges.add((event.strip(), str(edge[0]), str(edge[1])))
-    return edges
+    styles = machine.model_graphs[id(model)]  # set_node_style: transitions' per-state styling
+    # The engine merges parallel transitions into one "a | b" edge: take the four shared
+    # failure exits off each state's edge to Mark, to draw them once from the box (a test
+    # checks that the picture still draws exactly the table).
+    for source in FAILING:
+        edge = agraph.get_edge(source, table.MARK)
+        events = str(edge.attr["label"]).split(" | ")
+        kept = [event for event in events if event not in table.FAILURE_EVENTS]
+        if kept:
+            edge.attr["label"] = " | ".join(kept)
+        else:
+            agraph.delete_edge(edge)
+    for state in table.TERMINAL:
+        styles.set_node_style(state, f"terminal_{_TERMINAL_OUTCOME[state]}")
+    agraph.add_subgraph(
+        FAILING, name=CLUSTER, label="each state in this box may also fail", labeljust="l",
+        style="dashed,rounded", color=_MUTED, fontcolor="#555555", fontsize="10",
+    )
+    agraph.add_subgraph(table.TERMINAL, name="terminal", rank="same")
+    agraph.add_node(_START, label="", shape="point", width="0.14", fillcolor="black")
+    agraph.add_edge(_START, table.INITIAL)
+    if attempt is not None:
+        for state in attempt.path:
+            styles.set_node_style(state, "path_terminal" if state in table.TERMINAL else "path")
+        if attempt.path[:1] == (table.INITIAL,):
+            agraph.get_edge(_START, table.INITIAL).attr.update(_ON)
+        # while each pair of states has one edge, get_edge finds the progress edge
+        for source, dest, event in attempt.edges:
+            if event not in table.FAILURE_EVENTS:
+                agraph.get_edge(source, dest).attr.update(_ON)
+        if attempt.decided is not None:
+            styles.set_node_style(attempt.decided, f"decided_{attempt.outcome}")
+            label = f"{attempt.decided}\ndecided here: {attempt.outcome}"
+            label += f"\nrule {attempt.rule}" if attempt.rule else ""
+            label += "\n(deadline watchdog)" if attempt.watchdog else ""
+            agraph.get_node(attempt.decided).attr["label"] = _gv(label)
+    # The 28 failure transitions, as one edge from the box. Drawn from one of its last
+    # members so the edge does not pull the layout out of shape; ltail clips it at the box.
+    agraph.add_edge(
+        FAILING[-2], table.MARK, key="failures", label=_gv("\n".join(table.FAILURE_EVENTS)),
+        ltail=CLUSTER, style="dashed", color=_MUTED, fontcolor="#555555", arrowhead="empty",
+    )
+    for source, dest, event in sorted(attempt.edges if attempt else ()):
+        if event in table.FAILURE_EVENTS:  # the failure exit taken, drawn on its own
+            agraph.add_edge(source, dest, key=event, label=event, **_ON)
+    return agraph
 
 
-def _image(marker: Mapping[str, Any] | None, fmt: str) -> bytes:
-    """``dot(marker)`` laid out by pygraphviz.
-
-    One path draws both the plain and the highlighted picture. The GraphMachine's own
-    pygraphviz drawing has every state as the same box, marks the initial state "active",
-    knows no clusters and cannot mark terminal states: restyling its graph into this one
-    would mean rewriting most of it, a second copy of the drawing to keep in step with
-    ``dot()``. So the GraphMachine is the authority on *what* is drawn: an image is only
-    made when the transitions it would draw are exactly the table's.
-    """
-    pygraphviz = _pygraphviz()
-    drawn = graph_machine_edges()
-    if drawn != set(table.TRANSITIONS):
-        raise DiagramUnavailable(  # pragma: no cover - machine_kwargs() is built from the table
-            "the transitions GraphMachine disagrees with fsm.table: "
-            f"{sorted(drawn ^ set(table.TRANSITIONS))}"
-        )
-    graph = pygraphviz.AGraph(string=dot(marker))
-    if fmt == "svg":
-        return normalise_svg(graph.draw(format="svg", prog="dot"))
-    return bytes(graph.draw(format="png", prog="dot", args="-Gdpi=110"))
+def dot(marker: Mapping[str, Any] | None = None) -> str:
+    """The Graphviz source of :func:`graph` (what ``svg`` and ``png`` lay out)."""
+    return str(graph(marker).string())
 
 
 _GENERATOR_COMMENT = re.compile(rb"<!-- Generated by graphviz version[^>]*-->\n")
@@ -419,8 +371,10 @@ def render(fmt: str, marker: Mapping[str, Any] | None = None) -> bytes:
         return mermaid(marker).encode()
     if fmt == "dot":
         return dot(marker).encode()
-    if fmt in ("svg", "png"):
-        return _image(marker, fmt)
+    if fmt == "svg":
+        return normalise_svg(graph(marker).draw(format="svg", prog="dot"))
+    if fmt == "png":
+        return bytes(graph(marker).draw(format="png", prog="dot", args="-Gdpi=110"))
     raise DiagramUnavailable(f"unknown diagram format {fmt!r}; one of {', '.join(FORMATS)}")
 
 
@@ -474,44 +428,11 @@ def write_all(directory: Path | str) -> list[Path]:
     return changed
 
 
-def generated_block(text: str, name: str) -> str | None:
-    """The text between ``<!-- name:begin -->`` and ``<!-- name:end -->``, or None."""
-    match = _block(name).search(text)
-    return match["body"] if match else None
-
-
-def replace_block(text: str, name: str, body: str) -> str:
-    """``text`` with its ``name`` block replaced by ``body``; ValueError when it has none."""
-    if generated_block(text, name) is None:
-        raise ValueError(f"no <!-- {name}:begin --> ... <!-- {name}:end --> block")
-    return _block(name).sub(lambda m: m["begin"] + body.strip("\n") + "\n" + m["end"], text, 1)
-
-
-def _block(name: str) -> re.Pattern[str]:
-    return re.compile(
-        rf"(?P<begin><!-- {re.escape(name)}:begin -->\n)(?P<body>.*?)"
-        rf"(?P<end><!-- {re.escape(name)}:end -->)",
-        re.S,
-    )
-
-
-def refresh_policy_doc(path: Path | str) -> bool:
-    """Regenerate the ``policy`` block of ``path`` from ``fsm.policy.render_table()``;
-    True when the file changed."""
-    from fsm.policy import render_table
-
-    doc = Path(path)
-    text = doc.read_text(encoding="utf-8")
-    new = replace_block(text, "policy", render_table())
-    if new != text:
-        doc.write_text(new, encoding="utf-8")
-        return True
-    return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fsm.diagram --write diagrams [--policy-doc docs/policy.md]``."""
     import argparse
+
+    from fsm.policy_doc import refresh_policy_doc
 
     parser = argparse.ArgumentParser(
         prog="python -m fsm.diagram", description="Regenerate the committed renderings."

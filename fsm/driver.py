@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from fsm import marker, outcome, policy, table
+from fsm import marker, outcome, policy, rules, table
 from fsm.context import Context, Failure
 from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, Interrupted
 from fsm.machine import RunMachine
@@ -25,16 +25,6 @@ from fsm.machine import RunMachine
 Handler = Callable[[Context], str]
 
 log = structlog.get_logger("fsm.driver")
-INTERNAL_RULE = "internal-error"
-
-
-def failure_event(rule: policy.Rule) -> str:
-    """The exit a classified failure takes out of its state."""
-    if rule.id == "interrupted":
-        return table.INTERRUPTED
-    if rule.id == "deadline":
-        return table.DEADLINE_EXCEEDED
-    return table.FAILED_RETRIABLE_EVENT if rule.retriable else table.FAILED_FATAL_EVENT
 
 
 def describe(exc: BaseException) -> str:
@@ -50,9 +40,13 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-def missing_handlers(handlers: Mapping[str, Handler]) -> list[str]:
-    """The working states of the table that have no handler (a defect)."""
-    return [state for state in table.WORKING if state not in handlers]
+def handler_problems(handlers: Mapping[str, Handler]) -> list[str]:
+    """Where the handlers and the table disagree (each a defect): a working state without
+    a handler, or a handler for something that is not a working state."""
+    missing = [f"{state} has no handler" for state in table.WORKING if state not in handlers]
+    stray = [f"a handler for {name!r}, which is no working state of the table"
+             for name in handlers if name not in table.WORKING]
+    return missing + stray
 
 
 # structlog names its message key "event"; the renderer (fsm.log) moves the message to
@@ -62,9 +56,9 @@ def missing_handlers(handlers: Mapping[str, Handler]) -> list[str]:
 def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | None = None) -> str:
     """Drive the machine from its current state to a terminal one; return that state."""
     machine = machine or RunMachine()
-    missing = missing_handlers(handlers)
-    if missing:
-        log.error("driver.handlers_missing", states=missing, rule=INTERNAL_RULE)
+    problems = handler_problems(handlers)
+    if problems:  # loud now; a state without a handler still ends in its internal-error marker
+        log.error("driver.table_mismatch", problems=problems, rule=rules.INTERNAL_ERROR.id)
     while not machine.is_terminal:
         state = machine.state
         ctx.path.append(state)
@@ -123,7 +117,7 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
 
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:
     message = ctx.redactor.line(message, marker.MAX_ERROR_CHARS)  # redact, then shorten
-    ctx.failure = Failure(rule=rule.id, retriable=rule.retriable, message=message, state=state)
+    ctx.failure = Failure(rule=rule, message=message, state=state)
     log.warning(
         "state.failed",
         state=state,
@@ -132,12 +126,12 @@ def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type:
         error=message,
         exc_type=exc_type,
     )
-    return failure_event(rule)
+    return rule.event
 
 
 def _internal(ctx: Context, state: str, fault: str) -> str:
     """A defect of the runner in ``state``: the attempt fails fatally, naming it."""
-    defect = FatalError(f"internal error in {state}: {fault}", rule=INTERNAL_RULE)
+    defect = FatalError(f"internal error in {state}: {fault}", rule=rules.INTERNAL_ERROR)
     return _failed(ctx, state, policy.classify(state, defect), defect.message, "InternalError")
 
 
@@ -157,7 +151,7 @@ def _mark(ctx: Context, handler: Handler | None) -> str:
             raise
         fault = describe(exc)
         log.error("mark.failed", error=ctx.redactor.line(fault, marker.MAX_ERROR_CHARS),
-                  rule=INTERNAL_RULE)
+                  rule=rules.INTERNAL_ERROR.id)
         return _salvage(ctx, fault)
 
 
@@ -176,7 +170,7 @@ def _salvage(ctx: Context, fault: str) -> str:
                     error=failure.message if failure else "",
                     dest=ctx.dest,
                     redactor=ctx.redactor,
-                    evidence={"rule": failure.rule if failure else INTERNAL_RULE,
+                    evidence={"rule": (failure.rule if failure else rules.INTERNAL_ERROR).id,
                               "state": failure.state if failure else table.MARK},
                 ),
                 artifacts={},

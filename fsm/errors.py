@@ -1,14 +1,17 @@
 """The runner's exception types.
 
-A leaf module: it imports nothing from the project, so every other module can raise
-and catch these without import cycles.
+Nearly a leaf module: it imports only the rules (``fsm.rules``, itself a leaf), so every
+other module can raise and catch these without import cycles.
 
 Failures a handler understands are raised as :class:`RetriableError` or
-:class:`FatalError` carrying the id of the policy rule that classifies them
-(``fsm.policy``). Anything else is classified by the policy from its type.
+:class:`FatalError` carrying the rule that classifies them (an object of ``fsm.rules``).
+Anything else is classified by the policy from its type.
 """
 
 from __future__ import annotations
+
+from fsm import rules
+from fsm.rules import Rule
 
 
 class FlashError(Exception):
@@ -21,7 +24,7 @@ class FlashError(Exception):
 
     retriable: bool = False
 
-    def __init__(self, message: str, *, rule: str, stands_after_signal: bool = False) -> None:
+    def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.rule = rule
@@ -33,38 +36,48 @@ class RetriableError(FlashError):
 
     retriable = True
 
+    def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
+        if not rule.retriable:
+            raise TypeError(f"RetriableError names the fatal rule {rule.id!r}")
+        super().__init__(message, rule=rule, stands_after_signal=stands_after_signal)
+
 
 class FatalError(FlashError):
     """The run cannot succeed by retrying: fail it."""
 
     retriable = False
 
+    def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
+        if rule.retriable:
+            raise TypeError(f"FatalError names the retriable rule {rule.id!r}")
+        super().__init__(message, rule=rule, stands_after_signal=stands_after_signal)
+
 
 class PayloadError(FatalError):
     """The payload or the command line is unusable (exit status 2)."""
 
-    def __init__(self, message: str, *, rule: str = "payload-invalid") -> None:
+    def __init__(self, message: str, *, rule: Rule = rules.PAYLOAD_INVALID) -> None:
         super().__init__(message, rule=rule)
 
 
 class StoreUnavailable(RetriableError):
     """The store could not be reached or answered 408/429/5xx after bounded retries."""
 
-    def __init__(self, message: str, *, rule: str = "store-unavailable") -> None:
+    def __init__(self, message: str, *, rule: Rule = rules.STORE_UNAVAILABLE) -> None:
         super().__init__(message, rule=rule)
 
 
 class StoreAuthError(FatalError):
     """The store refused our credentials (HTTP 401/403)."""
 
-    def __init__(self, message: str, *, rule: str = "store-auth") -> None:
+    def __init__(self, message: str, *, rule: Rule = rules.STORE_AUTH) -> None:
         super().__init__(message, rule=rule)
 
 
 class StoreNotFound(FatalError):
     """A path the runner needs is not in the store (HTTP 404 on a download)."""
 
-    def __init__(self, message: str, *, rule: str = "store-not-found") -> None:
+    def __init__(self, message: str, *, rule: Rule = rules.STORE_NOT_FOUND) -> None:
         super().__init__(message, rule=rule)
 
 

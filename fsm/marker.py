@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import random
 import tempfile
 import threading
 import time
@@ -29,9 +28,8 @@ from typing import Any, Literal
 
 import structlog
 
-from fsm.clock import Deadline, os_timeout
+from fsm.budget import Budget, GaveUp, backoff
 from fsm.errors import DeadlineExceeded, FlashError, StoreAuthError, StoreNotFound
-from fsm.interrupt import InterruptFlag
 from fsm.payload import Destination
 from fsm.redact import Redactor
 from fsm.store.base import Fence, Store
@@ -39,6 +37,8 @@ from fsm.store.base import Fence, Store
 MAX_ERROR_CHARS = 2_000
 #: The persisted result's format; a file of any other version is set aside, never replayed.
 RESULT_VERSION = 1
+#: How often a runner waiting for the attempt's lock looks again.
+LOCK_POLL_S = 0.1
 log = structlog.get_logger("fsm.marker")
 
 
@@ -212,9 +212,7 @@ class AttemptLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(
-        self, timeout_s: float, *, interrupt: InterruptFlag, deadline: Deadline
-    ) -> LockWait:
+    def acquire(self, timeout_s: float, budget: Budget) -> LockWait:
         """Take the lock, waiting up to ``timeout_s`` for a previous runner to let go; a
         signal or the deadline ends the wait at once. A lock file that cannot be made (a
         read-only payload directory) has nothing to protect: "held"."""
@@ -223,30 +221,31 @@ class AttemptLock:
         except OSError:
             self._fd = -1
             return "held"
-        give_up = time.monotonic() + timeout_s
-        delay = 0.01
+        give_up = budget.clock() + timeout_s
+        said = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                if delay == 0.01:
-                    log.info("attempt.lock_wait", lock=str(self.path), timeout_s=timeout_s)
-                ended: LockWait | None = None
-                if interrupt.is_set():
-                    ended = "interrupted"
-                elif deadline.expired():
-                    ended = "deadline"
-                elif time.monotonic() >= give_up:
-                    ended = "busy"
-                if ended is not None:
-                    os.close(fd)
-                    return ended
-                # Short naps: a signal must end the wait promptly (the flag is polled).
-                time.sleep(os_timeout(min(delay, deadline.remaining(), give_up - time.monotonic())))
-                delay = min(delay * 2, 0.1)
-                continue
-            self._fd = fd
-            return "held"
+                pass
+            else:
+                self._fd = fd
+                return "held"
+            ended: LockWait | None = None
+            if budget.interrupt.is_set():
+                ended = "interrupted"
+            elif budget.expired():
+                ended = "deadline"
+            elif budget.clock() >= give_up:
+                ended = "busy"
+            if ended is not None:
+                os.close(fd)
+                return ended
+            if not said:
+                said = True
+                log.info("attempt.lock_wait", lock=str(self.path), timeout_s=timeout_s)
+            # flock has no timeout: poll it, in the budget's short, signal-watching naps
+            budget.wait(min(LOCK_POLL_S, max(0.0, give_up - budget.clock())))
 
     def release(self) -> None:
         if self._fd is not None and self._fd >= 0:
@@ -293,7 +292,7 @@ class Publisher:
         result_file: Path | None,
         ident: dict[str, Any],
         scratch_dir: Path,
-        deadline: Deadline,
+        budget: Budget,
         fence: Fence | None = None,
         tries: int = 5,
         base_delay_s: float = 1.0,
@@ -318,7 +317,7 @@ class Publisher:
                 result.error = "the marker's store could not be opened"
                 return result
             files = _local_copies(record, dest, scratch_dir)
-            result.landed, result.error = _commit(store, files, dest, deadline, tries, base_delay_s)
+            result.landed, result.error = _commit(store, files, dest, budget, tries, base_delay_s)
             return result
         finally:
             self.done.set()
@@ -357,30 +356,28 @@ def _commit(
     store: Store,
     files: dict[str, Path],
     dest: Destination,
-    deadline: Deadline,
+    budget: Budget,
     tries: int,
     base_delay_s: float,
 ) -> tuple[bool, str]:
     target = dest.path(dest.marker_name)
-    error = ""
-    for attempt in range(1, tries + 1):
-        try:
-            store.commit(files, message=f"Attempt marker {dest.marker_name}")
-        except (StoreAuthError, StoreNotFound, DeadlineExceeded) as exc:
-            error = str(exc) or type(exc).__name__
-            log.error("marker.upload_failed", path=target, error=error, final=True)
-            return False, error
-        except (FlashError, OSError, ValueError) as exc:
-            error = str(exc) or type(exc).__name__
-            delay = base_delay_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
-            last = attempt == tries or deadline.remaining() < delay
-            log.warning(
-                "marker.upload_retry", path=target, attempt=attempt, error=error, final=last
-            )
-            if last:
-                return False, error
-            time.sleep(os_timeout(delay))
-        else:
-            log.info("marker.published", path=target, files=len(files))
-            return True, ""
-    return False, error  # pragma: no cover - the loop returns
+
+    def once(_attempt: int) -> None:
+        store.commit(files, message=f"Attempt marker {dest.marker_name}")
+
+    def delay(attempt: int, exc: Exception) -> float | None:
+        if isinstance(exc, StoreAuthError | StoreNotFound | DeadlineExceeded):
+            return None  # another try cannot help
+        if isinstance(exc, FlashError | OSError | ValueError):
+            return backoff(attempt, base_s=base_delay_s, max_s=30.0)
+        return None
+
+    try:
+        budget.retry(once, tries=tries, delay=delay, what=f"marker {target}")
+    except GaveUp as gave_up:
+        error = str(gave_up.last) or type(gave_up.last).__name__
+        log.error("marker.upload_failed", path=target, error=error, tries=gave_up.tries,
+                  ended_by=gave_up.why)
+        return False, error
+    log.info("marker.published", path=target, files=len(files))
+    return True, ""

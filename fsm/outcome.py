@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsm import marker, policy, table
+from fsm import marker, rules, table
 from fsm.context import Context, Failure
 from fsm.marker import Persisted
 
@@ -21,7 +21,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         # where the attempt's fate was decided: the failing state, or the last one of work
         "state": failure.state if failure else (working[-1] if working else None),
         "path": [*ctx.path],
-        "rule": failure.rule if failure else ctx.evidence.get("rule", policy.SUCCESS_RULE),
+        "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
         "run_id": ctx.evidence.get("run_id"),
     }
     for key in ("worker", "preload"):

@@ -414,7 +414,9 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
     value = raw.get("env")
     env = {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
     listed = env.get("FLASH_SECRET_ENV_KEYS", "").split(",")
-    line = Redactor.from_env(env, listed).line(entry, QUOTED_ENTRY_CHARS + 1)
+    redactor = Redactor()
+    redactor.learn(env, listed)
+    line = redactor.line(entry, QUOTED_ENTRY_CHARS + 1)
     if len(line) > QUOTED_ENTRY_CHARS:
         line = line[: QUOTED_ENTRY_CHARS - 3] + "..."
     return repr(line)

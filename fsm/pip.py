@@ -1,10 +1,11 @@
 """InstallExtras' work: ``pip install`` the payload's ``extra_pip``, classified and bounded.
 
-pip runs for real as ``<python> -m pip install ...`` in its own process group. Its console
-output goes on to the container's stdout (``out_fd``) as it comes, and its tail is kept for
-classification and for the error message. The attempt never runs past the deadline: when
+pip runs for real as ``<python> -m pip install ...``, supervised like the worker
+(:func:`fsm.supervise.supervise`): in its own process group, its console output going on to
+the container's stdout (``out_fd``) as it comes and kept in a console file whose end is
+classified and quoted in the error message. The attempt never runs past the deadline: when
 time runs out, or SIGTERM/SIGINT reaches the runner, pip's whole group is stopped
-(SIGTERM, a short grace, SIGKILL) and ``DeadlineExceeded`` / ``Interrupted`` is raised.
+(SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) and ``DeadlineExceeded`` / ``Interrupted`` is raised.
 
 A failed pip is classified by its output (DESIGN, policy rows ``pip-network`` and
 ``pip-failed``): network-shaped failures are tried again, up to ``tries`` times with
@@ -30,28 +31,24 @@ cut through first would leave a prefix no redactor recognises.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import selectors
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Literal, NamedTuple
+from typing import Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import structlog
 
-from fsm.clock import Deadline, os_timeout
+from fsm import rules
+from fsm.budget import Budget, GaveUp, backoff
+from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
 from fsm.redact import Redactor
+from fsm.supervise import supervise
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
@@ -66,8 +63,6 @@ __all__ = [
     "refused_extra_pip",
 ]
 
-RULE_NETWORK = "pip-network"
-RULE_FAILED = "pip-failed"
 
 # pip's own retries and socket timeout. pip retries every request 5 times by default
 # (urllib3 backoff 0.25 s doubling) with a 15 s socket timeout: against a black-holed
@@ -85,9 +80,6 @@ PIP_TIMEOUT_S = 15
 TAIL_BYTES = 256 * 1024  # how much of pip's console output and log is kept for classification
 MESSAGE_CHARS = 500  # the error message's bound
 STOP_GRACE_S = 2.0  # SIGTERM -> SIGKILL
-_KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the kernel to finish the group
-_PUMP_JOIN_S = 2.0  # after pip is gone, how long to wait for the rest of its output
-_CHUNK = 64 * 1024
 _REPORT_LINES = 40  # lines of pip's verbose log shown on the console after a failure
 _REPORT_LINE_CHARS = 400
 _LOG_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+ ")
@@ -439,21 +431,42 @@ def install(
     log = structlog.get_logger()
     child_env = _installer_env(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
-    with _Waker(interrupt) as waker, tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
-        for attempt in range(1, tries + 1):
-            _raise_if_stopped(deadline, interrupt)
+    budget = Budget(deadline, interrupt)
+    with tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
+
+        def once(attempt: int) -> None:
             log_path = Path(tmp, f"attempt{attempt}.log")
             argv = _pip_argv(python, env, log_path, extra_args, reqs)
             log.info("pip.try", attempt=attempt, tries=tries, requirements=len(reqs))
-            started = time.monotonic()
-            returncode, console = _run(
-                argv, child_env, deadline, interrupt, waker, out_fd, redactor
-            )
-            seconds = round(time.monotonic() - started, 3)
+            console_path = Path(tmp, f"attempt{attempt}.console")
+            try:
+                run = supervise(
+                    argv,
+                    cwd=Path.cwd(),
+                    env=child_env,
+                    console_path=console_path,
+                    deadline=deadline,
+                    stop_by=Deadline.never(),  # the grace is pip's own, deadline or not
+                    interrupt=interrupt,
+                    grace_s=STOP_GRACE_S,
+                    out_fd=out_fd,
+                    name="pip",
+                )
+            except OSError as exc:
+                raise FatalError(
+                    _bounded(f"pip install failed: cannot start {argv[0]}: {exc}", redactor),
+                    rule=rules.PIP_FAILED,
+                ) from exc
+            if run.reason == "interrupted":
+                raise Interrupted(interrupt.signum or signal.SIGTERM)
+            if run.reason == "deadline":
+                raise DeadlineExceeded("pip install did not finish before the run deadline")
+            returncode = run.returncode if run.signal is None else -run.signal
+            seconds = round(run.duration_s, 3)
             if returncode == 0:
                 log.info("pip.installed", attempt=attempt, seconds=seconds)
                 return
-            sig, line = _evidence(returncode, console, log_path, out_fd, redactor)
+            sig, line = _evidence(returncode, console_path, log_path, out_fd, redactor)
             log.warning(
                 "pip.failed",
                 attempt=attempt,
@@ -465,38 +478,72 @@ def install(
             if sig is None:
                 raise FatalError(
                     _bounded(f"pip install failed (exit status {returncode}): {line}", redactor),
-                    rule=RULE_FAILED,
+                    rule=rules.PIP_FAILED,
                 )
-            delay = backoff_s * 2 ** (attempt - 1)
-            if attempt == tries or deadline.remaining() <= delay:
-                tried = f"{attempt} {'try' if attempt == 1 else 'tries'}"
-                if attempt < tries:
-                    tried += " (no time left for another)"
-                raise RetriableError(
-                    _bounded(
-                        f"pip install failed (network: {sig.meaning}) after {tried}: {line}",
-                        redactor,
-                    ),
-                    rule=RULE_NETWORK,
-                )
-            log.info("pip.backoff", attempt=attempt, seconds=delay)
-            waker.sleep(delay, interrupt)
+            raise _NetworkFailure(sig, line)
 
+        def delay(attempt: int, exc: Exception) -> float | None:
+            if not isinstance(exc, _NetworkFailure):
+                return None  # decided already: a build error is not retried
+            wait = backoff(attempt, base_s=backoff_s, max_s=float("inf"), jitter=False)
+            log.info("pip.backoff", attempt=attempt, seconds=wait)
+            return wait
+
+        try:
+            budget.retry(once, tries=tries, delay=delay, what="pip install")
+        except GaveUp as gave_up:
+            last = gave_up.last
+            if not isinstance(last, _NetworkFailure):
+                raise last from None
+            if gave_up.why == "interrupted":
+                raise Interrupted(interrupt.signum or signal.SIGTERM) from None
+            tried = f"{gave_up.tries} {'try' if gave_up.tries == 1 else 'tries'}"
+            if gave_up.why == "deadline":
+                tried += " (no time left for another)"
+            raise RetriableError(
+                _bounded(
+                    f"pip install failed (network: {last.sig.meaning}) after {tried}: "
+                    f"{last.line}",
+                    redactor,
+                ),
+                rule=rules.PIP_NETWORK,
+            ) from None
+
+
+class _NetworkFailure(Exception):
+    """One try of pip failed the way a network does: worth another."""
+
+    def __init__(self, sig: NetworkSignature, line: str) -> None:
+        super().__init__(sig.name)
+        self.sig = sig
+        self.line = line
 
 def _evidence(
-    returncode: int, console: str, log_path: Path, out_fd: int, redactor: Redactor
+    returncode: int | None, console_path: Path, log_path: Path, out_fd: int, redactor: Redactor
 ) -> tuple[NetworkSignature | None, str]:
     """A failed run's network signature (None: not network-shaped) and its telling line,
-    redacted (whole: nothing is cut yet).
+    both from the redacted ends of pip's console and log (redacted before any cut).
 
-    Also copies the end of pip's verbose log to ``out_fd``, redacted, for the human reader.
+    Also copies the end of pip's verbose log to ``out_fd`` for the human reader.
     """
-    log_text = _read_tail(log_path)
-    sig = network_signature(console + "\n" + log_text)  # classified on what pip said
-    log_lines = _log_lines(redactor.text(log_text))
+    console, log_text = _tail_text(console_path, redactor), _tail_text(log_path, redactor)
+    sig = network_signature(console + "\n" + log_text)
+    log_lines = _log_lines(log_text)
     _report_log(out_fd, log_lines)
-    line = _last_error_line(redactor.text(console), log_lines)
+    line = _last_error_line(console, log_lines)
     return sig, line or f"pip exited with status {returncode}"
+
+
+def _tail_text(path: Path, redactor: Redactor) -> str:
+    """The redacted last TAIL_BYTES of a file ("" when unreadable) from its first whole line
+    when its start was cut: that line may begin inside a secret no redactor recognises."""
+    try:
+        data = redactor.tail_of(path, TAIL_BYTES)
+        if path.stat().st_size > TAIL_BYTES:
+            data = data.partition(b"\n")[2]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
 
 
 def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
@@ -554,8 +601,8 @@ def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
         return
     banner = "[flash-bootstrap] pip failed; the end of its verbose log:"
     text = "\n".join([banner, *("  " + line for line in tail), ""])
-    with contextlib.suppress(OSError):
-        _write_all(out_fd, text.encode("utf-8", "replace"))
+    with contextlib.suppress(OSError), open(out_fd, "wb", closefd=False) as out:
+        out.write(text.encode("utf-8", "replace"))
 
 
 def _pip_argv(
@@ -574,144 +621,6 @@ def _pip_argv(
     return [*argv, *extra_args, *requirements]
 
 
-def _raise_if_stopped(deadline: Deadline, interrupt: InterruptFlag) -> None:
-    if interrupt.is_set():
-        raise Interrupted(interrupt.signum or signal.SIGTERM)
-    if deadline.expired():
-        raise DeadlineExceeded("pip install did not finish before the run deadline")
-
-
-def _run(
-    argv: list[str],
-    env: Mapping[str, str],
-    deadline: Deadline,
-    interrupt: InterruptFlag,
-    waker: _Waker,
-    out_fd: int,
-    redactor: Redactor,
-) -> tuple[int, str]:
-    """Run pip once; its exit status and console tail. Stops it on deadline or interrupt."""
-    try:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: killpg reaches its builds too
-        )
-    except OSError as exc:
-        raise FatalError(
-            _bounded(f"pip install failed: cannot start {argv[0]}: {exc}", redactor),
-            rule=RULE_FAILED,
-        ) from exc
-    assert proc.stdout is not None
-    tail = _Tail(TAIL_BYTES)
-    exited = threading.Event()
-    pump = threading.Thread(
-        target=_pump, args=(proc.stdout, out_fd, tail), name="pip-output", daemon=True
-    )
-    watcher = threading.Thread(
-        target=_watch_exit, args=(proc.pid, exited, waker), name="pip-exit", daemon=True
-    )
-    pump.start()
-    watcher.start()
-    stopped_by: Literal["deadline", "interrupt"] | None = None
-    try:
-        while not exited.is_set():
-            if interrupt.is_set():
-                stopped_by = "interrupt"
-                break
-            remaining = deadline.remaining()
-            if remaining <= 0:
-                stopped_by = "deadline"
-                break
-            waker.wait(remaining)  # bounded by MAX_OS_WAIT_S; the loop waits again
-    finally:
-        if not exited.is_set():
-            _stop_group(proc.pid, exited, waker)
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever pip left behind in its group
-        try:
-            proc.wait(timeout=os_timeout(_KILL_WAIT_S))
-        except subprocess.TimeoutExpired:
-            structlog.get_logger().error("pip.unkillable", pid=proc.pid)
-        # a process that left the group may still hold the pipe
-        pump.join(os_timeout(_PUMP_JOIN_S))
-    if stopped_by == "interrupt":
-        raise Interrupted(interrupt.signum or signal.SIGTERM)
-    if stopped_by == "deadline":
-        raise DeadlineExceeded("pip install did not finish before the run deadline")
-    return proc.returncode, tail.text()
-
-
-def _watch_exit(pid: int, exited: threading.Event, waker: _Waker) -> None:
-    """Wait for pip to exit without reaping it: while it is a zombie its process group id
-    cannot be reused, so the group can still be signalled safely."""
-    with contextlib.suppress(ChildProcessError):  # already reaped
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-    exited.set()
-    waker.poke()
-
-
-def _stop_group(pid: int, exited: threading.Event, waker: _Waker) -> None:
-    """SIGTERM pip's group, give it ``STOP_GRACE_S``, then SIGKILL it."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, _KILL_WAIT_S)):
-        _signal_group(pid, sig)
-        end = time.monotonic() + wait_s
-        while not exited.is_set() and (left := end - time.monotonic()) > 0:
-            waker.wait(left)
-        if exited.is_set():
-            return
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
-        os.killpg(pgid, sig)
-
-
-def _pump(src: IO[bytes], out_fd: int, tail: _Tail) -> None:
-    """Copy pip's output to ``out_fd`` in large chunks, keeping its tail."""
-    fd = src.fileno()
-    forward = True
-    try:
-        while chunk := os.read(fd, _CHUNK):
-            tail.add(chunk)
-            if forward:
-                try:
-                    _write_all(out_fd, chunk)
-                except OSError:
-                    forward = False  # our stdout is gone; keep draining so pip never blocks
-    finally:
-        src.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The last ``limit`` bytes of a file, read by seeking ("" when it does not exist),
-    from the first whole line (see :func:`_whole_lines`)."""
-    try:
-        with path.open("rb") as f:
-            start = max(0, f.seek(0, os.SEEK_END) - limit)
-            f.seek(start)
-            return _whole_lines(f.read(), cut=start > 0).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _whole_lines(data: bytes, *, cut: bool) -> bytes:
-    """``data`` without its first line when ``cut`` (the text before it was dropped): that
-    line may begin inside a secret, whose rest no redactor would recognise."""
-    if not cut:
-        return data
-    newline = data.find(b"\n")
-    return b"" if newline < 0 else data[newline + 1 :]
-
-
 def _bounded(message: str, redactor: Redactor) -> str:
     """``message`` redacted, on one line, at most MESSAGE_CHARS (``Redactor.line``: redacted
     before it is collapsed and cut, so no cut goes through a secret)."""
@@ -719,80 +628,3 @@ def _bounded(message: str, redactor: Redactor) -> str:
     if len(line) <= MESSAGE_CHARS:
         return line
     return line[: MESSAGE_CHARS - 3] + "..."
-
-
-class _Tail:
-    """The last ``limit`` bytes written to it; thread-safe."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._buf = bytearray()
-        self._dropped = False
-        self._lock = threading.Lock()
-
-    def add(self, chunk: bytes) -> None:
-        with self._lock:
-            self._buf += chunk
-            if len(self._buf) > 2 * self._limit:  # trim in batches, not on every chunk
-                del self._buf[: -self._limit]
-                self._dropped = True
-
-    def text(self) -> str:
-        """The tail from its first whole line (:func:`_whole_lines`)."""
-        with self._lock:
-            cut = len(self._buf) > self._limit or self._dropped
-            data = bytes(self._buf[-self._limit :])
-        return _whole_lines(data, cut=cut).decode("utf-8", "replace")
-
-
-class _Waker:
-    """What the waiting thread blocks on: pip's exit, the interrupt, or a timeout.
-
-    The interrupt listener runs inside the runner's signal handler, so it must not take a
-    lock the interrupted thread might hold (``threading.Event.set`` does): it only sends a
-    byte on a non-blocking socket. Once the socket is closed a late listener call fails
-    with ``OSError`` instead of writing to a reused file descriptor.
-    """
-
-    def __init__(self, interrupt: InterruptFlag) -> None:
-        self._recv, self._send = socket.socketpair()
-        self._recv.setblocking(False)
-        self._send.setblocking(False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._recv, selectors.EVENT_READ)
-        self._unsubscribe = interrupt.subscribe(lambda _signum: self.poke())
-
-    def __enter__(self) -> _Waker:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._unsubscribe()
-        self._selector.close()
-        self._send.close()
-        self._recv.close()
-
-    def poke(self) -> None:
-        # OSError: the socket is full (a wake-up is pending anyway) or closed (nobody waits).
-        with contextlib.suppress(OSError):
-            self._send.send(b"!")
-
-    def wait(self, timeout: float | None) -> None:
-        """Block until poked or ``timeout`` seconds pass, but never longer than the OS allows
-        (:data:`fsm.clock.MAX_OS_WAIT_S`; None waits that long): callers wait in a loop."""
-        if self._selector.select(os_timeout(timeout)):
-            with contextlib.suppress(BlockingIOError):
-                while self._recv.recv(4096):
-                    pass
-
-    def sleep(self, seconds: float, interrupt: InterruptFlag) -> None:
-        """Sleep ``seconds``; raise ``Interrupted`` as soon as the interrupt fires."""
-        end = time.monotonic() + seconds
-        while not interrupt.is_set() and (left := end - time.monotonic()) > 0:
-            self.wait(left)
-        if interrupt.is_set():
-            raise Interrupted(interrupt.signum or signal.SIGTERM)

@@ -1,13 +1,14 @@
 """The failure policy: which failures are retried on a fresh host and which fail the run.
 
-Rules are data. Each has a stable id (carried into the marker), the state where it
-applies (``*`` for any), what it matches, and its class. ``classify`` walks the rules in
-order and the first rule that claims the failure decides; the catch-all last rule makes
-a failure nobody classified fatal, never silently retried.
+Rules are objects (``fsm.rules``): each has a stable id (carried into the marker), the
+state where it applies (``*`` for any), its class, its exit event and the run's exit
+status. This module orders them and says what else each claims. ``classify`` walks the
+rules in order and the first rule that claims the failure decides; the catch-all last
+rule makes a failure nobody classified fatal, never silently retried.
 
 A rule claims a failure when
 
-* the failure is a typed error (``RetriableError``/``FatalError``) naming the rule's id:
+* the failure is a typed error (``RetriableError``/``FatalError``) naming the rule:
   the handler that raised it knew the class (wherever it was raised); or, in a state
   where the rule applies,
 * the failure is an instance of one of the rule's exception types; or
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsm import rules
 from fsm.errors import (
     DeadlineExceeded,
     FlashError,
@@ -33,8 +35,9 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.pip import NETWORK_SIGNATURES
+from fsm.rules import ANY, Rule
 
-ANY = "*"
+__all__ = ["ANY", "CATCH_ALL", "RULES", "SUCCESS", "Rule", "claim", "classify", "rule"]
 
 #: How far down ``__cause__``/``__context__`` an HTTP status is looked for.
 MAX_CHAIN = 16
@@ -44,11 +47,9 @@ UNAVAILABLE_STATUSES: tuple[int, ...] = (408, 429, *range(500, 600))
 
 
 @dataclass(frozen=True)
-class Rule:
-    id: str
-    where: str  # a state name, or ANY
-    what: str  # what the rule matches, in words
-    retriable: bool
+class Claim:
+    """What a rule claims besides the typed errors that name it."""
+
     #: exception types this rule claims (in the states where it applies)
     matches: tuple[type[BaseException], ...] = ()
     #: HTTP statuses this rule claims on an untyped error or anywhere on its cause chain
@@ -56,95 +57,70 @@ class Rule:
     #: names of the pip output signatures (``fsm.pip.NETWORK_SIGNATURES``) behind the rule
     signatures: tuple[str, ...] = ()
 
-    @property
-    def verdict(self) -> str:
-        return "retriable" if self.retriable else "fatal"
 
-    def applies_in(self, state: str) -> bool:
-        return self.where in (ANY, state)
-
-    def claims(self, state: str, exc: BaseException) -> bool:
-        """Whether this rule decides ``exc`` raised in ``state`` (order aside)."""
-        if named_rule(exc) == self.id:
-            return True
-        if not self.applies_in(state):
-            return False
-        if self.matches and isinstance(exc, self.matches):
-            return True
-        if self.statuses and named_rule(exc) is None:
-            return http_status(exc) in self.statuses
-        return False
-
-
-#: The success rule: recorded in the marker of a succeeded attempt.
-SUCCESS_RULE = "completion-confirmed"
-SUCCESS_WHAT = "`DONE` and `metrics.json` confirmed in the store, whatever the worker's exit code"
-
-RULES: tuple[Rule, ...] = (
-    Rule("interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
-         True, (Interrupted, KeyboardInterrupt)),
-    Rule("deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",
-         False, (DeadlineExceeded,)),
-    Rule("payload-invalid", "LoadPayload", "payload missing, unreadable or invalid (exit 2)",
-         False, (PayloadError,)),
-    Rule("store-auth", ANY, "store answered HTTP 401 or 403", False, (StoreAuthError,),
-         statuses=AUTH_STATUSES),
-    Rule("store-unavailable", ANY,
-         "store: connection error, timeout, HTTP 408/429/5xx after bounded retries",
-         True, (StoreUnavailable,), statuses=UNAVAILABLE_STATUSES),
-    Rule("pip-network", "InstallExtras",
-         "pip failed and its output shows a network failure, after 3 tries", True,
-         signatures=tuple(sig.name for sig in NETWORK_SIGNATURES)),
-    Rule("pip-failed", "InstallExtras",
-         "pip failed otherwise (no such version, resolution or build error)", False),
-    Rule("code-missing", "FetchCode", "the repo holds no code/ tree or no worker module",
-         False, (StoreNotFound,)),
-    Rule("store-not-found", ANY, "a path the runner needs is not in the store", False,
-         (StoreNotFound,)),
-    Rule("spec-absent", "ResolveSpec", "neither an inline spec nor the spill flag", False),
-    Rule("spec-fetch", "ResolveSpec", "the spilled spec could not be fetched", True),
-    Rule("worker-launch", "Train", "the worker process could not be started", False, (OSError,)),
-    Rule("verify-unreadable", "VerifyRemote", "the store could not be read while verifying",
-         True),
-    Rule("worker-heartbeat-retriable", "VerifyRemote",
-         "no completion artifacts; the worker's heartbeat for this attempt says retriable",
-         True),
-    Rule("worker-upload-lost", "VerifyRemote",
-         "the worker wrote local metrics.json but the store lacks the completion artifacts",
-         True),
-    Rule("worker-failed", "VerifyRemote", "the worker exited without completion artifacts",
-         False),
-    Rule("store-unsafe-link", ANY,
-         "a store entry is a link that leaves the store's root, or a dangling link", False),
-    Rule("worker-env-too-large", "ResolveSpec",
-         "the worker's environment exceeds the kernel's exec limits (one variable over "
-         "128 KiB, or the whole environment over ARG_MAX)", False),
-    Rule("preload-unmounted", "Preload",
-         "the weight cache is not mounted or its sentinel is missing", False),
-    Rule("preload-model-failed", "Preload", "a model could not be warmed", False),
-    Rule("internal-error", ANY,
-         "a defect in the runner: a handler returned an event its state does not allow, a "
-         "state has no handler, or Mark itself failed", False),
-    Rule("unclassified", ANY, "anything else: exception type and message in the marker",
-         False, (BaseException,)),
+#: The rules in the order they are tried, each with what it claims.
+_TABLE: tuple[tuple[Rule, Claim], ...] = (
+    (rules.INTERRUPTED, Claim((Interrupted, KeyboardInterrupt))),
+    (rules.DEADLINE, Claim((DeadlineExceeded,))),
+    (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
+    (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
+    (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
+    (rules.PIP_NETWORK, Claim(signatures=tuple(sig.name for sig in NETWORK_SIGNATURES))),
+    (rules.PIP_FAILED, Claim()),
+    (rules.CODE_MISSING, Claim((StoreNotFound,))),
+    (rules.STORE_NOT_FOUND, Claim((StoreNotFound,))),
+    (rules.SPEC_ABSENT, Claim()),
+    (rules.SPEC_FETCH, Claim()),
+    (rules.WORKER_LAUNCH, Claim((OSError,))),
+    (rules.VERIFY_UNREADABLE, Claim()),
+    (rules.WORKER_HEARTBEAT_RETRIABLE, Claim()),
+    (rules.WORKER_UPLOAD_LOST, Claim()),
+    (rules.WORKER_FAILED, Claim()),
+    (rules.STORE_UNSAFE_LINK, Claim()),
+    (rules.WORKER_ENV_TOO_LARGE, Claim()),
+    (rules.PRELOAD_UNMOUNTED, Claim()),
+    (rules.PRELOAD_MODEL_FAILED, Claim()),
+    (rules.INTERNAL_ERROR, Claim()),
+    (rules.UNCLASSIFIED, Claim((BaseException,))),
 )
 
-BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
-CATCH_ALL = RULES[-1]
+RULES: tuple[Rule, ...] = tuple(r for r, _ in _TABLE)
+_CLAIMS: dict[Rule, Claim] = dict(_TABLE)
+BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
+CATCH_ALL = rules.UNCLASSIFIED
+SUCCESS = rules.SUCCESS
 
 
 def rule(rule_id: str) -> Rule:
-    """The rule with this id; a KeyError names an id the policy lacks."""
-    return BY_ID[rule_id]
+    """The rule with this id (a persisted marker names its rule by id); KeyError if none."""
+    return SUCCESS if rule_id == SUCCESS.id else BY_ID[rule_id]
 
 
-def named_rule(exc: BaseException) -> str | None:
-    """The id of the policy rule a typed error names, when the policy has that rule."""
-    if isinstance(exc, FlashError):
-        named = getattr(exc, "rule", None)
-        if isinstance(named, str) and named in BY_ID:
-            return named
+def claim(r: Rule) -> Claim:
+    """What ``r`` claims besides the typed errors that name it."""
+    return _CLAIMS[r]
+
+
+def named_rule(exc: BaseException) -> Rule | None:
+    """The rule of the policy a typed error names, if it names one."""
+    if isinstance(exc, FlashError) and exc.rule in _CLAIMS:
+        return exc.rule
     return None
+
+
+def claims(r: Rule, state: str, exc: BaseException) -> bool:
+    """Whether ``r`` decides ``exc`` raised in ``state`` (order aside)."""
+    named = named_rule(exc)
+    if named is r:
+        return True
+    if not r.applies_in(state):
+        return False
+    what = _CLAIMS[r]
+    if what.matches and isinstance(exc, what.matches):
+        return True
+    if what.statuses and named is None:
+        return http_status(exc) in what.statuses
+    return False
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -179,12 +155,12 @@ def classify(state: str, exc: BaseException) -> Rule:
     """The rule that decides ``exc`` raised in ``state``: the first rule that claims it.
 
     Total: every exception gets a rule, and the catch-all (fatal) when nothing else
-    claims it. A typed error naming an id the policy lacks is matched like an untyped
-    one (so a mistyped id ends fatal, never silently retried).
+    claims it. A typed error naming a rule the policy lacks is matched like an untyped
+    one (so it ends fatal, never silently retried).
     """
     for candidate in RULES:
         try:
-            if candidate.claims(state, exc):
+            if claims(candidate, state, exc):
                 return candidate
         except Exception:  # pragma: no cover - claims() only reads attributes
             continue
@@ -204,15 +180,16 @@ def _statuses_text(statuses: tuple[int, ...]) -> str:
 
 
 def _matched_by(r: Rule) -> str:
+    what = _CLAIMS[r]
     parts: list[str] = []
     if r is CATCH_ALL:
         parts.append("any exception")
     else:
-        parts += [f"`{t.__name__}`" for t in r.matches]
-    if r.statuses:
-        parts.append(_statuses_text(r.statuses))
-    if r.signatures:
-        parts.append("pip output: " + ", ".join(f"`{name}`" for name in r.signatures))
+        parts += [f"`{t.__name__}`" for t in what.matches]
+    if what.statuses:
+        parts.append(_statuses_text(what.statuses))
+    if what.signatures:
+        parts.append("pip output: " + ", ".join(f"`{name}`" for name in what.signatures))
     return "; ".join(parts) or "raised by the state's handler"
 
 
@@ -237,7 +214,7 @@ def render_table() -> str:
     ]
     lines += [
         "",
-        f"Success (rule `{SUCCESS_RULE}`): {SUCCESS_WHAT}.",
+        f"Success (rule `{SUCCESS.id}`): {SUCCESS.what}.",
         "",
         "pip output signatures of a network failure (`pip-network`); a failed install whose",
         "output shows none of them is `pip-failed`:",

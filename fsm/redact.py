@@ -78,6 +78,10 @@ def _is_setting(value: str) -> bool:
     return _SETTING_VALUE.fullmatch(value) is not None
 
 
+#: The setting that names extra secret keys: a list of names, no secret itself.
+LIST_KEY = "FLASH_SECRET_ENV_KEYS"
+
+
 def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
     """The keys of ``env`` whose values are secrets.
 
@@ -90,10 +94,13 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
     return {
         k
         for k, v in env.items()
-        if k in listed
-        or (
-            (_SECRET_KEY.search(k) is not None or k == "HF_TOKEN")
-            and not (isinstance(v, str) and _is_setting(v))
+        if k != LIST_KEY
+        and (
+            k in listed
+            or (
+                (_SECRET_KEY.search(k) is not None or k == "HF_TOKEN")
+                and not (isinstance(v, str) and _is_setting(v))
+            )
         )
     }
 
@@ -246,10 +253,17 @@ class Redactor:
         self._longest = 0
         self.add(secrets)
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], extra_keys: Iterable[str] = ()) -> Redactor:
-        """A redactor for the values of ``secret_keys(env, extra_keys)``."""
-        return cls(env[k] for k in secret_keys(env, extra_keys))
+    def learn(self, env: Mapping[str, str], extra_keys: Iterable[str] = ()) -> set[str]:
+        """Mask the secrets of ``env`` from now on; return the keys taken for secrets.
+
+        The one way an env's secrets become known (the attempt's redactor learns the
+        payload's env with it): the values of ``secret_keys(env, extra_keys)``, where
+        ``extra_keys`` are the keys FLASH_SECRET_ENV_KEYS lists. Values shorter than 4
+        characters are never masked (see :meth:`add`); their keys are returned all the same.
+        """
+        keys = secret_keys(env, extra_keys)
+        self.add(env[k] for k in keys)
+        return keys
 
     def add(self, secrets: Iterable[str]) -> None:
         """Mask these values too (values shorter than 4 characters are ignored)."""

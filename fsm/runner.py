@@ -20,19 +20,18 @@ from typing import Any
 
 import structlog
 
-from fsm import driver, table
+from fsm import driver, policy, rules, table
 from fsm import log as log_config
-from fsm.clock import Deadline
+from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy
 from fsm.interrupt import InterruptFlag
 from fsm.payload import Destination
+from fsm.rules import Rule
 from fsm.store.base import Store
 from fsm.watchdog import EXIT_DEADLINE, Watchdog
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
+EXIT_UNUSABLE = rules.EXIT_UNUSABLE
 EXIT_UNPUBLISHED = 3
 EXIT_NOT_OWNER = 75  # EX_TEMPFAIL: another runner owns the attempt; nothing was written
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
@@ -58,13 +57,12 @@ def store_factory(settings: Settings) -> StoreFactory:
     """Open the store named by ``--store``, else by ``FLASH_STORE`` in the environment
     merged with the payload's env (else the Hub at that environment's ``HF_ENDPOINT``)."""
 
-    def open_for(dest: Destination, deadline: Deadline, environ: Mapping[str, str]) -> Store:
+    def open_for(dest: Destination, budget: Budget, environ: Mapping[str, str]) -> Store:
         from fsm.store import open_store
 
         url = settings.store_url or environ.get("FLASH_STORE") or None
-        return open_store(
-            url, repo_id=dest.hf_repo, token=dest.token, deadline=deadline, environ=environ
-        )
+        return open_store(url, repo_id=dest.hf_repo, token=dest.token, deadline=budget.deadline,
+                          environ=environ, interrupt=budget.interrupt)
 
     return open_for
 
@@ -129,39 +127,42 @@ def _stderr_line(line: str) -> None:
 
 def _outcome(ctx: Context, terminal: str) -> Outcome:
     record = ctx.evidence.get("marker") or {}
-    rule = record.get("rule") or (ctx.failure.rule if ctx.failure else "")
+    rule = _rule_of(ctx, record, terminal)
     attempt = ctx.dest.attempt if ctx.dest else "?"
     published = ctx.publisher.result
     error = record.get("error") or (ctx.failure.message if ctx.failure else "")
-    verdict = {
-        table.SUCCEEDED: "succeeded",
-        table.FAILED_RETRIABLE: "failed (retriable",
-        table.FAILED_FATAL: "failed (fatal",
-    }[terminal]
-    if terminal != table.SUCCEEDED:
-        verdict += f", rule {rule}): {error}"
     if ctx.dest is None:
         reason = f"payload unusable: {error} (no marker: the payload names no usable destination)"
         return _said(ctx, EXIT_UNUSABLE, terminal, reason)
-    if ctx.payload is None:  # a usable destination, an unusable rest: the fatal marker
-        code, reason = EXIT_UNUSABLE, f"payload unusable: {error}"
-    elif not published.landed:
-        code, reason = EXIT_UNPUBLISHED, f"attempt {attempt} {verdict}"
+    if rule.exit_status == EXIT_UNUSABLE:
+        reason = f"payload unusable: {error}"
     elif terminal == table.SUCCEEDED:
-        code, reason = EXIT_OK, f"attempt {attempt} succeeded"
-    elif rule == "deadline":
-        code, reason = EXIT_DEADLINE, f"attempt {attempt} {verdict}"
+        reason = f"attempt {attempt} succeeded"
     else:
-        code, reason = EXIT_FAILED, f"attempt {attempt} {verdict}"
-    if not published.landed:
-        kept = (
-            f"the result is persisted at {published.persisted} and running the same payload "
-            "again publishes it"
-            if published.persisted
-            else "the result could not be persisted either"
-        )
-        reason = f"marker NOT published ({published.error}); {kept}; {reason}"
-    return _said(ctx, code, terminal, reason)
+        reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
+    if published.landed:
+        return _said(ctx, rule.exit_status, terminal, reason)
+    kept = (
+        f"the result is persisted at {published.persisted} and running the same payload "
+        "again publishes it"
+        if published.persisted
+        else "the result could not be persisted either"
+    )
+    code = EXIT_UNUSABLE if rule.exit_status == EXIT_UNUSABLE else EXIT_UNPUBLISHED
+    return _said(ctx, code, terminal, f"marker NOT published ({published.error}); {kept}; {reason}")
+
+
+def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
+    """The rule that decided the attempt: the published (or replayed) marker names it."""
+    named = record.get("rule")
+    if isinstance(named, str):
+        try:
+            return policy.rule(named)
+        except KeyError:  # a marker of another runner version: its class still counts
+            pass
+    if ctx.failure is not None:
+        return ctx.failure.rule
+    return rules.SUCCESS if terminal == table.SUCCEEDED else rules.UNCLASSIFIED
 
 
 def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome:

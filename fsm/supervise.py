@@ -102,6 +102,7 @@ def supervise(
     tail_interval_s: float = 30.0,
     drain_timeout_s: float = 2.0,
     on_group: Callable[[int | None], None] | None = None,
+    name: str = "worker",
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
 
@@ -121,6 +122,9 @@ def supervise(
     are logged and swallowed. A call may still be in flight when this returns: a caller
     whose final upload must land last should serialise it with the sink (a shared lock).
 
+    ``name`` says what runs (``"pip"`` for the installer): it names the log events
+    (``<name>.started``) and the process in the cap line.
+
     Raises ``OSError`` when the worker cannot be started (no such executable, bad ``cwd``)
     or the console file cannot be created.
     """
@@ -137,8 +141,8 @@ def supervise(
         # A trigger that came before subscribe() was not delivered: look at the flag too.
         if interrupt.is_set() or deadline.expired():
             reason: ExitReason = "interrupted" if interrupt.is_set() else "deadline"
-            log.warning("worker.not_started", reason=reason)
-            _append_console(console_fd, _cap_line(reason, interrupt, after=b""))
+            log.warning(f"{name}.not_started", reason=reason)
+            _append_console(console_fd, _cap_line(reason, interrupt, name, after=b""), name)
             return _result(reason, None, started, console_path, console_fd)
         run = _Run(
             argv,
@@ -148,9 +152,10 @@ def supervise(
             out_fd=out_fd,
             waker=waker,
             on_group=on_group,
+            name=name,
         )
-        log.info("worker.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
-        stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s)
+        log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
+        stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s, name)
         try:
             reason = _wait_and_stop(
                 run,
@@ -163,8 +168,8 @@ def supervise(
                 drain_timeout_s=drain_timeout_s,
             )
             if reason != "exited":
-                line = _cap_line(reason, interrupt, after=run.pump.last_byte)
-                _append_console(console_fd, line)
+                line = _cap_line(reason, interrupt, name, after=run.pump.last_byte)
+                _append_console(console_fd, line, name)
                 if run.pump.finished:  # out_fd is free: no interleaving, no blocked writer
                     with contextlib.suppress(OSError):
                         _write_all(out_fd, memoryview(line))
@@ -173,7 +178,7 @@ def supervise(
             run.close()
         result = _result(reason, run.proc.returncode, started, console_path, console_fd)
         log.info(
-            "worker.exited",
+            f"{name}.exited",
             reason=result.reason,
             returncode=result.returncode,
             signal=result.signal,
@@ -207,49 +212,49 @@ def _wait_and_stop(
         grace = stop_by.bound(grace_s)
         if reason == "interrupted" and signal_stop_s is not None and interrupt.at_mono is not None:
             grace = max(0.0, min(grace, interrupt.at_mono + signal_stop_s - time.monotonic()))
-        log.warning("worker.stopping", reason=reason, pgid=run.pid, grace_s=round(grace, 3))
+        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=round(grace, 3))
         _killpg(run.pid, signal.SIGTERM)
         grace_end = time.monotonic() + grace
         # The rest of the group got the same SIGTERM: it may close the pipe within the grace.
         if waker.wait_until(exited, grace_end):
             waker.wait_until(eof, min(grace_end, time.monotonic() + drain_timeout_s))
     elif not waker.wait_until(eof, time.monotonic() + stop_by.bound(drain_timeout_s)):
-        log.warning("worker.pipe_held", pgid=run.pid, drain_timeout_s=drain_timeout_s)
+        log.warning(f"{run.name}.pipe_held", pgid=run.pid, drain_timeout_s=drain_timeout_s)
 
     # Whatever is left of the group goes now. The leader is not reaped yet (at worst a
     # zombie), so the group id still names this worker's group.
     survivors = _group_members(run.pid)
     if survivors:
-        log.warning("worker.killing", pgid=run.pid, pids=survivors)
+        log.warning(f"{run.name}.killing", pgid=run.pid, pids=survivors)
     _killpg(run.pid, signal.SIGKILL)
     kill_end = time.monotonic() + _KILL_WAIT_S
     if not waker.wait_until(lambda: exited() and eof(), kill_end):
-        log.error("worker.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
+        log.error(f"{run.name}.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
     run.pump.finish()
     if exited():
         run.reap()
     left = _await_group_gone(run.pid, kill_end)
     if left:
-        log.error("worker.survivors", pgid=run.pid, pids=left)
+        log.error(f"{run.name}.survivors", pgid=run.pid, pids=left)
     return reason
 
 
-def _cap_line(reason: ExitReason, interrupt: InterruptFlag, *, after: bytes) -> bytes:
+def _cap_line(reason: ExitReason, interrupt: InterruptFlag, name: str, *, after: bytes) -> bytes:
     """The line that says why the console ends here, on a line of its own after ``after``."""
     if reason == "deadline":
-        text = "--- flash-bootstrap: worker hit the run wall deadline; stopped ---\n"
+        text = f"--- flash-bootstrap: {name} hit the run wall deadline; stopped ---\n"
     else:
-        name = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
-        text = f"--- flash-bootstrap: runner got {name}; worker stopped ---\n"
+        sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
+        text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"
     return (b"\n" if after not in (b"", b"\n") else b"") + text.encode()
 
 
-def _append_console(console_fd: int, line: bytes) -> None:
+def _append_console(console_fd: int, line: bytes, name: str) -> None:
     try:
         _write_all(console_fd, memoryview(line))
     except OSError as exc:
         structlog.get_logger().error(
-            "worker.console_write_failed", target="console", error=str(exc)
+            f"{name}.console_write_failed", target="console", error=str(exc)
         )
 
 
@@ -337,15 +342,18 @@ class _Pump:
     so the worker never blocks on a full pipe because a destination failed.
     """
 
-    def __init__(self, pipe_fd: int, out_fd: int, console_fd: int, waker: _Waker) -> None:
+    def __init__(
+        self, pipe_fd: int, out_fd: int, console_fd: int, waker: _Waker, name: str
+    ) -> None:
         self.eof = threading.Event()
+        self.name = name
         self.last_byte = b""
         self._pipe_fd = pipe_fd
         self._targets = {"out": out_fd, "console": console_fd}
         self._waker = waker
         self._stop = _Waker()
         self.finished = False
-        self._thread = threading.Thread(target=self._run, name="worker-pump", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{name}-pump", daemon=True)
         self._thread.start()
 
     def finish(self) -> bool:
@@ -354,7 +362,7 @@ class _Pump:
             self._stop.wake()
             self._thread.join(os_timeout(_JOIN_S))
             if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
-                structlog.get_logger().error("worker.pump_stuck")
+                structlog.get_logger().error(f"{self.name}.pump_stuck")
                 return False
             self.finished = True
             os.close(self._pipe_fd)
@@ -382,7 +390,7 @@ class _Pump:
                     return
                 self._copy(view[:n])
         except OSError as exc:
-            structlog.get_logger().error("worker.pump_failed", error=str(exc))
+            structlog.get_logger().error(f"{self.name}.pump_failed", error=str(exc))
         finally:
             self.eof.set()
             self._waker.wake()
@@ -393,7 +401,7 @@ class _Pump:
                 _write_all(fd, chunk)
             except OSError as exc:
                 structlog.get_logger().error(
-                    "worker.console_write_failed", target=name, error=str(exc)
+                    f"{self.name}.console_write_failed", target=name, error=str(exc)
                 )
                 del self._targets[name]
         self.last_byte = bytes(chunk[-1:])
@@ -412,7 +420,9 @@ class _Run:
         out_fd: int,
         waker: _Waker,
         on_group: Callable[[int | None], None] | None,
+        name: str,
     ) -> None:
+        self.name = name
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
             with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
@@ -437,7 +447,7 @@ class _Run:
         self.console_fd = console_fd
         self.out_fd = out_fd
         try:
-            self.pump = _Pump(r, out_fd, console_fd, waker)
+            self.pump = _Pump(r, out_fd, console_fd, waker, name)
             self.watch = _LeaderWatch(self.pid, waker)
             self._on_group = on_group
             if on_group is not None:
@@ -465,7 +475,7 @@ class _Run:
 
 
 def _start_ticks(
-    sink: Callable[[bytes], None] | None, console_path: Path, interval_s: float
+    sink: Callable[[bytes], None] | None, console_path: Path, interval_s: float, name: str
 ) -> threading.Event:
     """Start the periodic tail uploads (when there is a sink); returns what stops them."""
     stop = threading.Event()
@@ -478,9 +488,9 @@ def _start_ticks(
             try:
                 sink(read_tail(console_path))
             except Exception as exc:
-                log.warning("worker.tail_upload_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning(f"{name}.tail_upload_failed", error=f"{type(exc).__name__}: {exc}")
 
-    threading.Thread(target=tick, name="worker-tail", daemon=True).start()
+    threading.Thread(target=tick, name=f"{name}-tail", daemon=True).start()
     return stop
 
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import structlog
 
-from fsm import marker, outcome, policy
+from fsm import marker, outcome, rules
+from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.context import Context, Failure
 
@@ -100,10 +101,9 @@ class Watchdog:
 
     def _publish(self, ctx: Context, where: str) -> marker.Published:
         assert ctx.dest is not None
-        rule = policy.rule("deadline")
+        rule = rules.DEADLINE
         failure = Failure(
-            rule=rule.id,
-            retriable=rule.retriable,
+            rule=rule,
             message=(
                 f"run wall deadline exceeded: the attempt was still in {where} when its "
                 "deadline passed"
@@ -118,7 +118,7 @@ class Watchdog:
             args=(record,),
             kwargs={
                 "dest": ctx.dest,
-                "store": ctx.store_until(bound),
+                "store": ctx.store_until(bound, stop_on_signal=False),
                 "result_file": (
                     marker.result_path(ctx.settings.payload_path, ctx.dest) if payload else None
                 ),
@@ -127,7 +127,7 @@ class Watchdog:
                     mode=payload.mode if payload else "",
                 ),
                 "scratch_dir": ctx.scratch,
-                "deadline": bound,
+                "budget": Budget(bound),
                 "fence": ctx.fence,
                 "tries": 3,
                 "base_delay_s": 0.5,

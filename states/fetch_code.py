@@ -6,7 +6,7 @@ import shutil
 
 import structlog
 
-from fsm import table
+from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import FatalError
 
@@ -24,7 +24,7 @@ def fetch_code(ctx: Context) -> str:
     if not worker.is_file():
         raise FatalError(
             f"the code tree has no worker module code/{'/'.join(WORKER_MODULE)}",
-            rule="code-missing",
+            rule=rules.CODE_MISSING,
         )
     log.info("code.fetched", files=count, code_root=str(code_root))
     return table.CODE_FETCHED

@@ -19,7 +19,6 @@ from fsm import marker, payload, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, Interrupted, PayloadError
-from fsm.redact import secret_keys
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -75,7 +74,7 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
     lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
     wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
-    got = lock.acquire(wait, interrupt=ctx.interrupt, deadline=ctx.deadline)
+    got = lock.acquire(wait, ctx.budget)
     if got == "held":
         ctx.lock = lock  # held until the process ends (released by the runner)
         return
@@ -96,6 +95,5 @@ def _learn_secrets(ctx: Context, env: object) -> None:
     listed = ",".join(
         (ctx.environ.get("FLASH_SECRET_ENV_KEYS", ""), text_env.get("FLASH_SECRET_ENV_KEYS", ""))
     )
-    keys = secret_keys(text_env, listed.split(","))
-    ctx.redactor.add(text_env[k] for k in keys)
+    keys = ctx.redactor.learn(text_env, listed.split(","))
     log.info("secrets.keys", keys=sorted(keys))  # which keys: never their values

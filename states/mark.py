@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from fsm import marker, outcome
+from fsm.budget import Budget
 from fsm.clock import Deadline, os_timeout
 from fsm.context import Context
 from fsm.store.base import Store
@@ -45,7 +46,7 @@ def mark(ctx: Context) -> str:
             result_file=_result_file(ctx),
             ident=_identity(ctx),
             scratch_dir=ctx.scratch,
-            deadline=deadline,
+            budget=Budget(deadline),  # a signal does not stop the marker: its deadline does
             fence=ctx.fence,
         )
     else:  # the watchdog is publishing its record: give it the same bound
@@ -57,7 +58,7 @@ def mark(ctx: Context) -> str:
 
 def _store(ctx: Context, deadline: Deadline) -> Store | None:
     try:
-        return ctx.store_until(deadline)
+        return ctx.store_until(deadline, stop_on_signal=False)  # the marker must still land
     except Exception as exc:  # an unusable store setting: the result stays persisted
         log.error("marker.store_unusable", exc_type=type(exc).__name__,
                   error=ctx.redactor.text(str(exc)))

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from fsm import table
+from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS
@@ -53,10 +53,10 @@ def preload(ctx: Context) -> str:
     # it has landed exactly when the marker has.
     ctx.end_artifacts[RESULT_NAME] = ctx.redactor.text(json.dumps(result))
     if problem is not None:
-        raise FatalError(problem, rule="preload-unmounted")
+        raise FatalError(problem, rule=rules.PRELOAD_UNMOUNTED)
     if result["failed"]:
         names = ", ".join(sorted(result["failed"]))
-        raise FatalError(f"preload failed for {names}", rule="preload-model-failed")
+        raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
     return table.CACHE_WARMED
 
 

@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 
-from fsm import table
+from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
@@ -35,7 +35,6 @@ _KERNEL_ARG_CAP = 6 * 1024 * 1024
 _MIN_ARG_MAX = 131_072
 _POINTER = struct.calcsize("P")
 
-RULE_ENV_TOO_LARGE = "worker-env-too-large"
 
 
 def resolve_spec(ctx: Context) -> str:
@@ -70,7 +69,7 @@ def resolve_spec(ctx: Context) -> str:
     env["FLASH_JOB_SPEC_PATH"] = str(spec_file)
     problem = exec_problem(argv, env)
     if problem is not None:
-        raise FatalError(problem, rule=RULE_ENV_TOO_LARGE)
+        raise FatalError(problem, rule=rules.WORKER_ENV_TOO_LARGE)
     spec_file.write_text(spec, encoding="utf-8")
     ctx.worker_env = env
     return table.SPEC_RESOLVED
@@ -146,13 +145,13 @@ def _spec(ctx: Context, p: Payload) -> str:
     if not p.job_spec_in_hf:
         raise FatalError(
             "the payload carries no job spec: job_spec_json is empty and job_spec_in_hf is not set",
-            rule="spec-absent",
+            rule=rules.SPEC_ABSENT,
         )
     path = p.dest.path("job_spec.json")
     try:
         local = ctx.require_store().download_file(path, ctx.scratch / "spilled_spec")
     except (StoreUnavailable, StoreNotFound) as exc:
         raise RetriableError(
-            f"the spilled job spec {path} could not be fetched: {exc}", rule="spec-fetch"
+            f"the spilled job spec {path} could not be fetched: {exc}", rule=rules.SPEC_FETCH
         ) from exc
     return local.read_text(encoding="utf-8", errors="replace")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from fsm import policy, table
+from fsm import rules, table
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import FatalError, Interrupted, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
@@ -36,10 +36,10 @@ def verify_remote(ctx: Context) -> str:
         except StoreUnavailable as exc:
             raise RetriableError(
                 f"could not read the store to verify the worker's completion: {exc}",
-                rule="verify-unreadable",
+                rule=rules.VERIFY_UNREADABLE,
             ) from exc
     if all(present.values()):
-        ctx.evidence["rule"] = policy.SUCCESS_RULE
+        ctx.evidence["rule"] = rules.SUCCESS.id
         return table.COMPLETION_CONFIRMED
 
     result = ctx.worker_result
@@ -53,19 +53,19 @@ def verify_remote(ctx: Context) -> str:
         raise RetriableError(
             f"worker {exited} without {missing} in the store; its heartbeat for attempt "
             f"{p.dest.attempt} says retriable; {pointers}",
-            rule="worker-heartbeat-retriable",
+            rule=rules.WORKER_HEARTBEAT_RETRIABLE,
             stands_after_signal=on_its_own,
         )
     if (ctx.scratch / "metrics.json").is_file():
         raise RetriableError(
             f"worker {exited} and wrote metrics.json locally, but {missing} never reached the "
             f"store (a lost upload, not a code failure); {pointers}",
-            rule="worker-upload-lost",
+            rule=rules.WORKER_UPLOAD_LOST,
             stands_after_signal=on_its_own,
         )
     raise FatalError(
         f"worker {exited} without completion artifacts ({missing} missing); {pointers}",
-        rule="worker-failed",
+        rule=rules.WORKER_FAILED,
         stands_after_signal=on_its_own,
     )
 

@@ -27,6 +27,7 @@ Why no init (tini) in the image, measured here:
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -37,12 +38,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Layout, read_until
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -236,6 +240,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     built = subprocess.run(
         ["/bin/sh", "-c", command.replace(target, str(context))],
         env=build_env,
+        cwd="/",  # no WORKDIR precedes the step (a base image may set one: hence python3 -I)
         capture_output=True,
         timeout=600,
         check=False,
@@ -399,6 +404,122 @@ def test_every_installed_distribution_is_pinned(image: Image) -> None:
 
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# The test helpers: in the test install, not in the image (docs/testing.md) ------------------
+
+#: Run by an environment's interpreter: what it can import of the helpers, and what it records.
+_HELPERS_PROBE = """
+import importlib.metadata as md, importlib.util, json
+from pathlib import Path
+import fsm
+dist = md.distribution("flash-bootstrap")
+files = list(dist.files or ())
+try:
+    import fsm.testing
+    testing = "importable"
+except ModuleNotFoundError as exc:
+    testing = f"ModuleNotFoundError: {exc.name}"
+print(json.dumps({
+    "testing": testing,
+    "on_disk": (Path(fsm.__file__).parent / "testing").exists(),
+    "pytest": importlib.util.find_spec("pytest") is not None,
+    "pytest11": sorted(f"{ep.name} = {ep.value}" for ep in md.entry_points(group="pytest11")),
+    "ours_pytest11": [ep.value for ep in dist.entry_points if ep.group == "pytest11"],
+    "recorded_helpers": sorted(str(f) for f in files if str(f).startswith("fsm/testing/")),
+    "recorded_missing": sorted(str(f) for f in files if not f.locate().exists()),
+}))
+"""
+
+
+def _probe_helpers(python: Path | str) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(python), "-c", _HELPERS_PROBE], capture_output=True, text=True, timeout=60,
+        check=True, cwd="/",  # not the work tree: what is installed, not what is checked out
+    )
+    return json.loads(done.stdout)
+
+
+def _ours(entry_points: list[str]) -> list[str]:
+    """The ``name = value`` entry points that name a module of this project."""
+    return [ep for ep in entry_points if re.search(r"= (fsm|states)\b", ep)]
+
+
+def test_the_image_carries_the_runner_without_the_test_helpers(image: Image) -> None:
+    """The install step leaves no fsm.testing, no pytest and no pytest11 entry point, and the
+    distribution's RECORD lists exactly what is on disk; the runner still runs."""
+    probe = _probe_helpers(image.venv / "bin" / "python")
+    # Other distributions may declare pytest11 plugins (anyio does); none may be ours.
+    pytest11 = probe.pop("pytest11")
+    assert _ours(pytest11) == [], pytest11
+    assert probe == {
+        "testing": "ModuleNotFoundError: fsm.testing",
+        "on_disk": False,
+        "pytest": False,
+        "ours_pytest11": [],
+        "recorded_helpers": [],
+        "recorded_missing": [],
+    }, probe
+    print(f"pytest11 entry points of other distributions in the image: {pytest11}")
+    policy = subprocess.run(
+        [str(image.venv / "bin" / "flash-bootstrap"), "policy"],
+        capture_output=True, timeout=60, check=False,
+    )
+    assert policy.returncode == 0 and b"completion-confirmed" in policy.stdout, policy.stderr
+
+
+def test_the_project_test_install_has_the_helpers_and_loads_them_explicitly(
+    request: pytest.FixtureRequest,
+) -> None:
+    """`pip install -e '.[test]'` brings the helpers and pytest; no entry point loads the
+    plugin, tests/conftest.py does."""
+    probe = _probe_helpers(sys.executable)
+    assert probe["testing"] == "importable" and probe["on_disk"] is True, probe
+    assert probe["pytest"] is True
+    assert probe["ours_pytest11"] == [], probe
+    assert _ours(probe["pytest11"]) == [], probe
+    import fsm.testing.pytest_plugin as plugin
+
+    assert request.config.pluginmanager.get_plugin("fsm.testing.pytest_plugin") is plugin
+    # pyproject: the testing extra is what the helpers need; the test extra includes it.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "pytest11" not in project.get("entry-points", {})
+    extras = {
+        name: {_canonical(Requirement(r).name): Requirement(r) for r in reqs}
+        for name, reqs in project["optional-dependencies"].items()
+    }
+    assert set(extras["testing"]) == {"pytest"}
+    assert extras["test"]["flash-bootstrap"].extras == {"testing"}
+    installed = [Requirement(r) for r in importlib.metadata.requires("flash-bootstrap") or ()]
+    assert any(
+        r.name == "pytest" and r.marker is not None and r.marker.evaluate({"extra": "testing"})
+        for r in installed
+    ), "the installed metadata is stale: pip install -e '.[test]'"
+
+
+def test_a_pytest_run_gets_the_hub_fixtures_only_when_it_asks(tmp_path: Path) -> None:
+    """In an environment with the helpers installed, a suite that does not load the plugin has
+    no hub fixtures (a worker's own tests are left alone); `-p` or `pytest_plugins` loads it."""
+    (tmp_path / "test_uses_hub.py").write_text(textwrap.dedent("""
+        def test_it(hub_server, hub_dataset, hub_token):
+            assert hub_server.url.startswith("http://127.0.0.1:")
+    """))
+    outcomes = {}
+    for name, extra in {"plain": [], "-p": ["-p", "fsm.testing.pytest_plugin"]}.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
+             "--rootdir", str(tmp_path), str(tmp_path)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        )
+        outcomes[name] = (done.returncode, "fixture 'hub_server' not found" in done.stdout)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["fsm.testing.pytest_plugin"]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )
+    outcomes["conftest"] = (done.returncode, "fixture 'hub_server' not found" in done.stdout)
+    assert outcomes == {"plain": (1, True), "-p": (0, False), "conftest": (0, False)}, outcomes
 
 
 def test_pid_1_ignores_a_sigterm_it_has_no_handler_for() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import Layout
 
-from fsm import diagram, table
+from fsm import diagram, policy_doc, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DIAGRAMS = ROOT / "diagrams"
@@ -30,32 +30,25 @@ needs_pygraphviz = pytest.mark.skipif(
 
 # --- reading the dot text back --------------------------------------------------------
 
-_STATEMENT = re.compile(r'^\s*"(?P<a>[^"]+)"(?: -> "(?P<b>[^"]+)")?(?: \[(?P<attrs>.*)\])?;$')
-_ATTR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 Attrs = dict[str, str]
 
 
 def _parse_dot(text: str) -> tuple[dict[str, Attrs], list[tuple[str, str, Attrs]]]:
-    """The nodes (with their attributes) and the edges of ``diagram.dot()``'s output."""
-    nodes: dict[str, dict[str, str]] = {}
-    edges: list[tuple[str, str, dict[str, str]]] = []
-    for line in text.splitlines():
-        match = _STATEMENT.match(line)
-        if not match:
-            continue
-        attrs = dict(_ATTR.findall(match["attrs"] or ""))
-        if match["b"]:
-            edges.append((match["a"], match["b"], attrs))
-        else:
-            nodes[match["a"]] = attrs
+    """The nodes (with the attributes set on them) and the edges of ``diagram.dot()``'s
+    output, read back by Graphviz itself."""
+    import pygraphviz
+
+    graph = pygraphviz.AGraph(string=text)
+    nodes = {str(n): dict(n.attr) for n in graph.nodes()}
+    edges = [(str(e[0]), str(e[1]), {k: v for k, v in e.attr.items() if v}) for e in graph.edges()]
     return nodes, edges
 
 
 def _cluster_members(text: str) -> list[str]:
-    body = text.split(f"subgraph {diagram.CLUSTER} {{", 1)[1].split("\n    }", 1)[0]
-    return re.findall(r'^\s*"([^"]+)";$', body, re.M)
+    import pygraphviz
+
+    graph = pygraphviz.AGraph(string=text)  # alive while its subgraph is read
+    return [str(n) for n in graph.get_subgraph(diagram.CLUSTER).nodes()]
 
 
 def _mermaid_edges(text: str) -> set[tuple[str, str, str]]:
@@ -129,7 +122,7 @@ def test_two_svg_renders_are_byte_identical_and_carry_no_graphviz_version() -> N
 
 def test_the_readme_mermaid_block_is_the_plain_diagram() -> None:
     readme = (ROOT / "README.md").read_text()
-    block = diagram.generated_block(readme, "diagram")
+    block = policy_doc.generated_block(readme, "diagram")
     assert block is not None
     assert block == "```mermaid\n" + diagram.mermaid() + "```\n"
 
@@ -164,6 +157,7 @@ def test_mermaid_draws_terminal_states_as_terminal_and_starts_at_the_initial_sta
     assert f"[*] --> {table.INITIAL}" in text
 
 
+@needs_pygraphviz
 def test_dot_draws_every_progress_transition_and_one_edge_for_the_shared_exits() -> None:
     text = diagram.dot()
     _, edges = _parse_dot(text)
@@ -176,6 +170,7 @@ def test_dot_draws_every_progress_transition_and_one_edge_for_the_shared_exits()
     assert len(edges) == len(table.PROGRESS) + 2  # + the start arrow + the shared exits
 
 
+@needs_pygraphviz
 def test_dot_draws_exactly_the_terminal_states_as_double_circles() -> None:
     nodes, _ = _parse_dot(diagram.dot())
     assert {n for n, a in nodes.items() if a.get("shape") == "doublecircle"} == set(
@@ -185,9 +180,19 @@ def test_dot_draws_exactly_the_terminal_states_as_double_circles() -> None:
 
 
 @needs_pygraphviz
-def test_the_transitions_graph_machine_draws_exactly_the_table() -> None:
-    """svg/png are only drawn when transitions' own GraphMachine agrees with the table."""
-    assert diagram.graph_machine_edges() == set(table.TRANSITIONS)
+def test_the_graphviz_picture_draws_exactly_the_table() -> None:
+    """Every transition of the table, and nothing else, is in the picture: the engine's
+    merged "a | b" labels split, the shared edge standing for each state in the box."""
+    text = diagram.dot()
+    _, edges = _parse_dot(text)
+    drawn = set()
+    for a, b, attrs in edges:
+        if attrs.get("ltail") == diagram.CLUSTER:
+            events = attrs["label"].split("\\n")
+            drawn |= {(e, s, b) for s in _cluster_members(text) for e in events}
+        elif a != "__start__":
+            drawn |= {(e, a, b) for e in attrs["label"].split(" | ")}
+    assert drawn == set(table.TRANSITIONS)
 
 
 @needs_pygraphviz
@@ -199,7 +204,7 @@ def test_an_engine_that_silently_fell_back_is_refused(monkeypatch: pytest.Monkey
     monkeypatch.setattr(pgv, "pgv", None)
     monkeypatch.setattr(gv, "pgv", None)
     with pytest.raises(diagram.DiagramUnavailable, match=r"not pygraphviz.*\[diagrams\]"):
-        diagram.graph_machine_edges()
+        diagram.graph()
 
 
 # --- one attempt's path ---------------------------------------------------------------
@@ -235,6 +240,7 @@ def _expected_edges(marker: dict[str, Any], event_into_mark: str, terminal: str)
     ],
     ids=["worker-crash", "success"],
 )
+@needs_pygraphviz
 def test_a_real_markers_path_is_highlighted_exactly_with_its_rule_on_the_deciding_state(
     layout: Layout, worker: str, terminal: str, event_into_mark: str, rule: str
 ) -> None:
@@ -257,6 +263,7 @@ def test_a_real_markers_path_is_highlighted_exactly_with_its_rule_on_the_decidin
     assert re.search(rf"note right of {marker['state']}\n.*\n\s*rule {rule}\n", mermaid)
 
 
+@needs_pygraphviz
 def test_a_watchdog_marker_highlights_the_path_up_to_the_stuck_state_and_no_terminal() -> None:
     marker = {
         "ok": False, "ts": 1.0, "attempt": 1, "retriable": False,
@@ -273,6 +280,7 @@ def test_a_watchdog_marker_highlights_the_path_up_to_the_stuck_state_and_no_term
     assert "deadline watchdog" in diagram.mermaid(marker)
 
 
+@needs_pygraphviz
 def test_a_step_the_table_does_not_allow_is_never_drawn() -> None:
     marker = {"ok": False, "retriable": True, "rule": "interrupted", "state": table.TRAIN,
               "path": [table.LOAD_PAYLOAD, table.TRAIN, table.MARK, "NoSuchState"]}
@@ -318,10 +326,13 @@ def test_the_cli_writes_svg_and_a_highlighted_png_with_o(tmp_path: Path) -> None
     assert png.read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_without_pygraphviz_svg_exits_2_with_one_line_naming_the_extra() -> None:
+@pytest.mark.parametrize("fmt", ["dot", "svg", "png"])
+def test_without_pygraphviz_graphviz_formats_exit_2_with_one_line_naming_the_extra(
+    fmt: str,
+) -> None:
     code = (
         "import sys; sys.modules['pygraphviz'] = None\n"
-        "from fsm.cli import main; raise SystemExit(main(['diagram', '--format', 'svg']))"
+        f"from fsm.cli import main; raise SystemExit(main(['diagram', '--format', '{fmt}']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
                           check=False)

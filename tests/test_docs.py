@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm import diagram, policy, table
+from fsm import policy, policy_doc, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -18,7 +18,7 @@ LIFECYCLE = DOCS / "lifecycle.md"
 
 
 def test_the_generated_policy_block_of_docs_policy_md_is_render_table() -> None:
-    block = diagram.generated_block((DOCS / "policy.md").read_text(), "policy")
+    block = policy_doc.generated_block((DOCS / "policy.md").read_text(), "policy")
     assert block is not None, "docs/policy.md lost its <!-- policy:begin/end --> markers"
     assert block.strip("\n") == policy.render_table().strip("\n"), (
         "docs/policy.md is stale: run python -m fsm.diagram --policy-doc docs/policy.md"
@@ -29,7 +29,7 @@ def test_every_policy_rule_is_documented_in_the_lifecycle() -> None:
     text = LIFECYCLE.read_text()
     missing = [r.id for r in policy.RULES if f"`{r.id}`" not in text]
     assert missing == [], f"docs/lifecycle.md never mentions rules {missing}"
-    assert f"`{policy.SUCCESS_RULE}`" in text
+    assert f"`{policy.SUCCESS.id}`" in text
 
 
 def test_every_state_of_the_table_has_a_section_in_the_lifecycle() -> None:

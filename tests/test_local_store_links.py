@@ -2,7 +2,7 @@
 
 A store entry that is a symbolic link resolving outside the store's root, or a dangling
 link, is refused by every read (fetch_folder, download_file, exists, warm_model) with
-``FatalError(rule="store-unsafe-link")`` and one line naming the entry's repo path; links
+``FatalError(rule=rules.STORE_UNSAFE_LINK)`` and one line naming the entry's repo path; links
 that stay inside the root are followed. Checked at the adapter and through the real
 runner as a process (``python -m fsm run``).
 """
@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 from conftest import Layout
 
+from fsm import rules
 from fsm.clock import Deadline
 from fsm.errors import FatalError
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS
 from fsm.store.local import LocalStore
 
 SECRET = b"OUTSIDE-THE-STORE-do-not-copy-3f9a"
-RULE = "store-unsafe-link"
+RULE = rules.STORE_UNSAFE_LINK.id  # as the marker names it
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def _contains_secret(tree: Path) -> bool:
 
 def _assert_refused(info: pytest.ExceptionInfo[FatalError], repo_path: str) -> None:
     error = info.value
-    assert error.rule == RULE
+    assert error.rule is rules.STORE_UNSAFE_LINK
     assert not error.retriable
     assert repo_path in str(error)
     assert "\n" not in str(error)

@@ -322,11 +322,16 @@ def test_a_crash_inside_mark_keeps_the_outcome_persisted_and_exits_3(layout: Lay
     assert marker is not None and marker["ok"] is True
 
 
-def test_every_working_state_of_the_table_has_a_handler() -> None:
-    from fsm.driver import missing_handlers
+def test_every_working_state_of_the_table_has_exactly_one_handler_and_no_handler_is_stray(
+) -> None:
+    from fsm.driver import handler_problems
 
-    assert missing_handlers(HANDLERS) == []
-    assert CANARY  # the layout's token: nothing here may print it
+    assert handler_problems(HANDLERS) == []
+    broken = {**{k: v for k, v in HANDLERS.items() if k != table.TRAIN}, "Training": HANDLERS[
+        table.TRAIN]}
+    assert handler_problems(broken) == [
+        "Train has no handler", "a handler for 'Training', which is no working state of the table"
+    ]
 
 
 def test_after_sigterm_a_worker_ignoring_it_cannot_hold_the_marker_past_dockers_stop_timeout(

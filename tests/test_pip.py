@@ -23,6 +23,7 @@ import pytest
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
+from fsm import rules
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
@@ -198,7 +199,7 @@ def test_unavailable_index_is_tried_tries_times_then_retriable(pip: Pip, index: 
     with capture_logs() as logs, pytest.raises(RetriableError) as err:
         # PIP_RETRIES=0 in the env: pip makes one request per run, and install() keeps it.
         pip(["flashdemo"], "--index-url", index.url, tries=3, PIP_RETRIES="0")
-    assert err.value.rule == "pip-network"
+    assert err.value.rule is rules.PIP_NETWORK
     assert index.hits == 3
     assert [e["attempt"] for e in events(logs, "pip.try")] == [1, 2, 3]
     assert {e["failure_class"] for e in events(logs, "pip.failed")} == {"network"}
@@ -220,7 +221,7 @@ def test_closed_port_is_network_and_retriable(pip: Pip) -> None:
     url = f"http://127.0.0.1:{closed_port()}/simple/"
     with capture_logs() as logs, pytest.raises(RetriableError) as err:
         pip(["flashdemo"], "--index-url", url, tries=2, PIP_RETRIES="0")
-    assert err.value.rule == "pip-network"
+    assert err.value.rule is rules.PIP_NETWORK
     assert "connection refused" in err.value.message
     assert len(events(logs, "pip.try")) == 2
 
@@ -241,7 +242,7 @@ def test_missing_version_is_fatal_on_the_first_try(pip: Pip, index: PypiServer) 
     """A version the healthy index does not have is pip-failed, without retries."""
     with capture_logs() as logs, pytest.raises(FatalError) as err:
         pip(["flashdemo==9.9"], "--index-url", index.url)
-    assert err.value.rule == "pip-failed"
+    assert err.value.rule is rules.PIP_FAILED
     assert not err.value.retriable
     assert len(events(logs, "pip.try")) == 1
     assert events(logs, "pip.failed")[0]["failure_class"] == "other"
@@ -262,7 +263,7 @@ def test_failing_build_is_fatal(pip: Pip, tmp_path: Path) -> None:
     )
     with capture_logs() as logs, pytest.raises(FatalError) as err:
         pip([str(project)], "--no-index")
-    assert err.value.rule == "pip-failed"
+    assert err.value.rule is rules.PIP_FAILED
     assert len(events(logs, "pip.try")) == 1
     # pip's wording differs between releases; it always names the failed build.
     assert err.value.message.startswith("pip install failed")
@@ -275,7 +276,7 @@ def test_invalid_requirement_is_fatal(pip: Pip) -> None:
     """A requirement pip cannot parse is pip-failed on the first try."""
     with pytest.raises(FatalError, match=r"Invalid requirement") as err:
         pip(["not a requirement!"], "--no-index")
-    assert err.value.rule == "pip-failed"
+    assert err.value.rule is rules.PIP_FAILED
 
 
 # --- time and signals ----------------------------------------------------------------------

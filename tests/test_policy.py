@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import ast
-import importlib
-from collections.abc import Iterator
-from pathlib import Path
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from fsm import driver, policy, table
+from fsm import policy, rules, table
 from fsm.errors import (
     DeadlineExceeded,
     FatalError,
@@ -26,8 +23,6 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.pip import NETWORK_SIGNATURES
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: The ids the states, the watchdog and the control plane's readers of the marker rely on.
 #: Renaming or removing one is a breaking change: this list changes only with intent.
@@ -56,15 +51,22 @@ STABLE_IDS = (
     "unclassified",
 )
 
-#: The typed errors of fsm.errors and the class each one promises.
-ERROR_CLASSES: dict[str, bool] = {
-    "RetriableError": True,
-    "StoreUnavailable": True,
-    "FatalError": False,
-    "PayloadError": False,
-    "StoreAuthError": False,
-    "StoreNotFound": False,
+#: The working states a rule can apply in: Mark never fails (it has no failure exits).
+FAILING_STATES = tuple(s for s in table.WORKING if s != table.MARK)
+
+#: The rule objects fsm.rules defines, by constant name.
+RULE_CONSTANTS: dict[str, rules.Rule] = {
+    name: value for name, value in vars(rules).items() if isinstance(value, rules.Rule)
 }
+
+
+def _typed(r: rules.Rule, message: str = "x") -> FlashError:
+    """A typed error of ``r``'s class naming ``r``."""
+    return (RetriableError if r.retriable else FatalError)(message, rule=r)
+
+
+def _states_of(r: rules.Rule) -> tuple[str, ...]:
+    return FAILING_STATES if r.where == rules.ANY else (r.where,)
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -74,122 +76,141 @@ def test_rule_ids_are_unique_and_exactly_the_stable_ones_in_order() -> None:
     ids = [r.id for r in policy.RULES]
     assert len(ids) == len(set(ids))
     assert tuple(ids) == STABLE_IDS
-    assert policy.SUCCESS_RULE not in ids
+    assert policy.SUCCESS.id not in ids
+    assert policy.SUCCESS is rules.SUCCESS
+
+
+def test_a_rule_is_found_by_its_id_success_included() -> None:
+    assert {r.id: r for r in policy.RULES} == policy.BY_ID
+    for r in policy.RULES:
+        assert policy.rule(r.id) is r
+    assert policy.rule(policy.SUCCESS.id) is policy.SUCCESS
+    with pytest.raises(KeyError):
+        policy.rule("no-such-rule")
 
 
 def test_the_last_rule_is_a_fatal_catch_all_for_any_state() -> None:
     last = policy.RULES[-1]
-    assert last is policy.CATCH_ALL
+    assert last is policy.CATCH_ALL is rules.UNCLASSIFIED
     assert (last.id, last.where, last.retriable) == ("unclassified", policy.ANY, False)
-    assert last.matches == (BaseException,)
-    assert all(r.matches != (BaseException,) for r in policy.RULES[:-1])
+    assert policy.claim(last).matches == (BaseException,)
+    assert all(policy.claim(r).matches != (BaseException,) for r in policy.RULES[:-1])
 
 
 def test_every_rule_applies_in_a_real_working_state_or_anywhere() -> None:
-    working = set(table.WORKING) - {table.MARK}  # Mark never fails: it has no failure exits
     for r in policy.RULES:
-        assert r.where == policy.ANY or r.where in working, r
+        assert r.where == policy.ANY or r.where in FAILING_STATES, r
+    assert policy.SUCCESS.where in FAILING_STATES
 
 
 def test_http_statuses_follow_the_design_table() -> None:
-    assert policy.rule("store-auth").statuses == (401, 403)
-    unavailable = set(policy.rule("store-unavailable").statuses)
+    assert policy.claim(rules.STORE_AUTH).statuses == (401, 403)
+    unavailable = set(policy.claim(rules.STORE_UNAVAILABLE).statuses)
     assert unavailable == {408, 429, *range(500, 600)}
-    claimed = [s for r in policy.RULES for s in r.statuses]
+    claimed = [s for r in policy.RULES for s in policy.claim(r).statuses]
     assert len(claimed) == len(set(claimed)), "one status, one rule"
 
 
 def test_the_pip_network_rule_names_every_network_signature_of_the_pip_installer() -> None:
-    assert policy.rule("pip-network").signatures == tuple(s.name for s in NETWORK_SIGNATURES)
-    assert policy.rule("pip-network").retriable
-    assert not policy.rule("pip-failed").retriable
+    assert policy.claim(rules.PIP_NETWORK).signatures == tuple(
+        s.name for s in NETWORK_SIGNATURES
+    )
+    assert rules.PIP_NETWORK.retriable
+    assert not rules.PIP_FAILED.retriable
 
 
 def test_the_failure_exit_follows_the_rule() -> None:
     for r in policy.RULES:
-        event = driver.failure_event(r)
-        if r.id == "interrupted":
-            assert event == table.INTERRUPTED
-        elif r.id == "deadline":
-            assert event == table.DEADLINE_EXCEEDED
+        if r is rules.INTERRUPTED:
+            assert r.event == table.INTERRUPTED
+        elif r is rules.DEADLINE:
+            assert r.event == table.DEADLINE_EXCEEDED
         else:
-            assert event == (table.FAILED_RETRIABLE_EVENT if r.retriable
-                             else table.FAILED_FATAL_EVENT)
-    assert policy.rule("interrupted").retriable
-    assert not policy.rule("deadline").retriable
+            assert r.event == (table.FAILED_RETRIABLE_EVENT if r.retriable
+                               else table.FAILED_FATAL_EVENT), r.id
+        assert r.event in table.FAILURE_EVENTS
+    assert rules.INTERRUPTED.retriable
+    assert not rules.DEADLINE.retriable
+    assert policy.SUCCESS.event == table.COMPLETION_CONFIRMED
 
 
-# --- every typed error the code raises names a rule of the right class ----------------------
-
-
-def _sources() -> Iterator[Path]:
-    yield from sorted((ROOT / "fsm").rglob("*.py"))
-    yield from sorted((ROOT / "states").glob("*.py"))
-
-
-def _module_of(path: Path) -> Any:
-    rel = path.relative_to(ROOT).with_suffix("")
-    return importlib.import_module(".".join(rel.parts))
-
-
-def _rule_value(node: ast.expr, path: Path) -> str:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.Name):  # a module constant, e.g. fsm.pip.RULE_NETWORK
-        value = getattr(_module_of(path), node.id)
-        assert isinstance(value, str), (path, node.id)
-        return value
-    raise AssertionError(f"{path}:{node.lineno}: rule= must be a literal or a module constant")
-
-
-def _typed_raises() -> list[tuple[str, str, str]]:
-    """(where, error class, rule id) for every typed error constructed with rule=..., and
-    every default rule id of the typed errors in fsm/errors.py."""
-    found: list[tuple[str, str, str]] = []
-    for path in _sources():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                for kw in node.keywords:
-                    if kw.arg == "rule" and node.func.id in ERROR_CLASSES:
-                        where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                        found.append((where, node.func.id, _rule_value(kw.value, path)))
-            if isinstance(node, ast.ClassDef) and node.name in ERROR_CLASSES:
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                        for arg, default in zip(
-                            item.args.kwonlyargs, item.args.kw_defaults, strict=True
-                        ):
-                            if arg.arg == "rule" and default is not None:
-                                where = f"{path.relative_to(ROOT)}:{item.lineno}"
-                                found.append((where, node.name, _rule_value(default, path)))
-    return found
-
-
-def test_every_typed_error_the_code_raises_names_an_existing_rule_of_its_class() -> None:
-    raises = _typed_raises()
-    # The scan must see the states' errors, pip's, and the defaults in fsm/errors.py.
-    named = {rule_id for _, _, rule_id in raises}
-    assert {"code-missing", "spec-fetch", "worker-failed", "pip-network", "pip-failed",
-            "payload-invalid", "store-not-found", "preload-unmounted"} <= named
-    for where, cls, rule_id in raises:
-        assert rule_id in policy.BY_ID, f"{where}: {cls}(rule={rule_id!r}) names no rule"
-        assert policy.BY_ID[rule_id].retriable == ERROR_CLASSES[cls], (
-            f"{where}: {cls} is {'retriable' if ERROR_CLASSES[cls] else 'fatal'} but rule "
-            f"{rule_id!r} is {policy.BY_ID[rule_id].verdict}"
-        )
-
-
-def test_no_rule_is_dead_every_one_is_raised_by_name_or_claims_something() -> None:
-    named = {rule_id for _, _, rule_id in _typed_raises()}
+def test_the_exit_status_follows_the_rule() -> None:
     for r in policy.RULES:
-        assert r.id in named or r.matches or r.statuses, f"nothing can ever reach {r.id!r}"
+        expected = {rules.PAYLOAD_INVALID: 2, rules.DEADLINE: 124}.get(r, 1)
+        assert r.exit_status == expected, r.id
+    assert policy.SUCCESS.exit_status == 0
+
+
+# --- every rule is reachable, and a typed error keeps its class -----------------------------
+
+
+def test_every_rule_is_a_constant_of_fsm_rules_named_for_its_id() -> None:
+    failure_constants = {
+        name: r for name, r in RULE_CONSTANTS.items() if r is not rules.SUCCESS
+    }
+    assert set(failure_constants.values()) == set(policy.RULES)
+    for name, r in failure_constants.items():
+        assert name == r.id.upper().replace("-", "_"), (name, r.id)
+
+
+def test_no_rule_is_dead_a_typed_error_naming_it_reaches_it_in_every_state_it_applies() -> None:
+    for r in policy.RULES:
+        for state in _states_of(r):
+            assert policy.named_rule(_typed(r)) is r
+            assert policy.classify(state, _typed(r)) is r, (r.id, state)
+
+
+@pytest.mark.parametrize("r", policy.RULES, ids=lambda r: r.id)
+def test_a_typed_error_of_the_wrong_class_is_refused(r: rules.Rule) -> None:
+    wrong = FatalError if r.retriable else RetriableError
+    with pytest.raises(TypeError, match=r.id):
+        wrong("x", rule=r)
+    defaults = (StoreUnavailable,) if not r.retriable else (
+        PayloadError, StoreAuthError, StoreNotFound
+    )
+    for cls in defaults:
+        with pytest.raises(TypeError, match=r.id):
+            cls("x", rule=r)
+
+
+def test_the_typed_errors_default_to_their_rules() -> None:
+    assert PayloadError("x").rule is rules.PAYLOAD_INVALID
+    assert StoreUnavailable("x").rule is rules.STORE_UNAVAILABLE
+    assert StoreAuthError("x").rule is rules.STORE_AUTH
+    assert StoreNotFound("x").rule is rules.STORE_NOT_FOUND
+
+
+def test_success_is_no_failure_rule_a_typed_error_naming_it_ends_unclassified() -> None:
+    assert policy.named_rule(FatalError("x", rule=policy.SUCCESS)) is None
+    for state in table.WORKING:
+        assert policy.classify(state, FatalError("x", rule=policy.SUCCESS)) is policy.CATCH_ALL
 
 
 # --- classify, generated --------------------------------------------------------------------
 
 STATES = st.sampled_from(table.WORKING) | st.text(max_size=12)
 ANY_STATUS = st.integers(min_value=100, max_value=599)
+
+
+@st.composite
+def foreign_rules(draw: st.DrawFn) -> rules.Rule:
+    """A rule the policy lacks: made up, a known one altered, or the success rule."""
+    retriable = draw(st.booleans())
+    made_up = st.builds(
+        rules.Rule,
+        id=st.sampled_from(STABLE_IDS) | st.text(max_size=10),
+        where=st.sampled_from((rules.ANY, *table.WORKING)),
+        what=st.text(max_size=10),
+        retriable=st.just(retriable),
+        event=st.sampled_from(table.FAILURE_EVENTS),
+        exit_status=st.integers(0, 255),
+    )
+    altered = st.sampled_from(policy.RULES).map(
+        lambda r: dataclasses.replace(r, what=r.what + " (altered)")
+    )
+    r = draw(made_up | altered | st.just(rules.SUCCESS))
+    assume(r not in policy.RULES)
+    return r
 
 
 class _HttpError(Exception):
@@ -230,11 +251,11 @@ def exceptions(draw: st.DrawFn, depth: int = 0) -> BaseException:
     if kind == "plain":
         exc = draw(st.sampled_from(PLAIN_TYPES))(message)
     elif kind == "typed":
-        cls = draw(st.sampled_from([RetriableError, FatalError, FlashError]))
-        exc = cls(message, rule=draw(st.sampled_from(STABLE_IDS) | st.text(max_size=10)))
+        r = draw(st.sampled_from(policy.RULES) | foreign_rules())
+        typed = draw(st.sampled_from([FlashError, RetriableError if r.retriable else FatalError]))
+        exc = typed(message, rule=r)
     elif kind == "named":
-        r = draw(st.sampled_from(policy.RULES))
-        exc = (RetriableError if r.retriable else FatalError)(message, rule=r.id)
+        exc = _typed(draw(st.sampled_from(policy.RULES)), message)
     elif kind == "http":
         exc = _HttpError(message, draw(ANY_STATUS | st.integers()))
     elif kind == "status":
@@ -244,8 +265,10 @@ def exceptions(draw: st.DrawFn, depth: int = 0) -> BaseException:
     elif kind == "deadline":
         exc = DeadlineExceeded(message)
     else:
-        cls = draw(st.sampled_from([StoreUnavailable, StoreAuthError, StoreNotFound, PayloadError]))
-        exc = cls(message)
+        store = draw(
+            st.sampled_from([StoreUnavailable, StoreAuthError, StoreNotFound, PayloadError])
+        )
+        exc = store(message)
     if depth < 3 and draw(st.booleans()):
         cause = draw(exceptions(depth=depth + 1))
         if draw(st.booleans()):
@@ -264,26 +287,25 @@ def test_classify_is_total_deterministic_and_the_first_rule_that_claims_wins(
     decided = policy.classify(state, exc)
     assert decided in policy.RULES
     assert policy.classify(state, exc) is decided
-    assert decided.claims(state, exc)
+    assert policy.claims(decided, state, exc)
     earlier = policy.RULES[: policy.RULES.index(decided)]
-    assert not any(r.claims(state, exc) for r in earlier)
+    assert not any(policy.claims(r, state, exc) for r in earlier)
 
 
 @given(STATES, st.sampled_from(policy.RULES), st.text(max_size=20))
 def test_a_typed_error_naming_a_rule_is_decided_by_that_rule_in_any_state(
-    state: str, named: policy.Rule, message: str
+    state: str, named: rules.Rule, message: str
 ) -> None:
-    exc = (RetriableError if named.retriable else FatalError)(message, rule=named.id)
-    assert policy.classify(state, exc) is named
+    assert policy.classify(state, _typed(named, message)) is named
 
 
-@given(STATES, st.sampled_from([RetriableError, FatalError]), st.text(min_size=1, max_size=12))
-def test_a_typed_error_naming_an_unknown_rule_is_never_retried(
-    state: str, cls: type[FlashError], rule_id: str
+@given(STATES, foreign_rules(), st.booleans())
+def test_a_typed_error_naming_a_rule_the_policy_lacks_is_never_retried(
+    state: str, foreign: rules.Rule, base: bool
 ) -> None:
-    if rule_id in policy.BY_ID:
-        return
-    assert policy.classify(state, cls("x", rule=rule_id)).id == "unclassified"
+    exc = FlashError("x", rule=foreign) if base else _typed(foreign)
+    assert policy.named_rule(exc) is None
+    assert policy.classify(state, exc) is rules.UNCLASSIFIED
 
 
 @given(STATES, st.sampled_from(PLAIN_TYPES), st.text(max_size=20))
@@ -292,10 +314,10 @@ def test_an_error_nobody_classified_is_fatal(
 ) -> None:
     decided = policy.classify(state, cls(message))
     assert not decided.retriable
-    expected = "worker-launch" if state == table.TRAIN and issubclass(cls, OSError) else (
-        "unclassified"
+    expected = rules.WORKER_LAUNCH if state == table.TRAIN and issubclass(cls, OSError) else (
+        rules.UNCLASSIFIED
     )
-    assert decided.id == expected
+    assert decided is expected
 
 
 @given(STATES, ANY_STATUS, st.integers(0, 5), st.booleans(), st.booleans())
@@ -312,27 +334,30 @@ def test_an_untyped_http_error_anywhere_on_the_chain_is_classified_by_its_status
         exc = wrapper
     decided = policy.classify(state, exc)
     if status in (401, 403):
-        assert (decided.id, decided.retriable) == ("store-auth", False)
+        assert decided is rules.STORE_AUTH
+        assert not decided.retriable
     elif status in (408, 429) or 500 <= status <= 599:
-        assert (decided.id, decided.retriable) == ("store-unavailable", True)
+        assert decided is rules.STORE_UNAVAILABLE
+        assert decided.retriable
     else:
-        assert (decided.id, decided.retriable) == ("unclassified", False)
+        assert decided is rules.UNCLASSIFIED
+        assert not decided.retriable
 
 
 @given(STATES, ANY_STATUS)
 def test_a_typed_error_is_not_reclassified_by_a_status_on_its_cause(
     state: str, status: int
 ) -> None:
-    exc = RetriableError("could not read", rule="verify-unreadable")
+    exc = RetriableError("could not read", rule=rules.VERIFY_UNREADABLE)
     exc.__cause__ = _HttpError("503", status)
-    assert policy.classify(state, exc).id == "verify-unreadable"
+    assert policy.classify(state, exc) is rules.VERIFY_UNREADABLE
 
 
 @given(STATES, st.sampled_from([2, 15]))
 def test_a_signal_in_any_state_is_retriable_and_the_deadline_fatal(state: str, signum: int) -> None:
-    assert policy.classify(state, Interrupted(signum)).id == "interrupted"
-    assert policy.classify(state, KeyboardInterrupt()).id == "interrupted"
-    assert policy.classify(state, DeadlineExceeded("late")).id == "deadline"
+    assert policy.classify(state, Interrupted(signum)) is rules.INTERRUPTED
+    assert policy.classify(state, KeyboardInterrupt()) is rules.INTERRUPTED
+    assert policy.classify(state, DeadlineExceeded("late")) is rules.DEADLINE
 
 
 @pytest.mark.parametrize("state", table.WORKING)
@@ -340,15 +365,15 @@ def test_a_missing_store_path_is_code_missing_in_fetch_code_and_store_not_found_
     state: str,
 ) -> None:
     decided = policy.classify(state, StoreNotFound("gone"))
-    assert decided.id == ("code-missing" if state == table.FETCH_CODE else "store-not-found")
+    assert decided is (rules.CODE_MISSING if state == table.FETCH_CODE else rules.STORE_NOT_FOUND)
     assert not decided.retriable
 
 
 @pytest.mark.parametrize("state", table.WORKING)
 def test_store_errors_keep_their_class_in_every_state(state: str) -> None:
-    assert policy.classify(state, StoreUnavailable("down")).id == "store-unavailable"
-    assert policy.classify(state, StoreAuthError("401")).id == "store-auth"
-    assert policy.classify(state, PayloadError("bad")).id == "payload-invalid"
+    assert policy.classify(state, StoreUnavailable("down")) is rules.STORE_UNAVAILABLE
+    assert policy.classify(state, StoreAuthError("401")) is rules.STORE_AUTH
+    assert policy.classify(state, PayloadError("bad")) is rules.PAYLOAD_INVALID
 
 
 # --- the printed table -----------------------------------------------------------------------
@@ -362,7 +387,7 @@ def test_the_printed_table_lists_every_rule_once_in_order_with_its_class() -> No
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert cells[0] == f"`{r.id}`"
         assert cells[-1] == r.verdict
-    assert policy.SUCCESS_RULE in text
+    assert policy.SUCCESS.id in text
 
 
 def test_the_printed_table_shows_every_pip_network_signature() -> None:

@@ -22,7 +22,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from fsm import log
-from fsm.redact import MASK, Redactor, secret_keys
+from fsm.redact import MASK, Redactor
 
 METACHARS = ".^$+?{}[]\\|()-#&~:<>=!/\"'\n\t "
 #: A secret value: at least 4 characters (shorter values are never masked, by design),
@@ -138,10 +138,13 @@ SECRET_KEY_NAMES = st.builds(
 )
 
 
+def _looks_like_a_setting(value: str) -> bool:
+    """A boolean word or a number (those are settings, not secrets)."""
+    return re.fullmatch(r"\s*(true|false|yes|no|on|off|[-+0-9.eE]+)\s*", value, re.I) is not None
+
+
 #: A value that is no boolean word and no number (those are settings, not secrets).
-NOT_SETTINGS = SECRETS.filter(
-    lambda v: not re.fullmatch(r"\s*(true|false|yes|no|on|off|[-+0-9.eE]+)\s*", v, re.I)
-)
+NOT_SETTINGS = SECRETS.filter(lambda v: not _looks_like_a_setting(v))
 
 
 @given(
@@ -155,8 +158,8 @@ def test_every_secret_looking_or_listed_key_of_the_env_is_masked(
     env = {**secret_env, **listed_env}
     if with_hf:
         env["HF_TOKEN"] = "hf_" + "x" * 20
-    redactor = Redactor.from_env(env, extra_keys=list(listed_env))
-    assert set(env) == secret_keys(env, list(listed_env))
+    redactor = Redactor()
+    assert redactor.learn(env, list(listed_env)) == set(env)
     text = " | ".join(f"{k}={v}" for k, v in env.items())
     redacted = redactor.text(text)
     for value in env.values():
@@ -433,8 +436,8 @@ def test_booleans_and_numbers_under_secret_looking_keys_are_no_secrets(
 ) -> None:
     """``TOKENIZERS_PARALLELISM=false`` or ``MAX_TOKENS=4096`` would make "false" or "4096"
     vanish from every log line: such values are settings, not secrets."""
-    assert secret_keys(env) == set()
-    redactor = Redactor.from_env(env)
+    redactor = Redactor()
+    assert redactor.learn(env) == set()
     assert not redactor
     text = " ".join(f"{k}={v}" for k, v in env.items())
     assert redactor.text(text) == text
@@ -452,10 +455,36 @@ def test_keys_listed_in_flash_secret_env_keys_are_secrets_whatever_their_value(
     """FLASH_SECRET_ENV_KEYS names secrets outright, booleans and numbers included (values
     shorter than 4 characters are still never masked)."""
     listed = [f" {k} " for k in env]
-    assert secret_keys(env, listed) == set(env)
-    redactor = Redactor.from_env(env, listed)
+    redactor = Redactor()
+    assert redactor.learn(env, listed) == set(env)
     for value in env.values():
         assert redactor.text(value) == (MASK if len(value) >= 4 else value)
+
+
+#: Keys that neither look secret nor are listed: their values are no secrets.
+PLAIN_KEYS = st.sampled_from(["WANDB_ENTITY", "MODEL_NAME", "PLAIN", "DB_HOST"])
+#: A value that holds no printed form of a LONG_SECRETS secret (nor a URL or a header).
+PLAIN_VALUES = st.text(alphabet=AROUND_CHARS, min_size=4, max_size=20)
+
+
+@given(
+    st.dictionaries(SECRET_KEY_NAMES, LONG_SECRETS.filter(lambda v: not _looks_like_a_setting(v)),
+                    min_size=1, max_size=3),
+    st.dictionaries(PLAIN_KEYS, PLAIN_VALUES, max_size=3),
+    LONG_SECRETS,
+)
+def test_learning_an_env_adds_its_secrets_only_to_what_the_redactor_knew(
+    secret_env: dict[str, str], plain_env: dict[str, str], known: str
+) -> None:
+    """``learn`` (what LoadPayload teaches the attempt's redactor) returns exactly the
+    secret keys, masks their values from then on, keeps masking what it knew before and
+    leaves the other values of the env alone."""
+    redactor = Redactor([known])
+    assert redactor.learn({**plain_env, **secret_env}) == set(secret_env)
+    for value in [known, *secret_env.values()]:
+        assert redactor.text(f"ÆØ{value}ÆØ") == f"ÆØ{MASK}ÆØ"
+    for value in plain_env.values():
+        assert redactor.text(value) == value
 
 
 # --- the structlog chain ---------------------------------------------------------------------

@@ -40,7 +40,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from fsm import log, marker, policy, table
-from fsm.clock import Deadline
+from fsm.budget import Budget
 from fsm.errors import (
     DeadlineExceeded,
     Interrupted,
@@ -226,7 +226,7 @@ class Expect:
 
     @property
     def ok(self) -> bool:
-        return self.rule == policy.SUCCESS_RULE
+        return self.rule == policy.SUCCESS.id
 
 
 class _Calls:
@@ -308,7 +308,7 @@ def _verify(plan: Plan, calls: _Calls) -> Expect:
         elif kind:
             return broke(kind)
     if w.uploads == "both":
-        return Expect(policy.SUCCESS_RULE, verify)
+        return Expect(policy.SUCCESS.id, verify)
     kind = calls.take("download_file", verify)  # the heartbeat
     if kind == "signal":
         signalled, kind = True, None
@@ -466,8 +466,8 @@ def run_in_process(layout: Layout, journal: Journal) -> Ran:
     """One attempt of the payload in ``layout``, in this process, every store call
     through a FaultyStore over ``layout``'s local store."""
 
-    def open_store(dest: Destination, deadline: Deadline, environ: Mapping[str, str]) -> Store:
-        return FaultyStore(LocalStore(layout.store, deadline=deadline), journal)
+    def open_store(dest: Destination, budget: Budget, environ: Mapping[str, str]) -> Store:
+        return FaultyStore(LocalStore(layout.store, deadline=budget.deadline), journal)
 
     outcome: Outcome | None = None
     with rendered_logs() as logs, open(layout.root / "stdout.bin", "ab") as out, _quick_retries:
@@ -783,7 +783,7 @@ def test_the_deadline_is_fatal_deadline_even_when_the_marker_commit_carrying_the
 @pytest.mark.parametrize(
     ("worker", "rule"),
     [
-        (Worker("both", False, None, 0, False), policy.SUCCESS_RULE),
+        (Worker("both", False, None, 0, False), policy.SUCCESS.id),
         (Worker("none", False, None, 1, False), "worker-failed"),
     ],
     ids=["completed", "failed-on-its-own"],

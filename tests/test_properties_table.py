@@ -5,8 +5,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm import table
+from fsm import policy, rules, table
 from fsm.machine import RunMachine
+
+#: The working states that can fail (Mark has no failure exits).
+FAILING_STATES = tuple(s for s in table.WORKING if s != table.MARK)
 
 #: No run takes more steps than there are working states: each is visited at most once.
 MAX_STEPS = len(table.WORKING)
@@ -83,6 +86,26 @@ def test_every_state_is_reachable_and_can_still_reach_a_terminal(state: str) -> 
 def test_every_working_state_but_mark_fails_four_ways_into_mark(state: str, event: str) -> None:
     assert event in table.allowed(state)
     assert RunMachine(initial=state).fire(event) == table.MARK
+
+
+def _applies(r: rules.Rule) -> st.SearchStrategy[tuple[rules.Rule, str]]:
+    states = FAILING_STATES if r.where == rules.ANY else (r.where,)
+    return st.tuples(st.just(r), st.sampled_from(states))
+
+
+@given(st.sampled_from(policy.RULES).flatmap(_applies))
+def test_every_rule_leaves_each_state_it_applies_in_for_mark_by_its_event(
+    rule_and_state: tuple[rules.Rule, str],
+) -> None:
+    r, state = rule_and_state
+    assert r.event in table.FAILURE_EVENTS
+    assert r.event in table.allowed(state)
+    assert RunMachine(initial=state).fire(r.event) == table.MARK
+
+
+def test_the_success_rule_leaves_its_state_for_mark_by_its_event() -> None:
+    assert table.COMPLETION_CONFIRMED not in table.FAILURE_EVENTS
+    assert RunMachine(initial=policy.SUCCESS.where).fire(policy.SUCCESS.event) == table.MARK
 
 
 @given(st.sampled_from(table.TERMINAL), st.sampled_from(table.EVENTS))

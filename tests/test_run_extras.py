@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CANARY, Layout
+from conftest import CANARY, TRAIN_PATH, Layout
 from pypi_server import PypiServer, build_wheel
 
 from fsm.pip import MESSAGE_CHARS
@@ -61,62 +61,153 @@ def assert_nowhere(secret: str, places: dict[str, bytes]) -> None:
     assert leaks == {}, f"pieces of the secret leaked: {dict(list(leaks.items())[:3])}"
 
 
-def test_extras_from_a_local_wheel_are_installed_before_the_worker_runs(
-    layout: Layout, tmp_path: Path
-) -> None:
-    wheel = build_wheel(tmp_path, "flashextra", "1.0")
-    target = tmp_path / "site"
+#: The states of an attempt that pip failed: the worker never ran.
+PIP_FAILED_PATH = ["LoadPayload", "InstallExtras", "Mark"]
+
+
+def write_importing_worker(layout: Layout, target: Path) -> None:
+    """A worker that imports ``flashextra`` from ``target`` and writes down what it saw."""
     layout.write_worker(f"""
         sys.path.insert(0, {str(target)!r})
         import flashextra
+        (SCRATCH / "saw.json").write_text(json.dumps(
+            {{"version": flashextra.VERSION, "file": flashextra.__file__}}))
         complete()
     """)
+
+
+def assert_worker_imported(layout: Layout, target: Path, version: str = "1.0") -> None:
+    """pip installed ``flashextra`` into ``target`` and the worker imported it from there."""
+    assert (target / "flashextra.py").read_text() == f'VERSION = "{version}"\n'
+    saw = json.loads((layout.scratch / "saw.json").read_text())
+    assert saw == {"version": version, "file": str(target / "flashextra.py")}
+
+
+def assert_not_installed(target: Path) -> None:
+    assert not (target / "flashextra.py").exists()
+
+
+def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == event]
+
+
+def stderr_events(proc: subprocess.CompletedProcess[bytes], event: str) -> list[dict[str, Any]]:
+    """The runner's JSON log lines on stderr for ``event``."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(b"{")]
+    return [e for e in map(json.loads, lines) if e.get("msg", e.get("event")) == event]
+
+
+def test_extras_from_a_local_wheel_are_installed_before_the_worker_runs(
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
+) -> None:
+    wheel = build_wheel(tmp_path, "flashextra", "1.0")
+    target = tmp_path / "site"
+    write_importing_worker(layout, target)
     outcome = layout.run(extra_pip=["--no-index", str(wheel)], env=isolated(target))
     assert outcome.exit_code == 0, outcome.reason
-    assert any(target.glob("flashextra*"))
+    assert outcome.context.path == TRAIN_PATH
+    assert_worker_imported(layout, target)
+    assert [e["attempt"] for e in named(captured_logs, "pip.installed")] == [1]
 
 
-def test_extras_from_a_local_index_are_installed(layout: Layout, tmp_path: Path) -> None:
+def test_extras_from_a_local_index_are_installed(
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
+) -> None:
     wheel = build_wheel(tmp_path, "flashextra", "1.0")
-    layout.write_worker("complete()")
+    target = tmp_path / "site"
+    write_importing_worker(layout, target)
     with PypiServer([wheel]) as index:
         outcome = layout.run(
-            extra_pip=["--index-url", index.url, "flashextra==1.0"],
-            env=isolated(tmp_path / "site"),
+            extra_pip=["--index-url", index.url, "flashextra==1.0"], env=isolated(target)
         )
     assert outcome.exit_code == 0, outcome.reason
+    assert "/files/flashextra-1.0-py3-none-any.whl" in index.paths  # from this index
+    assert_worker_imported(layout, target)
+    assert len(named(captured_logs, "pip.installed")) == 1
+
+
+def test_a_finished_attempt_started_again_does_not_run_pip_again(
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
+) -> None:
+    """A restarted container replays the attempt's result: pip does not run a second time."""
+    wheel = build_wheel(tmp_path, "flashextra", "1.0")
+    target = tmp_path / "site"
+    write_importing_worker(layout, target)
+    with PypiServer([wheel]) as index:
+        payload: dict[str, Any] = {"extra_pip": ["--index-url", index.url, "flashextra==1.0"],
+                                   "env": isolated(target)}
+        assert layout.run(**payload).exit_code == 0
+        hits, tries = index.hits, len(named(captured_logs, "pip.try"))
+        assert hits and tries == 1
+        again = layout.run(**payload)
+        assert again.exit_code == 0
+        assert again.context.path == ["LoadPayload", "Mark", "Succeeded"]
+        assert (index.hits, len(named(captured_logs, "pip.try"))) == (hits, tries)
+
+
+def test_a_run_without_extras_does_not_run_pip(
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
+) -> None:
+    layout.write_worker("complete()")
+    outcome = layout.run(env=isolated(tmp_path / "site"))
+    assert outcome.exit_code == 0, outcome.reason
+    assert "InstallExtras" in outcome.context.path
+    assert named(captured_logs, "pip.try") == []
+    assert not (tmp_path / "site").exists()
 
 
 def test_a_version_that_does_not_exist_fails_the_run_without_retrying(
-    layout: Layout, tmp_path: Path
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
 ) -> None:
     wheel = build_wheel(tmp_path, "flashextra", "1.0")
+    target = tmp_path / "site"
     layout.write_worker("complete()")
     with PypiServer([wheel]) as index:
         outcome = layout.run(
-            extra_pip=["--index-url", index.url, "flashextra==9.9"],
-            env=isolated(tmp_path / "site"),
+            extra_pip=["--index-url", index.url, "flashextra==9.9"], env=isolated(target)
         )
+    assert outcome.exit_code == 1
     marker = layout.marker()
     assert marker is not None
-    assert (marker["retriable"], marker["rule"], marker["state"]) == (
-        False, "pip-failed", "InstallExtras"
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, False, "pip-failed", "InstallExtras"
     )
-    assert outcome.exit_code == 1
+    assert marker["path"] == PIP_FAILED_PATH and "worker" not in marker  # the worker never ran
+    assert marker["error"].startswith("pip install failed (exit status 1): ")
+    assert "No matching distribution found for flashextra==9.9" in marker["error"]
+    # pip ran once: a failure that is not network-shaped is not tried again
+    assert len(named(captured_logs, "pip.try")) == 1
+    assert [(e["failure_class"], e["signature"]) for e in named(captured_logs, "pip.failed")] == [
+        ("other", None)
+    ]
+    assert index.paths.count("/simple/flashextra/") == 1
+    assert_not_installed(target)
 
 
 def test_an_index_that_cannot_be_reached_is_retried_then_retriable(
-    layout: Layout, tmp_path: Path
+    layout: Layout, tmp_path: Path, captured_logs: list[dict[str, Any]]
 ) -> None:
+    target = tmp_path / "site"
     layout.write_worker("complete()")
-    layout.run(
+    outcome = layout.run(
         extra_pip=["--index-url", f"http://127.0.0.1:{closed_port()}/simple", "flashextra"],
-        env=isolated(tmp_path / "site"),
+        env=isolated(target),
     )
+    assert outcome.exit_code == 1
     marker = layout.marker()
     assert marker is not None
-    assert (marker["retriable"], marker["rule"]) == (True, "pip-network")
-    assert "3 tries" in marker["error"]
+    assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
+        False, True, "pip-network", "InstallExtras"
+    )
+    assert marker["path"] == PIP_FAILED_PATH and "worker" not in marker
+    assert marker["error"].startswith(
+        "pip install failed (network: connection refused to the package index) after 3 tries: "
+    )
+    assert [e["attempt"] for e in named(captured_logs, "pip.try")] == [1, 2, 3]
+    assert {(e["failure_class"], e["signature"]) for e in named(captured_logs, "pip.failed")} == {
+        ("network", "connection-refused")
+    }
+    assert_not_installed(target)
 
 
 # --- allowed options still install --------------------------------------------------------
@@ -127,11 +218,7 @@ def test_the_allowed_options_install_from_the_local_index(layout: Layout, tmp_pa
     installed from the local index and the worker imports it."""
     wheel = build_wheel(tmp_path, "flashextra", "1.0")
     target = tmp_path / "site"
-    layout.write_worker(f"""
-        sys.path.insert(0, {str(target)!r})
-        import flashextra
-        complete()
-    """)
+    write_importing_worker(layout, target)
     with PypiServer([wheel]) as index:
         proc = run_cli(
             layout,
@@ -143,7 +230,8 @@ def test_the_allowed_options_install_from_the_local_index(layout: Layout, tmp_pa
         )
         assert "/files/flashextra-1.0-py3-none-any.whl" in index.paths
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert (target / "flashextra.py").is_file()
+    assert len(stderr_events(proc, "pip.installed")) == 1
+    assert_worker_imported(layout, target)
 
 
 def test_find_links_to_a_local_directory_installs_without_an_index(
@@ -152,14 +240,16 @@ def test_find_links_to_a_local_directory_installs_without_an_index(
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     build_wheel(wheels, "flashextra", "1.0")
-    layout.write_worker("complete()")
+    target = tmp_path / "site"
+    write_importing_worker(layout, target)
     proc = run_cli(
         layout,
         extra_pip=["--no-index", "-f", wheels.as_uri(), "--no-binary", ":none:", "flashextra"],
-        env=isolated(tmp_path / "site"),
+        env=isolated(target),
     )
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert (tmp_path / "site" / "flashextra.py").is_file()
+    assert len(stderr_events(proc, "pip.installed")) == 1
+    assert_worker_imported(layout, target)
 
 
 # --- extra_pip cannot read the host (issue 11) ---------------------------------------------
@@ -211,7 +301,7 @@ def test_an_option_that_reads_the_host_is_refused_before_pip_runs(
     assert named in last and "extra_pip" in last
     # pip never ran: none of its output, no pip event, nothing installed
     assert b"pip" not in proc.stdout.lower()
-    assert b'"pip.try"' not in proc.stderr
+    assert stderr_events(proc, "pip.try") == []
     assert not target.exists()
     assert_nowhere(SHADOW_LINE, everything_written(layout, proc, host_file))
     assert SHADOW_LINE.encode() not in json.dumps(marker).encode()
@@ -238,8 +328,12 @@ def test_a_token_in_a_failing_git_requirement_appears_nowhere(
                    env=isolated(tmp_path / "site", GIT_TOKEN=GIT_TOKEN))
     assert proc.returncode == 1, proc.stderr.decode()[-2000:]
     marker = layout.marker()
-    assert marker is not None and marker["rule"] == "pip-failed"
+    assert marker is not None
+    assert (marker["rule"], marker["state"], marker["path"]) == (
+        "pip-failed", "InstallExtras", PIP_FAILED_PATH
+    )
     assert marker["error"].startswith("pip install failed")
+    assert len(stderr_events(proc, "pip.try")) == 1
     assert_nowhere(GIT_TOKEN, everything_written(layout, proc, layout.payload_path))
 
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import ARM, CANARY, PREFIX, TRAIN_PATH, Layout, assert_no_secret
 
 from fsm import table
+from fsm.redact import Redactor
 
 
 def test_a_worker_that_uploads_metrics_and_done_succeeds(layout: Layout) -> None:
@@ -243,7 +244,7 @@ def test_an_unreachable_store_is_retriable_and_the_marker_stays_local(layout: La
     outcome = layout.run()
     assert outcome.terminal == table.FAILED_RETRIABLE
     assert outcome.context.failure is not None
-    assert outcome.context.failure.rule == "store-unavailable"
+    assert outcome.context.failure.rule.id == "store-unavailable"
     local = json.loads((layout.scratch / f"{ARM}_attempt1.json").read_text())
     assert local["retriable"] is True
 
@@ -301,10 +302,32 @@ def test_the_token_never_reaches_the_store_logs_or_marker(
     assert CANARY not in json.dumps(captured_logs, default=str)
 
 
-def test_extra_secret_keys_are_redacted_too(layout: Layout) -> None:
-    layout.write_worker("print('db=' + os.environ['DB_DSN']); sys.exit(1)")
-    layout.run(env={"DB_DSN": "postgres://u:pw@db/x", "FLASH_SECRET_ENV_KEYS": "DB_DSN"})
-    assert b"postgres://u:pw@db/x" not in layout.artifact("console_sft.txt").read_bytes()
+#: A value no rule masks by its shape (no URL credentials, no header): only as a listed key's.
+DSN = "dsn-7Hq2mZ-replica-eu"
+
+
+@pytest.mark.parametrize("listed_by", ["payload", "host"])
+def test_extra_secret_keys_are_redacted_too(
+    layout: Layout, captured_logs: list[dict[str, object]], listed_by: str
+) -> None:
+    """FLASH_SECRET_ENV_KEYS, in the payload's env or the runner's own, makes DB_DSN a
+    secret; LoadPayload learns the env with ``Redactor.learn`` and logs the keys it learnt."""
+    layout.write_worker("print('db=' + os.environ['DB_DSN'] + ' plain=' + os.environ['PLAIN'])"
+                        "; sys.exit(1)")
+    env = {"HF_TOKEN": CANARY, "DB_DSN": DSN, "PLAIN": "visible-value"}
+    host = {"FLASH_SECRET_ENV_KEYS": "DB_DSN"}
+    if listed_by == "payload":
+        env, host = {**env, **host}, {}
+    layout.run(env=env, environ=host)
+    tail = layout.artifact("console_sft.txt").read_bytes()
+    assert b"db=*** plain=visible-value" in tail
+    assert DSN.encode() not in tail
+    redactor = Redactor()
+    keys = redactor.learn(env, ["DB_DSN"])
+    assert {"DB_DSN", "HF_TOKEN"} <= keys and "PLAIN" not in keys
+    # the event is logged through the attempt's redactor, as every event is
+    logged = [e["keys"] for e in captured_logs if e["event"] == "secrets.keys"]
+    assert logged == [redactor.deep(sorted(keys))]
 
 
 def test_console_upload_is_off_by_default_on_success(layout: Layout) -> None:

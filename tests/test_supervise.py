@@ -343,6 +343,26 @@ def test_deadline_passed_before_start_launches_nothing(
     assert result.console_path.read_bytes() == DEADLINE_CAP
 
 
+def test_name_says_what_runs_in_events_and_cap_lines(
+    tmp_path: Path, out_file: tuple[int, Path]
+) -> None:
+    """With ``name`` (the installer's "pip") the events and cap lines name it, not the worker."""
+    argv = _worker(tmp_path, "import time; time.sleep(30)")
+    with structlog.testing.capture_logs() as logs:
+        result = _run(argv, tmp_path, out_file[0], deadline=Deadline.after(0.5), name="pip")
+    assert result.reason == "deadline"
+    events = [e["event"] for e in logs]
+    assert {"pip.started", "pip.stopping", "pip.exited"} <= set(events)
+    assert not [e for e in events if e.startswith("worker.")]
+    cap = b"--- flash-bootstrap: pip hit the run wall deadline; stopped ---\n"
+    assert result.console_path.read_bytes() == cap
+    flag = InterruptFlag()
+    flag.trigger(signal.SIGINT)
+    result = _run(argv, tmp_path, out_file[0], interrupt=flag, name="pip")
+    cap = b"--- flash-bootstrap: runner got SIGINT; pip stopped ---\n"
+    assert result.console_path.read_bytes() == cap
+
+
 def test_launch_failures_raise_oserror(tmp_path: Path, out_file: tuple[int, Path]) -> None:
     """No such executable, or no such working directory: OSError to the caller."""
     with pytest.raises(OSError, match="no-such"):

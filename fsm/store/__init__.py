@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 from fsm.clock import Deadline
 from fsm.errors import PayloadError
+from fsm.interrupt import InterruptFlag
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, WarmOutcome
 
 __all__ = ["PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "WarmOutcome", "open_store"]
@@ -27,6 +28,7 @@ def open_store(
     token: str | None,
     deadline: Deadline,
     environ: Mapping[str, str],
+    interrupt: InterruptFlag | None = None,
 ) -> Store:
     """The store for ``url`` (``--store`` / ``FLASH_STORE``).
 
@@ -37,6 +39,7 @@ def open_store(
     ``environ`` is the environment the store obeys: the runner's own merged with the
     payload's ``env`` (CONTRACT section 2). ``HF_ENDPOINT``, the ``FLASH_STORE_*`` tuning
     knobs and the hub's ``HF_HUB_*`` settings are read from it, never from ``os.environ``.
+    ``interrupt``: a signal ends the Hub adapter's waits between tries.
     Anything unusable is a :class:`~fsm.errors.PayloadError` (the command line or the
     payload is unusable).
     """
@@ -52,11 +55,12 @@ def open_store(
 
     if not url:
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
-                        endpoint=environ.get("HF_ENDPOINT") or None, **_hub_tuning(environ))
+                        interrupt=interrupt, endpoint=environ.get("HF_ENDPOINT") or None,
+                        **_hub_tuning(environ))
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
-        return HubStore(repo_id, token=token, deadline=deadline, environ=environ, endpoint=url,
-                        **_hub_tuning(environ))
+        return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
+                        interrupt=interrupt, endpoint=url, **_hub_tuning(environ))
     raise PayloadError(
         f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
     )

@@ -48,7 +48,6 @@ import http.client
 import importlib.metadata
 import importlib.util
 import os
-import random
 import sys
 import threading
 import time
@@ -59,6 +58,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import structlog
 
+from fsm import rules
+from fsm.budget import Budget, GaveUp, backoff
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -67,6 +68,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.interrupt import InterruptFlag
 from fsm.store.base import Fence, WarmOutcome
 
 if TYPE_CHECKING:
@@ -310,6 +312,14 @@ class _Abandoned(Exception):
     """A call still running when its bound ran out."""
 
 
+class _Transient(Exception):
+    """A failure worth another try (a timeout, a connection error, 408/429/5xx)."""
+
+    def __init__(self, failure: _Failure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
 class _Missing(Exception):
     """The store answered 404."""
 
@@ -370,6 +380,7 @@ class HubStore:
         retry_base_s: float = 1.0,
         retry_max_s: float = 30.0,
         environ: Mapping[str, str] | None = None,
+        interrupt: InterruptFlag | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -378,6 +389,8 @@ class HubStore:
         self._custom_endpoint = endpoint is not None and self.endpoint != DEFAULT_ENDPOINT
         self._token: str | bool = token if token else False
         self.deadline = deadline
+        #: Every wait between tries goes through the attempt's budget (a signal ends it).
+        self.budget = Budget(deadline, interrupt or InterruptFlag())
         self.call_timeout_s = call_timeout_s
         self.transfer_timeout_s = transfer_timeout_s
         self.max_attempts = max_attempts
@@ -626,21 +639,22 @@ class HubStore:
         ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection).
         """
         where = f"store {op} {path}"
-        for attempt in range(1, self.max_attempts + 1):
+
+        def once(_attempt: int) -> _T:
             if fence is not None and fence.sealed:
                 raise _Sealed(where)
-            remaining = self.deadline.remaining()
+            remaining = self.budget.remaining()
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
             bound = min(bound_s, remaining)
             try:
                 return _run_bounded(fn, bound, f"hub-{op}")
             except _Abandoned:
-                if self.deadline.expired():
+                if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
                     ) from None
-                failure = _Failure("retriable", f"no answer within {bound:.3g}s")
+                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s")) from None
             except Exception as exc:
                 failure = classify(exc)
                 if failure.kind == "unknown":
@@ -652,30 +666,38 @@ class HubStore:
             if failure.kind == "rejected" and conflict and failure.status == 412:
                 raise _Conflict(where)
             if failure.kind == "rejected":
-                raise FatalError(f"{where}: {failure.reason}", rule="unclassified")
-            if attempt == self.max_attempts:
-                break
-            delay = self._delay(attempt, failure)
-            if delay is None:
+                raise FatalError(f"{where}: {failure.reason}", rule=rules.UNCLASSIFIED)
+            raise _Transient(failure)
+
+        def delay(attempt: int, exc: Exception) -> float | None:
+            if not isinstance(exc, _Transient):
+                return None  # classified already: not worth another try
+            wait = self._delay(attempt, exc.failure)
+            if wait is not None:
+                log.warning("store.retry", op=op, path=path, attempt=attempt,
+                            status=exc.failure.status, error=exc.failure.reason,
+                            delay_s=round(wait, 3))
+            return wait
+
+        try:
+            return self.budget.retry(once, tries=self.max_attempts, delay=delay, what=where)
+        except GaveUp as gave_up:
+            last = gave_up.last
+            if not isinstance(last, _Transient):
+                raise last from None
+            failure = last.failure
+            if gave_up.why == "refused":
                 raise StoreUnavailable(
                     f"{where}: {failure.reason}, and the store asked to wait "
                     f"{failure.retry_after:.3g}s"
-                )
-            if delay >= self.deadline.remaining():
+                ) from None
+            if gave_up.why in ("deadline", "interrupted"):
                 raise StoreUnavailable(
                     f"{where}: {failure.reason}; no time left to retry before the attempt deadline"
-                )
-            log.warning(
-                "store.retry",
-                op=op,
-                path=path,
-                attempt=attempt,
-                status=failure.status,
-                error=failure.reason,
-                delay_s=round(delay, 3),
-            )
-            time.sleep(delay)
-        raise StoreUnavailable(f"{where}: {failure.reason} after {self.max_attempts} attempts")
+                ) from None
+            raise StoreUnavailable(
+                f"{where}: {failure.reason} after {self.max_attempts} attempts"
+            ) from None
 
     def _delay(self, attempt: int, failure: _Failure) -> float | None:
         """Seconds to wait before the next try; None when Retry-After asks too much."""
@@ -683,5 +705,4 @@ class HubStore:
             if failure.retry_after > self.retry_max_s:
                 return None
             return failure.retry_after
-        backoff = min(self.retry_max_s, self.retry_base_s * 2.0 ** (attempt - 1))
-        return backoff * random.uniform(0.5, 1.0)
+        return backoff(attempt, base_s=self.retry_base_s, max_s=self.retry_max_s)

@@ -10,7 +10,7 @@ offline.
 Reads stay inside the store's root: an entry on the way to what is read (the entry
 itself, a folder above it, or anything under a fetched folder) that is a symbolic link
 resolving outside the root, or a dangling link, is refused with
-``FatalError(rule="store-unsafe-link")`` naming the entry's repo path. Links that resolve
+``FatalError(rule=rules.STORE_UNSAFE_LINK)`` naming the entry's repo path. Links that resolve
 inside the root are followed; a linked folder that leads back to one of its own parents
 is not walked twice.
 """
@@ -26,12 +26,12 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from fsm import rules
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, StoreNotFound, StoreUnavailable
 from fsm.store.base import Fence, WarmOutcome
 
 _CHUNK = 1 << 20
-UNSAFE_LINK_RULE = "store-unsafe-link"
 
 
 class LocalStore:
@@ -232,12 +232,12 @@ def _check_link(link: Path, label: str, real_root: str) -> None:
     if not os.path.exists(target):  # dangling, or a loop of links
         raise FatalError(
             f"local store: {label} is a dangling link; refusing to read it",
-            rule=UNSAFE_LINK_RULE,
+            rule=rules.STORE_UNSAFE_LINK,
         )
     if os.path.commonpath([target, real_root]) != real_root:
         raise FatalError(
             f"local store: {label} is a link that leaves the store's root; refusing to read it",
-            rule=UNSAFE_LINK_RULE,
+            rule=rules.STORE_UNSAFE_LINK,
         )
 
 

@@ -1,6 +1,9 @@
 """Public test helpers for flash-bootstrap and for users' own tests.
 
-Like ``structlog.testing``, this module is part of the public API.
+Like ``structlog.testing``, this module is part of the public API. Install it with the
+``testing`` extra (``pip install 'flash-bootstrap[testing]'``, which adds pytest for the
+plugin). The runtime never imports it, and the container image does not carry it
+(docs/testing.md).
 
 :class:`LocalHubServer` is a Hugging Face Hub API server on ``127.0.0.1`` that the real
 ``huggingface_hub`` client (0.x and 1.x/2.x) accepts: uploads, existence checks,
@@ -18,10 +21,11 @@ dropped connection). Repos are plain directories under the server's root::
         ...
         assert [r.status for r in hub.requests if "/commit/" in r.path] == [503, 503, 200]
 
-The pytest plugin (registered as the ``flash_bootstrap`` pytest11 entry point, module
-``fsm.testing.pytest_plugin``) provides the fixtures ``hub_token`` (a canary token),
-``hub_server`` (a started server checking that token) and ``hub_dataset`` (the id of an
-empty dataset repo on it).
+The pytest plugin ``fsm.testing.pytest_plugin`` provides the fixtures ``hub_token`` (a
+canary token), ``hub_server`` (a started server checking that token) and ``hub_dataset``
+(the id of an empty dataset repo on it). It is not an entry point, so no pytest run loads
+it on its own: a test suite asks for it with ``pytest_plugins = ["fsm.testing.pytest_plugin"]``
+in its top-level ``conftest.py``, or ``pytest -p fsm.testing.pytest_plugin``.
 
 Importing this package is cheap: it needs only the standard library.
 """

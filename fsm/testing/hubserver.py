@@ -43,8 +43,8 @@ the token check, like a load balancer in front of the Hub would::
         ...
         hub.requests  # [RequestRecord(method, path, range, status, fault), ...]
 
-The pytest plugin of this package (``fsm.testing.pytest_plugin``) provides the
-``hub_server`` fixture built on this class.
+The pytest plugin of this package (``fsm.testing.pytest_plugin``, loaded explicitly)
+provides the ``hub_server`` fixture built on this class.
 """
 
 from __future__ import annotations

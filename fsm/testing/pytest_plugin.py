@@ -1,9 +1,11 @@
 """pytest fixtures for tests that talk to a Hugging Face Hub: a local server, no network.
 
-Registered as the ``flash_bootstrap`` pytest11 entry point, so installing the package
-makes these fixtures available to every test suite. Kept cheap to import: the standard
-library and pytest only, no ``huggingface_hub`` (it must be imported after the transfer
-settings are in the environment).
+Not a pytest11 entry point (that would load it in every pytest run of the environment,
+a worker's own tests included): load it explicitly, with
+``pytest_plugins = ["fsm.testing.pytest_plugin"]`` in a top-level ``conftest.py`` or
+``pytest -p fsm.testing.pytest_plugin``. Needs the ``testing`` extra. Kept cheap to
+import: the standard library and pytest only, no ``huggingface_hub`` (it must be imported
+after the transfer settings are in the environment).
 
 * ``hub_token``: a canary token, unique per test. Assert it never shows up in your logs.
 * ``hub_server``: a started :class:`fsm.testing.LocalHubServer` that requires

@@ -1,0 +1,118 @@
+"""The attempt's one budget (deadline, interrupt flag, clock, sleep) and the one retry.
+
+Every wait of the runner goes through a :class:`Budget`: it never sleeps past the
+deadline, wakes within a short slice of SIGTERM/SIGINT (the flag is set inside a signal
+handler, which may not set an ``Event``), and hands the OS only timeouts it accepts.
+:meth:`Budget.retry` is the one retry loop: backoff with jitter or the store's
+``Retry-After``, never a wait that would reach the deadline, never a wait after a signal.
+Callers say which failures are worth another try and how long to wait; the budget says
+whether there is time. Tests hand in a fake clock and sleep to run the deadline paths
+without waiting for them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import structlog
+
+from fsm.clock import Deadline, os_timeout
+from fsm.interrupt import InterruptFlag
+
+_T = TypeVar("_T")
+log = structlog.get_logger("fsm.budget")
+
+#: How long one nap lasts at most while a wait watches the interrupt flag.
+SLICE_S = 0.05
+
+
+class GaveUp(Exception):
+    """The retries ended without success: ``last`` is the final failure, ``why`` says
+    what ended them ("tries", "deadline", "interrupted" or "refused": the caller's delay
+    said no)."""
+
+    def __init__(self, last: BaseException, tries: int, why: str) -> None:
+        super().__init__(f"{last} ({why} after {tries} tries)")
+        self.last = last
+        self.tries = tries
+        self.why = why
+
+
+def backoff(attempt: int, *, base_s: float, max_s: float, jitter: bool = True) -> float:
+    """The wait before try ``attempt + 1``: ``base_s * 2**(attempt-1)``, at most ``max_s``,
+    jittered down to half (so a fleet does not retry in step)."""
+    wait = min(max_s, base_s * 2.0 ** (attempt - 1))
+    return wait * random.uniform(0.5, 1.0) if jitter else wait
+
+
+@dataclass(frozen=True)
+class Budget:
+    deadline: Deadline
+    interrupt: InterruptFlag = field(default_factory=InterruptFlag)
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def remaining(self) -> float:
+        """Seconds left; negative once the deadline passed."""
+        return self.deadline.mono_at - self.clock()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def until(self, deadline: Deadline) -> Budget:
+        """The same budget, ending at ``deadline`` (or at its own deadline, if earlier)."""
+        return replace(self, deadline=self.deadline.earliest(deadline))
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds``, in slices that watch the flag; True when the whole wait
+        passed, False when a signal or the deadline ended it first."""
+        end = self.clock() + seconds
+        while True:
+            if self.interrupt.is_set():
+                return False
+            now = self.clock()
+            if now >= end:
+                return True
+            if now >= self.deadline.mono_at:
+                return False
+            self.sleep(os_timeout(min(end - now, self.deadline.mono_at - now, SLICE_S)))
+
+    def retry(
+        self,
+        call: Callable[[int], _T],
+        *,
+        tries: int,
+        delay: Callable[[int, Exception], float | None],
+        what: str,
+    ) -> _T:
+        """``call(n)`` for n = 1..``tries`` until it returns.
+
+        After a failure, ``delay(n, exc)`` says how long to wait before the next try, or
+        None when the failure is not worth another (then :class:`GaveUp` with "refused").
+        A wait that would reach the deadline is not started ("deadline"), a signal ends
+        the retries ("interrupted"), and the last try's failure ends them ("tries").
+        Exceptions that are not ``Exception`` (``Interrupted``) pass through untouched.
+        """
+        if tries < 1:
+            raise ValueError(f"tries must be at least 1, got {tries}")
+        for attempt in range(1, tries + 1):
+            try:
+                return call(attempt)
+            except Exception as exc:
+                if attempt == tries:
+                    raise GaveUp(exc, attempt, "tries") from exc
+                wait = delay(attempt, exc)
+                if wait is None:
+                    raise GaveUp(exc, attempt, "refused") from exc
+                if wait >= self.remaining():
+                    raise GaveUp(exc, attempt, "deadline") from exc
+                log.warning("retry", what=what, attempt=attempt, delay_s=round(wait, 3),
+                            exc_type=type(exc).__name__)
+                if not self.wait(wait):
+                    why = "interrupted" if self.interrupt.is_set() else "deadline"
+                    raise GaveUp(exc, attempt, why) from exc
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises

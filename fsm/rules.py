@@ -1,0 +1,140 @@
+"""The failure rules as objects: everything decided from a rule travels with it.
+
+A rule is what the marker's ``rule`` key names. It carries its class (retriable or
+fatal), the exit event its state takes when the rule decides a failure, and the exit
+status of the run once its marker is published. Handlers raise typed errors naming one of
+these objects (``FatalError(..., rule=rules.CODE_MISSING)``); the driver and the runner
+read the event and the exit status off the rule, and no code compares rule ids.
+
+A leaf module (it imports only the table): ``fsm.errors`` gives its typed errors their
+default rules from here, and ``fsm.policy`` orders these rules and says what else each one
+claims (exception types, HTTP statuses, pip signatures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from fsm import table
+
+ANY: Final = "*"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_UNUSABLE: Final = 2
+EXIT_DEADLINE: Final = 124
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    where: str  # a state of the table, or ANY
+    what: str  # what the rule matches, in words
+    retriable: bool
+    #: the event the state takes when this rule decides its failure
+    event: str
+    #: the run's exit status once a marker of this rule is published
+    exit_status: int = EXIT_FAILED
+
+    @property
+    def verdict(self) -> str:
+        return "retriable" if self.retriable else "fatal"
+
+    def applies_in(self, state: str) -> bool:
+        return self.where in (ANY, state)
+
+
+def _retriable(rule_id: str, where: str, what: str) -> Rule:
+    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT)
+
+
+def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILED) -> Rule:
+    return Rule(rule_id, where, what, False, table.FAILED_FATAL_EVENT, exit_status)
+
+
+INTERRUPTED: Final = Rule(
+    "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
+    True, table.INTERRUPTED,
+)
+DEADLINE: Final = Rule(
+    "deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",
+    False, table.DEADLINE_EXCEEDED, EXIT_DEADLINE,
+)
+PAYLOAD_INVALID: Final = _fatal(
+    "payload-invalid", table.LOAD_PAYLOAD, "payload missing, unreadable or invalid (exit 2)",
+    exit_status=EXIT_UNUSABLE,
+)
+STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
+STORE_UNAVAILABLE: Final = _retriable(
+    "store-unavailable", ANY,
+    "store: connection error, timeout, HTTP 408/429/5xx after bounded retries",
+)
+PIP_NETWORK: Final = _retriable(
+    "pip-network", table.INSTALL_EXTRAS,
+    "pip failed and its output shows a network failure, after 3 tries",
+)
+PIP_FAILED: Final = _fatal(
+    "pip-failed", table.INSTALL_EXTRAS,
+    "pip failed otherwise (no such version, resolution or build error)",
+)
+CODE_MISSING: Final = _fatal(
+    "code-missing", table.FETCH_CODE, "the repo holds no code/ tree or no worker module"
+)
+STORE_NOT_FOUND: Final = _fatal(
+    "store-not-found", ANY, "a path the runner needs is not in the store"
+)
+SPEC_ABSENT: Final = _fatal(
+    "spec-absent", table.RESOLVE_SPEC, "neither an inline spec nor the spill flag"
+)
+SPEC_FETCH: Final = _retriable(
+    "spec-fetch", table.RESOLVE_SPEC, "the spilled spec could not be fetched"
+)
+WORKER_LAUNCH: Final = _fatal(
+    "worker-launch", table.TRAIN, "the worker process could not be started"
+)
+VERIFY_UNREADABLE: Final = _retriable(
+    "verify-unreadable", table.VERIFY_REMOTE, "the store could not be read while verifying"
+)
+WORKER_HEARTBEAT_RETRIABLE: Final = _retriable(
+    "worker-heartbeat-retriable", table.VERIFY_REMOTE,
+    "no completion artifacts; the worker's heartbeat for this attempt says retriable",
+)
+WORKER_UPLOAD_LOST: Final = _retriable(
+    "worker-upload-lost", table.VERIFY_REMOTE,
+    "the worker wrote local metrics.json but the store lacks the completion artifacts",
+)
+WORKER_FAILED: Final = _fatal(
+    "worker-failed", table.VERIFY_REMOTE, "the worker exited without completion artifacts"
+)
+STORE_UNSAFE_LINK: Final = _fatal(
+    "store-unsafe-link", ANY,
+    "a store entry is a link that leaves the store's root, or a dangling link",
+)
+WORKER_ENV_TOO_LARGE: Final = _fatal(
+    "worker-env-too-large", table.RESOLVE_SPEC,
+    "the worker's environment exceeds the kernel's exec limits (one variable over "
+    "128 KiB, or the whole environment over ARG_MAX)",
+)
+PRELOAD_UNMOUNTED: Final = _fatal(
+    "preload-unmounted", table.PRELOAD,
+    "the weight cache is not mounted or its sentinel is missing",
+)
+PRELOAD_MODEL_FAILED: Final = _fatal(
+    "preload-model-failed", table.PRELOAD, "a model could not be warmed"
+)
+INTERNAL_ERROR: Final = _fatal(
+    "internal-error", ANY,
+    "a defect in the runner: a handler returned an event its state does not allow, a "
+    "state has no handler, or Mark itself failed",
+)
+UNCLASSIFIED: Final = _fatal(
+    "unclassified", ANY, "anything else: exception type and message in the marker"
+)
+
+#: Not a failure rule: what a succeeded attempt's marker names.
+SUCCESS: Final = Rule(
+    "completion-confirmed", table.VERIFY_REMOTE,
+    "`DONE` and `metrics.json` confirmed in the store, whatever the worker's exit code",
+    False, table.COMPLETION_CONFIRMED, EXIT_OK,
+)
