@@ -13,10 +13,11 @@ without waiting for them.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import structlog
 
@@ -116,3 +117,28 @@ class Budget:
                     why = "interrupted" if self.interrupt.is_set() else "deadline"
                     raise GaveUp(exc, attempt, why) from exc
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+class Background(Generic[_T]):
+    """``fn()`` running in a daemon thread: a call the waiting thread may abandon (a
+    daemon thread cannot keep the process alive). ``done`` is set when it ended."""
+
+    def __init__(self, fn: Callable[[], _T], name: str) -> None:
+        self._result: list[_T] = []
+        self._error: list[BaseException] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], _T]) -> None:
+        try:
+            self._result.append(fn())
+        except BaseException as exc:  # handed to the waiting thread
+            self._error.append(exc)
+        finally:
+            self.done.set()
+
+    def result(self) -> _T:
+        """The call's result, or its exception raised here (call once ``done`` is set)."""
+        if self._error:
+            raise self._error[0]
+        return self._result[0]

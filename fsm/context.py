@@ -8,7 +8,6 @@ never decides where the machine goes next (handlers return events for that).
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fsm.budget import Budget
+from fsm.budget import Background, Budget
 from fsm.clock import Deadline
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
@@ -200,27 +199,13 @@ class Context:
         """``fn()``, which a signal does not cut short but bounds: once SIGTERM/SIGINT has
         come, ``fn`` gets until ``until_s`` seconds after it, then ``Interrupted`` is raised
         and ``fn`` is abandoned in its daemon thread (it holds no lock of ours)."""
-        box: list[_T] = []
-        error: list[BaseException] = []
-        done = threading.Event()
-
-        def target() -> None:
-            try:
-                box.append(fn())
-            except BaseException as exc:  # handed to the waiting thread
-                error.append(exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=target, name="flash-past-signal", daemon=True).start()
+        call = Background(fn, "flash-past-signal")
         # Short slices: the flag is set inside a signal handler, which must not set an Event.
-        while not done.wait(_SIGNAL_POLL_S):
+        while not call.done.wait(_SIGNAL_POLL_S):
             at = self.interrupt.at_mono
             if at is not None and time.monotonic() >= at + until_s:
                 raise Interrupted(self.interrupt.signum or 15)
-        if error:
-            raise error[0]
-        return box[0]
+        return call.result()
 
     @property
     def owns_attempt(self) -> bool:

@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import structlog
 
 from fsm import rules
-from fsm.budget import Budget, GaveUp, backoff
-from fsm.clock import Deadline
+from fsm.budget import Background, Budget, GaveUp, backoff
+from fsm.clock import Deadline, os_timeout
 from fsm.errors import (
     DeadlineExceeded,
     FatalError,
@@ -334,24 +334,10 @@ class _Sealed(Exception):
 
 def _run_bounded(fn: Callable[[], _T], seconds: float, name: str) -> _T:
     """Run ``fn`` in a daemon thread; its result, its exception, or :class:`_Abandoned`."""
-    result: list[_T] = []
-    error: list[BaseException] = []
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:  # handed to the waiting thread
-            error.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    if not done.wait(max(0.0, seconds)):
+    call = Background(fn, name)
+    if not call.done.wait(os_timeout(seconds)):
         raise _Abandoned
-    if error:
-        raise error[0]
-    return result[0]
+    return call.result()
 
 
 # --- the adapter ---------------------------------------------------------------------------
