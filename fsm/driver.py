@@ -176,14 +176,10 @@ def _salvage(ctx: Context, fault: str) -> str:
                 artifacts={},
             )
         ctx.publisher.record = record
-        if ctx.payload is not None and ctx.owns_attempt and ctx.replayed is None:
-            path = marker.result_path(ctx.settings.payload_path, ctx.dest)
+        path = outcome.result_file(ctx)
+        if path is not None and ctx.owns_attempt:
             try:
-                marker.persist(
-                    path,
-                    marker.identity(ctx.dest, run_id=ctx.payload.run_id, mode=ctx.payload.mode),
-                    record,
-                )
+                marker.persist(path, outcome.identity(ctx), record)
                 ctx.publisher.result.persisted = path
             except OSError as exc:
                 log.error("result.persist_failed", path=str(path), error=exc.strerror)

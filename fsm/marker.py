@@ -99,15 +99,9 @@ class Persisted:
 
 
 def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
-    write_json_atomic(
-        path,
-        {
-            "version": RESULT_VERSION,
-            "identity": ident,
-            "marker": record.marker,
-            "artifacts": record.artifacts,
-        },
-    )
+    data = {"version": RESULT_VERSION, "identity": ident, "marker": record.marker,
+            "artifacts": record.artifacts}
+    write_atomic(path, json.dumps(data), durable=True)
 
 
 def load_persisted(path: Path, ident: dict[str, Any]) -> Persisted | None:
@@ -180,14 +174,17 @@ def marker_problem(record: object, attempt: int) -> str | None:
     return None
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_atomic(path: Path, text: str, *, durable: bool = False) -> None:
+    """Write ``text`` to ``path`` whole or not at all (aside, then renamed); ``durable``
+    also flushes it to disk first (the persisted result must survive a host crash)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -332,24 +329,13 @@ def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> di
     for name, text in items:
         local = scratch_dir / name
         try:
-            _write_text_atomic(local, text)
+            write_atomic(local, text)
         except OSError as exc:
             log.warning("marker.local_copy_failed", path=str(local), error=exc.strerror)
             local = Path(tempfile.gettempdir()) / f".flash-{os.getpid()}-{name}"
-            _write_text_atomic(local, text)
+            write_atomic(local, text)
         files[dest.path(name)] = local
     return files
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _commit(

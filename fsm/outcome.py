@@ -6,11 +6,19 @@ when the main thread is stuck; both hand it to ``fsm.marker.Publisher``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import structlog
+
 from fsm import marker, rules, table
+from fsm.budget import Budget
+from fsm.clock import Deadline
 from fsm.context import Context, Failure
 from fsm.marker import Persisted
+from fsm.store.base import Store
+
+log = structlog.get_logger("fsm.outcome")
 
 
 def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> Persisted:
@@ -72,3 +80,38 @@ def event_for(record: dict[str, Any]) -> str:
     if record.get("ok") is True:
         return table.MARKED_SUCCEEDED
     return table.MARKED_RETRIABLE if record.get("retriable") is True else table.MARKED_FATAL
+
+
+def result_file(ctx: Context) -> Path | None:
+    """Where to persist the result for a restart, or None: a replay is persisted already,
+    and an unusable payload is not an attempt's result (fixed and restarted, it runs)."""
+    if ctx.dest is None or ctx.replayed is not None or ctx.payload is None:
+        return None
+    return marker.result_path(ctx.settings.payload_path, ctx.dest)
+
+
+def identity(ctx: Context) -> dict[str, Any]:
+    """The attempt's identity, persisted with its result (CONTRACT section 4)."""
+    assert ctx.dest is not None
+    p = ctx.payload
+    return marker.identity(ctx.dest, run_id=p.run_id if p else None, mode=p.mode if p else "")
+
+
+def publish(
+    ctx: Context, record: Persisted, deadline: Deadline, *, tries: int = 5,
+    base_delay_s: float = 1.0,
+) -> marker.Published:
+    """Persist ``record`` and publish it by ``deadline`` (Mark's and the watchdog's way).
+    A signal does not stop the marker's tries: its deadline does."""
+    assert ctx.dest is not None
+    try:
+        store: Store | None = ctx.store_until(deadline, stop_on_signal=False)
+    except Exception as exc:  # an unusable store setting: the result stays persisted
+        log.error("marker.store_unusable", exc_type=type(exc).__name__,
+                  error=ctx.redactor.text(str(exc)))
+        store = None
+    return ctx.publisher.publish(
+        record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
+        scratch_dir=ctx.scratch, budget=Budget(deadline), fence=ctx.fence, tries=tries,
+        base_delay_s=base_delay_s,
+    )

@@ -13,14 +13,14 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fsm.errors import PayloadError
 from fsm.pip import refused_extra_pip
-from fsm.redact import Redactor
+from fsm.redact import LIST_KEY, Redactor
 
-PHASE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-ARM_RE = PHASE_RE
+#: ``phase`` and ``flash_arm`` name files.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 DEFAULT_MAX_WALL_S = 86_400.0
 MODES = ("train", "preload")
@@ -84,11 +84,9 @@ def read_raw(path: Path) -> dict[str, Any]:
             f"payload file {shown} is unreadable: {_one_line(exc.strerror or str(exc))}"
         ) from None
     try:
-        text = data.decode("utf-8")
+        raw = json.loads(data.decode("utf-8"), parse_int=_parse_int)
     except UnicodeDecodeError:
         raise PayloadError(f"payload file {shown} is not UTF-8 text") from None
-    try:
-        raw = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise PayloadError(
             f"payload file {shown} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -103,8 +101,7 @@ def read_raw(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise PayloadError(f"payload must be a JSON object, got {_json_type(raw)}")
     for key, value in raw.items():
-        digits = _long_integer_in(value)
-        if digits is not None:
+        if (digits := _long_integer_in(value)) is not None:
             raise PayloadError(
                 f"payload key {key!r:.80} holds an integer of {digits} digits, "
                 "too long to be a number"
@@ -120,22 +117,17 @@ def destination(raw: Mapping[str, Any]) -> Destination | None:
     apply). A present but invalid value is never coerced to a default: that would write
     another attempt's marker. The rest of the payload does not matter here, so a payload
     invalid elsewhere still gets its fatal marker. :func:`parse` decides the same way: both
-    go through ``_destination``.
+    go through :func:`require_destination`.
     """
     try:
-        return _destination(raw)
+        return require_destination(raw)
     except PayloadError:
         return None
 
 
-def require_destination(raw: Mapping[str, Any]) -> Destination:
-    """The marker's destination, or a PayloadError naming the key that makes it unusable."""
-    return _destination(raw)
-
-
 def parse(raw: Mapping[str, Any]) -> Payload:
     """Validate ``raw`` against the contract; raise PayloadError naming the first problem."""
-    dest = _destination(raw)
+    dest = require_destination(raw)
     _check_encodable(raw)
     mode = _opt(raw, "mode", str, "train")
     if mode not in MODES:
@@ -143,16 +135,12 @@ def parse(raw: Mapping[str, Any]) -> Payload:
     max_wall_s = _opt_number(raw, "max_wall_s", DEFAULT_MAX_WALL_S)
     if max_wall_s <= 0:
         raise PayloadError(f"payload key 'max_wall_s' must be > 0, got {max_wall_s}")
-    deadline_at = raw.get("deadline_at")
-    if deadline_at is not None:
-        deadline_at = _opt_number(raw, "deadline_at", 0.0)
-    env = _env(raw)
     common: dict[str, Any] = {
         "dest": dest,
         "mode": mode,
-        "env": env,
         "max_wall_s": max_wall_s,
-        "deadline_at": deadline_at,
+        "deadline_at": _opt_number(raw, "deadline_at", None),
+        "env": _env(raw),
         "run_id": _opt(raw, "run_id", str, None),
         "cache_mount_marker": _opt(raw, "cache_mount_marker", str, None) or None,
         "cache_block_device": _opt(raw, "cache_block_device", bool, False),
@@ -175,17 +163,15 @@ def parse(raw: Mapping[str, Any]) -> Payload:
             )
         return Payload(models=tuple(models), **common)
     phase = _required(raw, "phase", str)
-    if not PHASE_RE.fullmatch(phase):
+    if not NAME_RE.fullmatch(phase):
         raise PayloadError(
-            f"payload key 'phase' must match {PHASE_RE.pattern} (it names files), "
+            f"payload key 'phase' must match {NAME_RE.pattern} (it names files), "
             f"got {_quoted(phase, raw)}"
         )
-    seed = _required(raw, "seed", int)
-    spec = _opt(raw, "job_spec_json", str, None)
     return Payload(
         phase=phase,
-        seed=seed,
-        job_spec_json=spec,
+        seed=_required(raw, "seed", int),
+        job_spec_json=_opt(raw, "job_spec_json", str, None),
         job_spec_in_hf=_opt(raw, "job_spec_in_hf", bool, False),
         extra_pip=_extra_pip(raw),
         **common,
@@ -199,10 +185,11 @@ def load(path: Path) -> Payload:
 # --- helpers --------------------------------------------------------------------------
 
 
-def _destination(raw: Mapping[str, Any]) -> Destination:
-    """The one place that decides the destination keys: raises naming the first bad one."""
+def require_destination(raw: Mapping[str, Any]) -> Destination:
+    """The marker's destination, or a PayloadError naming the first key that makes it
+    unusable: the one place that decides the destination keys."""
     repo = _required(raw, "hf_repo", str)
-    if not _valid_repo(repo):
+    if len(repo) > 200 or not REPO_RE.fullmatch(repo):
         raise PayloadError(
             f"payload key 'hf_repo' must look like 'org/name', got {_quoted(repo, raw)}"
         )
@@ -211,9 +198,9 @@ def _destination(raw: Mapping[str, Any]) -> Destination:
     if problem is not None:
         raise PayloadError(f"payload key 'hf_prefix' {problem}, got {_quoted(prefix, raw)}")
     arm = _opt(raw, "flash_arm", str, "instance")
-    if not ARM_RE.fullmatch(arm):
+    if not NAME_RE.fullmatch(arm):
         raise PayloadError(
-            f"payload key 'flash_arm' must match {ARM_RE.pattern} (it names the marker), "
+            f"payload key 'flash_arm' must match {NAME_RE.pattern} (it names the marker), "
             f"got {_quoted(arm, raw)}"
         )
     attempt = _opt(raw, "attempt", int, 0)
@@ -236,10 +223,6 @@ def _destination(raw: Mapping[str, Any]) -> Destination:
     )
 
 
-def _valid_repo(value: object) -> bool:
-    return isinstance(value, str) and len(value) <= 200 and bool(REPO_RE.fullmatch(value))
-
-
 def _prefix_problem(value: str) -> str | None:
     """Why ``value`` cannot be the run's repo folder, or None when it can."""
     if value.startswith("/"):
@@ -255,7 +238,7 @@ def _prefix_problem(value: str) -> str | None:
     if len(encoded) > MAX_PREFIX_BYTES:
         return f"must be at most {MAX_PREFIX_BYTES} bytes as UTF-8 (is {len(encoded)})"
     parts = value.strip("/").split("/")
-    if not value.strip("/") or any(part in ("", ".", "..") for part in parts):
+    if any(part in ("", ".", "..") for part in parts):
         return "must be a relative repo folder without empty, '.' or '..' parts"
     if any(len(part.encode("utf-8")) > MAX_PART_BYTES for part in parts):
         return f"must have folder names of at most {MAX_PART_BYTES} bytes as UTF-8"
@@ -264,13 +247,11 @@ def _prefix_problem(value: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
 class _LongInteger:
     """A JSON integer with more digits than Python converts (``sys.int_info``)."""
 
-    __slots__ = ("digits",)
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
+    digits: int
 
 
 def _parse_int(text: str) -> int | _LongInteger:
@@ -329,10 +310,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _json_type(value: object) -> str:
     names = {
         bool: "a boolean",
@@ -350,7 +327,7 @@ _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 
 
 def _check(key: str, value: object, kind: type) -> Any:
-    ok = _is_int(value) if kind is int else isinstance(value, kind)
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
         raise PayloadError(
             f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {_json_type(value)}"
@@ -370,7 +347,10 @@ def _opt(raw: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
     return _check(key, raw[key], kind)
 
 
-def _opt_number(raw: Mapping[str, Any], key: str, default: float) -> float:
+_Default = TypeVar("_Default", float, None)
+
+
+def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | _Default:
     value = raw.get(key)
     if value is None:
         return default
@@ -413,7 +393,7 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
     leaves a piece of a secret the runner's redactor would not recognise."""
     value = raw.get("env")
     env = {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
-    listed = env.get("FLASH_SECRET_ENV_KEYS", "").split(",")
+    listed = env.get(LIST_KEY, "").split(",")
     redactor = Redactor()
     redactor.learn(env, listed)
     line = redactor.line(entry, QUOTED_ENTRY_CHARS + 1)

@@ -1,16 +1,12 @@
 """InstallExtras' work: ``pip install`` the payload's ``extra_pip``, classified and bounded.
 
-pip runs for real as ``<python> -m pip install ...``, supervised like the worker
-(:func:`fsm.supervise.supervise`): in its own process group, its console output going on to
-the container's stdout (``out_fd``) as it comes and kept in a console file whose end is
-classified and quoted in the error message. The attempt never runs past the deadline: when
-time runs out, or SIGTERM/SIGINT reaches the runner, pip's whole group is stopped
-(SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) and ``DeadlineExceeded`` / ``Interrupted`` is raised.
+pip runs as ``<python> -m pip install ...`` through :func:`fsm.supervise.supervise`, like
+the worker: in its own process group, its console forwarded to ``out_fd`` and kept in a
+file, stopped (SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) at the deadline or on SIGTERM/SIGINT.
 
 A failed pip is classified by its output (DESIGN, policy rows ``pip-network`` and
-``pip-failed``): network-shaped failures are tried again, up to ``tries`` times with
-exponential backoff, then raised as ``RetriableError``; any other failure (no such version,
-conflicting requirements, a build error, an invalid requirement) is ``FatalError`` at once.
+``pip-failed``): network-shaped failures are tried again with exponential backoff; any
+other failure (no such version, conflicting requirements, a build error) is fatal at once.
 
 Why pip also writes ``--log``: at its default verbosity pip reports an unreachable or
 failing index only as "Could not find a version that satisfies the requirement" (the page
@@ -21,11 +17,11 @@ classified together with the console tail, while the console stays readable. (A 
 failure the end of the log is copied to ``out_fd`` for whoever reads the container log.)
 
 What may be installed is decided before pip runs (issue 11): :func:`refused_extra_pip`
-checks the payload's ``extra_pip`` against :data:`EXTRA_PIP_OPTIONS` and the entry kinds
-below, so pip is never told to read a file of the host (``-r``, ``-c``) and print its
-lines in an error. And every text built here from pip's output (the error message, the
-copy of its log) is redacted whole, before it is collapsed to one line or cut: a secret
-cut through first would leave a prefix no redactor recognises.
+checks ``extra_pip`` against :data:`EXTRA_PIP_OPTIONS`, so pip is never told to read a
+file of the host (``-r``, ``-c``) and print its lines in an error. Every text built here
+from pip's output (the error message, the copy of its log) is redacted whole before it is
+collapsed to one line or cut: a secret cut through first would leave a prefix no redactor
+recognises.
 """
 
 from __future__ import annotations
@@ -64,16 +60,12 @@ __all__ = [
 ]
 
 
-# pip's own retries and socket timeout. pip retries every request 5 times by default
-# (urllib3 backoff 0.25 s doubling) with a 15 s socket timeout: against a black-holed
-# index that is ~6 x 15 s per request, times every request, times our ``tries``. We retry
-# the whole install ourselves with a longer backoff, so pip only needs to ride out a
-# short blip inside one run (a long install should not restart for one dropped
-# connection): 2 retries, 15 s timeout, i.e. at most ~46 s per stuck request per try.
-# They are passed only when the environment does not choose its own (PIP_RETRIES,
-# PIP_TIMEOUT / PIP_DEFAULT_TIMEOUT): a user who set them knows their index. Passing them
-# on the command line also overrides a pip.conf baked into the image.
-# The deadline bounds everything anyway.
+# pip's own retries and socket timeout. pip's defaults (5 retries, 15 s) cost ~6 x 15 s
+# per request against a black-holed index, times every request, times our ``tries``. We
+# retry the whole install ourselves, so pip only rides out a short blip inside one run:
+# at most ~46 s per stuck request per try. Passed (overriding a pip.conf in the image)
+# only when the environment sets neither PIP_RETRIES nor PIP_TIMEOUT/PIP_DEFAULT_TIMEOUT:
+# a user who set them knows their index.
 PIP_RETRIES = 2
 PIP_TIMEOUT_S = 15
 
@@ -164,10 +156,7 @@ NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
 
 def network_signature(text: str) -> NetworkSignature | None:
     """The first of :data:`NETWORK_SIGNATURES` found in ``text``, if any."""
-    for sig in NETWORK_SIGNATURES:
-        if sig.pattern.search(text):
-            return sig
-    return None
+    return next((sig for sig in NETWORK_SIGNATURES if sig.pattern.search(text)), None)
 
 
 def classify_pip_output(text: str) -> Literal["network", "other"]:
@@ -214,26 +203,14 @@ EXTRA_PIP_OPTIONS: tuple[PipOption, ...] = (
 ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2", ".tar.xz")
 
 _OPTIONS = {name: option for option in EXTRA_PIP_OPTIONS for name in option.names}
-_READS_FILE = "makes pip read a file on the host"
-_MOVES_INSTALL = "changes where pip installs"
-_EDITABLE = "installs a local tree or a checkout in editable mode"
-_BACKEND = "passes settings to build backends"
 #: Why the options most often asked for are refused (any other option: not allowed).
 _REFUSED_OPTIONS = {
-    "-r": _READS_FILE,
-    "--requirement": _READS_FILE,
-    "-c": _READS_FILE,
-    "--constraint": _READS_FILE,
-    "-e": _EDITABLE,
-    "--editable": _EDITABLE,
-    "-t": _MOVES_INSTALL,
-    "--target": _MOVES_INSTALL,
-    "--prefix": _MOVES_INSTALL,
-    "--root": _MOVES_INSTALL,
-    "--user": _MOVES_INSTALL,
-    "--src": _MOVES_INSTALL,
-    "-C": _BACKEND,
-    "--config-settings": _BACKEND,
+    **dict.fromkeys(("-r", "--requirement", "-c", "--constraint"),
+                    "makes pip read a file on the host"),
+    **dict.fromkeys(("-e", "--editable"), "installs a local tree or a checkout in editable mode"),
+    **dict.fromkeys(("-t", "--target", "--prefix", "--root", "--user", "--src"),
+                    "changes where pip installs"),
+    **dict.fromkeys(("-C", "--config-settings"), "passes settings to build backends"),
 }
 _REQUIREMENT_URL_SCHEMES = ("http", "https", "git+https", "file")
 _OPTION_URL_SCHEMES = ("http", "https", "file")
@@ -385,14 +362,13 @@ _HOST_READING_SETTINGS = frozenset({
 
 
 def _installer_env(env: Mapping[str, str]) -> dict[str, str]:
-    """pip's environment: ``env`` less the settings that make pip read host files."""
-    dropped = sorted(k for k in env if k.upper() in _HOST_READING_SETTINGS)
-    if dropped:
+    """pip's environment: ``env`` less the settings that make pip read host files. (The
+    image's own pip configuration, a mirror say, is trusted; a file the payload names is not.)"""
+    kept = {k: v for k, v in env.items() if k.upper() not in _HOST_READING_SETTINGS}
+    if dropped := sorted(env.keys() - kept.keys()):
         structlog.get_logger().warning("pip.settings_dropped", keys=dropped,
                                        reason="they make pip read host files")
-    # The image's own pip configuration (a mirror, say) is trusted; a file the payload
-    # names is not.
-    return {k: v for k, v in env.items() if k.upper() not in _HOST_READING_SETTINGS}
+    return kept
 
 
 def install(
@@ -410,33 +386,33 @@ def install(
 ) -> None:
     """``pip install`` ``requirements`` into ``python``'s environment, or raise.
 
-    ``env`` is pip's whole environment (``PYTHONUNBUFFERED=1`` is added unless set, so
-    the output streams). ``extra_args`` go before the requirements (``--target DIR``,
-    ``--index-url URL``). Raises :class:`RetriableError` (rule ``pip-network``) after
-    ``tries`` network-shaped failures, :class:`FatalError` (rule ``pip-failed``) on any
-    other failure, :class:`DeadlineExceeded` when ``deadline`` passes and
-    :class:`Interrupted` when ``interrupt`` is triggered; pip is stopped in every case.
-
-    ``redactor`` is the attempt's: every text built from pip's output (the error
-    messages, the copy of pip's log on ``out_fd``) is redacted whole before it is collapsed
-    or cut. pip's own console output is forwarded to ``out_fd`` as it comes, like the
-    worker's.
+    ``env`` is pip's environment, less the settings that make pip read host files
+    (``PYTHONUNBUFFERED=1`` is added unless set, so the output streams). ``extra_args`` go
+    before the requirements (``--index-url URL``). Raises :class:`RetriableError` (rule
+    ``pip-network``) after ``tries`` network-shaped failures, :class:`FatalError` (rule
+    ``pip-failed``) on any other failure, :class:`DeadlineExceeded` when ``deadline`` passes
+    and :class:`Interrupted` when ``interrupt`` is triggered; pip is stopped in every case.
+    ``redactor`` (the attempt's) redacts every text built from pip's output.
     """
     reqs = list(requirements)
     if not reqs:
         return
-    if tries < 1:
-        raise ValueError(f"tries must be at least 1, got {tries}")
     redactor = Redactor() if redactor is None else redactor
     log = structlog.get_logger()
     child_env = _installer_env(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     budget = Budget(deadline, interrupt)
+    # pip's own retries and timeout, unless the environment chooses them (see PIP_RETRIES)
+    own_limits = [] if env.get("PIP_RETRIES") else ["--retries", str(PIP_RETRIES)]
+    if not (env.get("PIP_TIMEOUT") or env.get("PIP_DEFAULT_TIMEOUT")):
+        own_limits += ["--timeout", str(PIP_TIMEOUT_S)]
     with tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
 
         def once(attempt: int) -> None:
             log_path = Path(tmp, f"attempt{attempt}.log")
-            argv = _pip_argv(python, env, log_path, extra_args, reqs)
+            argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                    "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
+                    *reqs]
             log.info("pip.try", attempt=attempt, tries=tries, requirements=len(reqs))
             console_path = Path(tmp, f"attempt{attempt}.console")
             try:
@@ -518,20 +494,20 @@ class _NetworkFailure(Exception):
         self.sig = sig
         self.line = line
 
+
 def _evidence(
     returncode: int | None, console_path: Path, log_path: Path, out_fd: int, redactor: Redactor
 ) -> tuple[NetworkSignature | None, str]:
     """A failed run's network signature (None: not network-shaped) and its telling line,
-    both from the redacted ends of pip's console and log (redacted before any cut).
-
-    Also copies the end of pip's verbose log to ``out_fd`` for the human reader.
-    """
+    from the redacted ends of pip's console and log; copies the log's end to ``out_fd``."""
     console, log_text = _tail_text(console_path, redactor), _tail_text(log_path, redactor)
-    sig = network_signature(console + "\n" + log_text)
-    log_lines = _log_lines(log_text)
+    # pip's verbose log without timestamps, cut before pip's own traceback
+    log_lines = [_LOG_TIMESTAMP.sub("", line, count=1) for line in log_text.splitlines()]
+    if "Exception information:" in log_lines:
+        del log_lines[log_lines.index("Exception information:") :]
     _report_log(out_fd, log_lines)
-    line = _last_error_line(console, log_lines)
-    return sig, line or f"pip exited with status {returncode}"
+    line = _last_error_line(console, log_lines) or f"pip exited with status {returncode}"
+    return network_signature(console + "\n" + log_text), line
 
 
 def _tail_text(path: Path, redactor: Redactor) -> str:
@@ -547,13 +523,10 @@ def _tail_text(path: Path, redactor: Redactor) -> str:
 
 
 def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
-    """The line that best says what failed ("" if none).
-
-    pip's last ``ERROR:`` console line when there is one; else, for a failed build
-    subprocess, its headline (the console line pip marks with a multiplication sign)
-    joined with the last line the subprocess printed. With ``--log`` pip sends that
-    output to the log only ("See above for output"), so it is looked up there too.
-    """
+    """The line that best says what failed ("" if none): pip's last ``ERROR:`` console line;
+    else a failed build subprocess's headline (the console line pip marks with a
+    multiplication sign) and the last line it printed, looked up in the log too (with
+    ``--log`` pip sends that output to the log only, "See above for output")."""
     lines = [line.strip() for line in console.splitlines()]
     for line in reversed(lines):
         if line.startswith("ERROR:"):
@@ -583,14 +556,6 @@ def _subprocess_cause(lines: Sequence[str]) -> str:
     return cause
 
 
-def _log_lines(log_text: str) -> list[str]:
-    """pip's verbose log without timestamps, cut before pip's own traceback."""
-    lines = [_LOG_TIMESTAMP.sub("", line, count=1) for line in log_text.splitlines()]
-    if "Exception information:" in lines:
-        lines = lines[: lines.index("Exception information:")]
-    return lines
-
-
 def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
     """Show the end of pip's verbose log on the console: it holds what pip's console omits
     at its default verbosity (failed index fetches, a failed build's own output).
@@ -603,22 +568,6 @@ def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
     text = "\n".join([banner, *("  " + line for line in tail), ""])
     with contextlib.suppress(OSError), open(out_fd, "wb", closefd=False) as out:
         out.write(text.encode("utf-8", "replace"))
-
-
-def _pip_argv(
-    python: str,
-    env: Mapping[str, str],
-    log_path: Path,
-    extra_args: Sequence[str],
-    requirements: Sequence[str],
-) -> list[str]:
-    argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
-    argv += ["--progress-bar", "off", "--log", str(log_path)]
-    if not env.get("PIP_RETRIES"):
-        argv += ["--retries", str(PIP_RETRIES)]
-    if not (env.get("PIP_TIMEOUT") or env.get("PIP_DEFAULT_TIMEOUT")):
-        argv += ["--timeout", str(PIP_TIMEOUT_S)]
-    return [*argv, *extra_args, *requirements]
 
 
 def _bounded(message: str, redactor: Redactor) -> str:

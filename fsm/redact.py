@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import AnyStr
+from typing import AnyStr, NamedTuple
 from urllib.parse import quote, quote_plus
 
 MASK = "***"
@@ -69,14 +69,7 @@ _CREDENTIALS: tuple[tuple[str, str], ...] = (
     (_BEARER, r"\g<key>***"),
 )
 _TEXT_CREDENTIALS = [(re.compile(p, re.IGNORECASE), r) for p, r in _CREDENTIALS]
-_BYTES_CREDENTIALS = [
-    (re.compile(p.encode(), re.IGNORECASE), r.encode()) for p, r in _CREDENTIALS
-]
-
-
-def _is_setting(value: str) -> bool:
-    return _SETTING_VALUE.fullmatch(value) is not None
-
+_BYTES_CREDENTIALS = [(re.compile(p.encode(), re.IGNORECASE), r.encode()) for p, r in _CREDENTIALS]
 
 #: The setting that names extra secret keys: a list of names, no secret itself.
 LIST_KEY = "FLASH_SECRET_ENV_KEYS"
@@ -86,9 +79,9 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
     """The keys of ``env`` whose values are secrets.
 
     A key named in ``extra`` (FLASH_SECRET_ENV_KEYS) always is. A key that looks secret
-    (``TOKEN``, ``KEY``, ``SECRET`` or ``PASSWORD`` in it, any case; ``HF_TOKEN``) is, unless
-    its value is a boolean word (true/false/yes/no/on/off) or a plain number: masking
-    "false" everywhere would shred the text and hide nothing.
+    (``TOKEN``, ``KEY``, ``SECRET`` or ``PASSWORD`` in it, any case) is, unless its value is
+    a boolean word or a plain number: masking "false" everywhere would shred the text and
+    hide nothing.
     """
     listed = {k.strip() for k in extra if k.strip()}
     return {
@@ -97,27 +90,14 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
         if k != LIST_KEY
         and (
             k in listed
-            or (
-                (_SECRET_KEY.search(k) is not None or k == "HF_TOKEN")
-                and not (isinstance(v, str) and _is_setting(v))
-            )
+            or (_SECRET_KEY.search(k) and not (isinstance(v, str) and _SETTING_VALUE.fullmatch(v)))
         )
     }
 
 
 def _backslashed(secret: str, quote_char: str) -> str:
     """The inside of ``repr(secret)`` written between ``quote_char`` quotes."""
-    out = []
-    for c in secret:
-        if c == "\\":
-            out.append("\\\\")
-        elif c == quote_char:
-            out.append("\\" + c)
-        elif c in "'\"":
-            out.append(c)
-        else:
-            out.append(repr(c)[1:-1])
-    return "".join(out)
+    return "".join("\\" + c if c == quote_char else repr(c)[1:-1] for c in secret)
 
 
 _ENCODERS: tuple[Callable[[str], str], ...] = (
@@ -148,47 +128,15 @@ def _forms(secret: str) -> set[str]:
     return forms
 
 
-class _BytesForm:
-    """One printed form as bytes, with how much of its ends counts as the secret."""
+class _BytesForm(NamedTuple):
+    """One printed form as bytes, with how many of its last (first) bytes a piece of it cut
+    at the start (end) of a read window must keep to count as the secret: those of its last
+    (first) 10 characters; for a shorter form, any piece at the start (the start of a read
+    window can only be cut through a secret) and none at the end."""
 
-    def __init__(self, form: str, errors: str) -> None:
-        self.data = form.encode("utf-8", errors)
-        # A cut form keeps its last (first) 10 characters or more, or any part of a form
-        # shorter than that (the start of a read window can only be cut through a secret).
-        self.min_suffix = (
-            len(form[-_FRAGMENT:].encode("utf-8", errors)) if len(form) >= _FRAGMENT else 1
-        )
-        self.min_prefix = (
-            len(form[:_FRAGMENT].encode("utf-8", errors)) if len(form) > _FRAGMENT else 0
-        )
-
-    def cut_at_start(self, window: builtins.bytes) -> int:
-        """The length of the longest proper suffix of the form that starts ``window``
-        and is long enough to count (0 if none)."""
-        size = len(self.data)
-        needle = window[: self.min_suffix]
-        if len(needle) < self.min_suffix:
-            return 0
-        at = self.data.find(needle, 1)
-        while 0 < at <= size - self.min_suffix:
-            if window.startswith(self.data[at:]):
-                return size - at
-            at = self.data.find(needle, at + 1)
-        return 0
-
-    def cut_at_end(self, window: builtins.bytes) -> int:
-        """The length of the longest proper prefix of the form (10 characters or more) that
-        ends ``window`` (0 if none)."""
-        if not self.min_prefix or len(window) < self.min_prefix:
-            return 0
-        needle = window[-self.min_prefix :]
-        size = len(self.data)
-        at = self.data.rfind(needle, 0, size - 1)
-        while at >= 0:
-            if at + self.min_prefix < size and window.endswith(self.data[: at + self.min_prefix]):
-                return at + self.min_prefix
-            at = self.data.rfind(needle, 0, at + self.min_prefix - 1)
-        return 0
+    data: builtins.bytes
+    min_suffix: int
+    min_prefix: int
 
 
 def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
@@ -196,13 +144,38 @@ def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
     for form in forms:
         for errors in ("strict", "surrogatepass", "surrogateescape"):
             try:
-                made = _BytesForm(form, errors)
+                data = form.encode("utf-8", errors)
+                suffix = len(form[-_FRAGMENT:].encode("utf-8", errors))
+                prefix = len(form[:_FRAGMENT].encode("utf-8", errors))
             except UnicodeError:
                 continue
-            out.setdefault(made.data, made)
+            if len(form) < _FRAGMENT:
+                suffix = 1
+            if len(form) <= _FRAGMENT:
+                prefix = 0
+            out.setdefault(data, _BytesForm(data, suffix, prefix))
             if errors == "strict":
                 break
     return list(out.values())
+
+
+def _cut_piece(forms: list[_BytesForm], window: builtins.bytes, at_end: bool = False) -> int:
+    """The length of the longest piece of a form cut off at the start of ``window``: a
+    proper suffix of the form, ``min_suffix`` bytes or more (0 if none). With ``at_end``,
+    ``window`` comes reversed and the piece is a proper prefix, ``min_prefix`` bytes or more."""
+    best = 0
+    for form in forms:
+        data, least = (form.data[::-1], form.min_prefix) if at_end else (form.data, form.min_suffix)
+        if not least or len(window) < least:
+            continue
+        needle = window[:least]
+        at = data.find(needle, 1)
+        while 0 < at <= len(data) - least:
+            if window.startswith(data[at:]):
+                best = max(best, len(data) - at)
+                break
+            at = data.find(needle, at + 1)
+    return best
 
 
 def _alternation(forms: Iterable[AnyStr]) -> list[AnyStr]:
@@ -223,43 +196,47 @@ def _spans(pattern: re.Pattern[AnyStr] | None, value: AnyStr) -> list[tuple[int,
     return spans
 
 
-def _masked(value: AnyStr, spans: list[tuple[int, int]], mask: AnyStr) -> AnyStr:
-    """``value`` with each union of overlapping spans replaced by one ``mask``."""
-    if not spans:
-        return value
-    parts: list[AnyStr] = []
-    pos = 0
-    ordered = sorted(spans)
-    start, end = ordered[0]
-    for s, e in ordered[1:]:
-        if s < end:
-            end = max(end, e)
-            continue
-        parts += [value[pos:start], mask]
-        pos = end
-        start, end = s, e
-    parts += [value[pos:start], mask, value[end:]]
-    return value[:0].join(parts)
+def _masked(
+    value: AnyStr,
+    spans: list[tuple[int, int]],
+    mask: AnyStr,
+    credentials: list[tuple[re.Pattern[AnyStr], AnyStr]],
+) -> AnyStr:
+    """``value`` with each union of overlapping spans replaced by one ``mask``, then the
+    credentials nobody named masked."""
+    if spans:
+        parts: list[AnyStr] = []
+        pos = 0
+        ordered = sorted(spans)
+        start, end = ordered[0]
+        for s, e in ordered[1:]:
+            if s < end:
+                end = max(end, e)
+                continue
+            parts += [value[pos:start], mask]
+            pos = end
+            start, end = s, e
+        parts += [value[pos:start], mask, value[end:]]
+        value = value[:0].join(parts)
+    for pattern, repl in credentials:
+        value = pattern.sub(repl, value)
+    return value
 
 
 class Redactor:
     """Replaces every known secret value by ``***``, in text and in bytes (see the module)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._secrets: list[str] = []
+        self._secrets: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
         self._bpattern: re.Pattern[builtins.bytes] | None = None
         self._bforms: list[_BytesForm] = []
-        self._longest = 0
         self.add(secrets)
 
     def learn(self, env: Mapping[str, str], extra_keys: Iterable[str] = ()) -> set[str]:
-        """Mask the secrets of ``env`` from now on; return the keys taken for secrets.
-
-        The one way an env's secrets become known (the attempt's redactor learns the
-        payload's env with it): the values of ``secret_keys(env, extra_keys)``, where
-        ``extra_keys`` are the keys FLASH_SECRET_ENV_KEYS lists. Values shorter than 4
-        characters are never masked (see :meth:`add`); their keys are returned all the same.
+        """Mask the values of ``secret_keys(env, extra_keys)`` from now on and return those
+        keys (also the keys of values too short to be masked). The one way an env's secrets
+        become known: the attempt's redactor learns the payload's env with it.
         """
         keys = secret_keys(env, extra_keys)
         self.add(env[k] for k in keys)
@@ -268,16 +245,15 @@ class Redactor:
     def add(self, secrets: Iterable[str]) -> None:
         """Mask these values too (values shorter than 4 characters are ignored)."""
         new = {s for s in secrets if isinstance(s, str) and len(s) >= _MIN_SECRET_LEN}
-        if not new - set(self._secrets):
+        if new <= self._secrets:
             return
-        self._secrets = sorted(set(self._secrets) | new, key=len, reverse=True)
+        self._secrets |= new
         forms = _alternation(f for s in self._secrets for f in _forms(s))
         self._bforms = _byte_forms(forms)
         self._pattern = re.compile("|".join(re.escape(f) for f in forms))
         self._bpattern = re.compile(
             b"|".join(re.escape(b) for b in _alternation(f.data for f in self._bforms))
         )
-        self._longest = max(len(f.data) for f in self._bforms)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -286,29 +262,22 @@ class Redactor:
     def longest(self) -> int:
         """The length in bytes of the longest text a secret form matches (0 when none): read
         this much more than you keep and a secret across the cut is masked whole."""
-        return self._longest
+        return max((len(f.data) for f in self._bforms), default=0)
 
     def text(self, value: str) -> str:
-        value = _masked(value, _spans(self._pattern, value), MASK)
-        for pattern, repl in _TEXT_CREDENTIALS:
-            value = pattern.sub(repl, value)
-        return value
+        return _masked(value, _spans(self._pattern, value), MASK, _TEXT_CREDENTIALS)
 
-    def bytes(self, value: builtins.bytes) -> builtins.bytes:
-        return self._redact_bytes(value)
-
-    def _redact_bytes(
+    def bytes(
         self, value: builtins.bytes, *, cut_start: bool = False, cut_end: bool = False
     ) -> builtins.bytes:
+        """``cut_start`` (``cut_end``): ``value`` was read from a longer text that may go on
+        before (after) it, so a piece of a secret it starts (ends) with is masked too."""
         spans = _spans(self._bpattern, value)
-        if cut_start and (piece := max((f.cut_at_start(value) for f in self._bforms), default=0)):
+        if cut_start and (piece := _cut_piece(self._bforms, value)):
             spans.append((0, piece))
-        if cut_end and (piece := max((f.cut_at_end(value) for f in self._bforms), default=0)):
+        if cut_end and (piece := _cut_piece(self._bforms, value[::-1], at_end=True)):
             spans.append((len(value) - piece, len(value)))
-        value = _masked(value, spans, _BMASK)
-        for pattern, repl in _BYTES_CREDENTIALS:
-            value = pattern.sub(repl, value)
-        return value
+        return _masked(value, spans, _BMASK, _BYTES_CREDENTIALS)
 
     def deep(self, value: object) -> object:
         """Redact strings inside nested dicts, lists and tuples (log events, markers)."""
@@ -323,15 +292,12 @@ class Redactor:
     # --- redact, then shorten --------------------------------------------------------------
 
     def keep_last(self, text: str, limit: int) -> str:
-        """The last ``limit`` characters of the redacted ``text``."""
         return self.text(text)[-limit:] if limit > 0 else ""
 
     def keep_first(self, text: str, limit: int) -> str:
-        """The first ``limit`` characters of the redacted ``text``."""
         return self.text(text)[:limit] if limit > 0 else ""
 
     def keep_last_bytes(self, data: builtins.bytes, limit: int) -> builtins.bytes:
-        """The last ``limit`` bytes of the redacted ``data``."""
         return self.bytes(data)[-limit:] if limit > 0 else b""
 
     def line(self, text: str, limit: int) -> str:
@@ -343,19 +309,13 @@ class Redactor:
         return self.text(" ".join(self.text(text).split()))[:limit]
 
     def tail_of(self, path: Path, limit: int) -> builtins.bytes:
-        """The redacted last ``limit`` bytes of the file at ``path``.
-
-        Seeks instead of reading the file. Reads ``limit + longest`` bytes, so a secret across
-        the kept window's start is masked whole before the cut; a piece of a secret that the
-        read window cut at its start, or one still being written at the file's end, is masked
-        too. Raises ``OSError`` when the file cannot be read.
-        """
+        """The redacted last ``limit`` bytes of the file at ``path`` (seeking, not reading it
+        all; see the module for the window). Raises ``OSError`` when it cannot be read."""
         if limit <= 0:
             return b""
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            start = max(0, size - (limit + self._longest))
+            start = max(0, size - (limit + self.longest))
             f.seek(start)
             window = f.read(size - start)
-        redacted = self._redact_bytes(window, cut_start=start > 0, cut_end=True)
-        return redacted[-limit:]
+        return self.bytes(window, cut_start=start > 0, cut_end=True)[-limit:]

@@ -73,11 +73,8 @@ class WorkerExit:
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
-    """The last ``limit`` bytes of the file at ``path`` (all of it when shorter).
-
-    Seeks to the end instead of reading the file, so the cost does not grow with the
-    console. Raises ``OSError`` when the file cannot be opened.
-    """
+    """The last ``limit`` bytes of the file at ``path``; seeks, so the cost does not grow
+    with the console. Raises ``OSError`` when the file cannot be opened."""
     if limit <= 0:
         return b""
     with open(path, "rb") as f:
@@ -113,20 +110,17 @@ def supervise(
     appended to the console. After the leader exits, descendants get ``drain_timeout_s`` to
     release the pipe; then the whole group is killed.
 
-    ``on_group`` (keep it trivial) is called with the worker's process-group id once the
-    worker is started, and with ``None`` before that id can stop naming the worker's group
-    (before the leader is reaped): what a watchdog may ``killpg`` in the meantime.
+    ``on_group`` (keep it trivial) gets the worker's process-group id once it is started,
+    and ``None`` before the leader is reaped (when the id could stop naming the group): what
+    a watchdog may ``killpg`` meanwhile.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
     ``tail_interval_s`` seconds; ticks are skipped while a call is in flight and exceptions
     are logged and swallowed. A call may still be in flight when this returns: a caller
     whose final upload must land last should serialise it with the sink (a shared lock).
 
-    ``name`` says what runs (``"pip"`` for the installer): it names the log events
-    (``<name>.started``) and the process in the cap line.
-
-    Raises ``OSError`` when the worker cannot be started (no such executable, bad ``cwd``)
-    or the console file cannot be created.
+    ``name`` (``"pip"`` for the installer) names the log events and the process in the cap
+    line. Raises ``OSError`` when the worker cannot be started or the console file created.
     """
     if tail_interval_s <= 0:
         raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
@@ -204,7 +198,7 @@ def _wait_and_stop(
 ) -> ExitReason:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group."""
     log = structlog.get_logger()
-    exited, eof = run.watch.exited.is_set, run.pump.eof.is_set
+    exited, eof = run.exited.is_set, run.pump.eof.is_set
     waker.wait_until(lambda: exited() or interrupt.is_set(), deadline.mono_at)
     reason: ExitReason = "exited"
     if not exited():
@@ -319,20 +313,18 @@ def _close_fds(*fds: int) -> None:
             os.close(fd)
 
 
-class _LeaderWatch:
-    """A daemon thread that notices the leader's exit without reaping it."""
+def _watch_leader(pid: int, waker: _Waker) -> threading.Event:
+    """An event a daemon thread sets when the leader exits, without reaping it."""
+    exited = threading.Event()
 
-    def __init__(self, pid: int, waker: _Waker) -> None:
-        self.exited = threading.Event()
-        self._pid = pid
-        self._waker = waker
-        threading.Thread(target=self._watch, name=f"worker-watch-{pid}", daemon=True).start()
-
-    def _watch(self) -> None:
+    def watch() -> None:
         with contextlib.suppress(ChildProcessError):  # reaped by someone else: gone anyway
-            os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOWAIT)
-        self.exited.set()
-        self._waker.wake()
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        exited.set()
+        waker.wake()
+
+    threading.Thread(target=watch, name=f"worker-watch-{pid}", daemon=True).start()
+    return exited
 
 
 class _Pump:
@@ -356,17 +348,17 @@ class _Pump:
         self._thread = threading.Thread(target=self._run, name=f"{name}-pump", daemon=True)
         self._thread.start()
 
-    def finish(self) -> bool:
-        """Stop pumping (what is in the pipe already is copied first); True once it ended."""
-        if not self.finished:
-            self._stop.wake()
-            self._thread.join(os_timeout(_JOIN_S))
-            if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
-                structlog.get_logger().error(f"{self.name}.pump_stuck")
-                return False
-            self.finished = True
-            os.close(self._pipe_fd)
-        return True
+    def finish(self) -> None:
+        """Stop pumping (what the pipe holds is copied first); sets ``finished`` once ended."""
+        if self.finished:
+            return
+        self._stop.wake()
+        self._thread.join(os_timeout(_JOIN_S))
+        if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
+            structlog.get_logger().error(f"{self.name}.pump_stuck")
+            return
+        self.finished = True
+        os.close(self._pipe_fd)
 
     def _run(self) -> None:
         view = memoryview(bytearray(_CHUNK))
@@ -444,11 +436,9 @@ class _Run:
             os.close(w)  # only the worker's group holds the write end: its exit means EOF
         self.pid = self.proc.pid
         self._on_group: Callable[[int | None], None] | None = None
-        self.console_fd = console_fd
-        self.out_fd = out_fd
         try:
             self.pump = _Pump(r, out_fd, console_fd, waker, name)
-            self.watch = _LeaderWatch(self.pid, waker)
+            self.exited = _watch_leader(self.pid, waker)
             self._on_group = on_group
             if on_group is not None:
                 on_group(self.pid)
@@ -456,12 +446,12 @@ class _Run:
             self.close()
             raise
 
-    def reap(self, timeout: float | None = None) -> int:
+    def reap(self, timeout: float | None = None) -> None:
         """Wait for the leader and collect its status (the caller forgets the group first)."""
         on_group, self._on_group = self._on_group, None
         if on_group is not None:
             on_group(None)
-        return self.proc.wait(None if timeout is None else os_timeout(timeout))
+        self.proc.wait(None if timeout is None else os_timeout(timeout))
 
     def close(self) -> None:
         """Make sure the group is dead and the leader reaped (also when unwinding)."""
@@ -495,8 +485,8 @@ def _start_ticks(
 
 
 def _wait_event(event: threading.Event, seconds: float) -> bool:
-    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): the OS is only ever
-    asked for waits it accepts, and a wait cut short by that bound simply waits again."""
+    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): longer than the OS
+    accepts simply waits again."""
     end = time.monotonic() + seconds
     while not event.wait(os_timeout(end - time.monotonic())):
         if time.monotonic() >= end:
@@ -518,12 +508,10 @@ def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of group ``pgid``, from /proc; empty when unknowable."""
     members = []
     try:
-        names = os.listdir("/proc")
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
     for name in names:
-        if not name.isdigit():
-            continue
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()

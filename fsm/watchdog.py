@@ -22,7 +22,6 @@ from collections.abc import Callable
 import structlog
 
 from fsm import marker, outcome, rules
-from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.context import Context, Failure
 
@@ -111,27 +110,10 @@ class Watchdog:
             state=where,
         )
         record = outcome.record(ctx, failure, watchdog=True)
-        bound = Deadline.after(MARKER_BOUND_S)
-        payload = ctx.payload
         writer = threading.Thread(
-            target=ctx.publisher.publish,
-            args=(record,),
-            kwargs={
-                "dest": ctx.dest,
-                "store": ctx.store_until(bound, stop_on_signal=False),
-                "result_file": (
-                    marker.result_path(ctx.settings.payload_path, ctx.dest) if payload else None
-                ),
-                "ident": marker.identity(
-                    ctx.dest, run_id=payload.run_id if payload else None,
-                    mode=payload.mode if payload else "",
-                ),
-                "scratch_dir": ctx.scratch,
-                "budget": Budget(bound),
-                "fence": ctx.fence,
-                "tries": 3,
-                "base_delay_s": 0.5,
-            },
+            target=outcome.publish,
+            args=(ctx, record, Deadline.after(MARKER_BOUND_S)),
+            kwargs={"tries": 3, "base_delay_s": 0.5},
             name="flash-watchdog-marker",
             daemon=True,
         )

@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -84,7 +85,7 @@ _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 _configured: Accelerator | None = None
-_configure_lock = threading.Lock()
+_frozen_lock = threading.Lock()
 
 
 # --- fast transfer -------------------------------------------------------------------------
@@ -96,14 +97,6 @@ def _hub_major() -> int | None:
         return int(importlib.metadata.version("huggingface_hub").split(".")[0])
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True) -> str:
@@ -125,30 +118,25 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
     environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     major = _hub_major()
     accelerator: Accelerator = "none"
-    if major == 0:
-        if accelerate and _installed("hf_transfer"):
-            environ["HF_HUB_ENABLE_HF_TRANSFER"] = "1"
-            accelerator = "hf_transfer"
-        else:
-            environ["HF_HUB_ENABLE_HF_TRANSFER"] = "0"
-    elif major is not None:
-        environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
-        if accelerate and _installed("hf_xet") and not _truthy(environ.get("HF_HUB_DISABLE_XET")):
-            environ["HF_XET_HIGH_PERFORMANCE"] = "1"
-            accelerator = "hf_xet"
-        else:
-            environ["HF_XET_HIGH_PERFORMANCE"] = "0"
     frozen = "huggingface_hub.constants" in sys.modules
-    if frozen and environ is os.environ:
-        # Too late for the environment to count: set the frozen setting too. Both are
-        # read from the constants module at call time.
-        constants = sys.modules["huggingface_hub.constants"]
-        if hasattr(constants, "HF_HUB_ENABLE_HF_TRANSFER") and major == 0:
-            setattr(constants, "HF_HUB_ENABLE_HF_TRANSFER", accelerator == "hf_transfer")  # noqa: B010
-        if hasattr(constants, "HF_XET_HIGH_PERFORMANCE") and major not in (0, None):
-            setattr(constants, "HF_XET_HIGH_PERFORMANCE", accelerator == "hf_xet")  # noqa: B010
-    with _configure_lock:
-        _configured = accelerator
+    if major is not None:
+        candidate: Accelerator
+        if major == 0:
+            switch, candidate, allowed = "HF_HUB_ENABLE_HF_TRANSFER", "hf_transfer", True
+        else:
+            environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
+            disabled = environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
+            switch, candidate = "HF_XET_HIGH_PERFORMANCE", "hf_xet"
+            allowed = disabled not in ("1", "true", "yes", "on")
+        on = accelerate and allowed and importlib.util.find_spec(candidate) is not None
+        environ[switch] = "1" if on else "0"
+        accelerator = candidate if on else "none"
+        constants = sys.modules.get("huggingface_hub.constants")
+        if environ is os.environ and hasattr(constants, switch):
+            # Too late for the environment to count: set the frozen setting too (it is
+            # read from the constants module at call time).
+            setattr(constants, switch, on)
+    _configured = accelerator
     log.info(
         "store.transfer_accelerator",
         accelerator=accelerator,
@@ -158,40 +146,34 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
     return accelerator
 
 
-#: Settings prefixes of huggingface_hub that an adapter's environment decides.
-_SETTING_PREFIXES = ("HF_HUB_", "HF_XET_")
-#: Settings configure_transfer owns, whatever an environment says.
-_OWN_SETTINGS = frozenset({"HF_HUB_DISABLE_TELEMETRY"})
+def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The settings of ``environ`` that are the hub's to decide (the rest, secrets
+    included, is not ours; telemetry stays configure_transfer's)."""
+    major = _hub_major()
+    return {
+        key: value
+        for key, value in (environ or {}).items()
+        if key.startswith(("HF_HUB_", "HF_XET_"))
+        and key != "HF_HUB_DISABLE_TELEMETRY"
+        and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
+    }
+
+
 _frozen_reported: set[str] = set()
 
 
-def _ensure_configured(environ: Mapping[str, str] | None = None) -> None:
-    """Transfer configured, and the hub settings of ``environ`` in the process environment.
-
-    Must run before ``huggingface_hub`` is first imported for the settings to count; a
-    differing setting found after that import is logged (by name) once per process.
-    """
-    with _configure_lock:
-        done = _configured is not None
-    if not done:
+def _ensure_configured(settings: Mapping[str, str]) -> None:
+    """Transfer configured, and ``settings`` in the process environment: before the hub's
+    first import they count, after it a differing one is logged (by name) once."""
+    if _configured is None:
         configure_transfer(os.environ)
-    if environ is None or environ is os.environ:
-        return
-    major = _hub_major()
-    wanted = {
-        key: value
-        for key, value in environ.items()
-        if key.startswith(_SETTING_PREFIXES)
-        and key not in _OWN_SETTINGS
-        and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
-        and os.environ.get(key) != value
-    }
+    wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value}
     if not wanted:
         return
     if "huggingface_hub.constants" not in sys.modules:
         os.environ.update(wanted)
         return
-    with _configure_lock:
+    with _frozen_lock:
         late = sorted(set(wanted) - _frozen_reported)
         _frozen_reported.update(late)
     if late:
@@ -248,13 +230,9 @@ def _response_of(exc: BaseException) -> object | None:
         return None
 
 
-def _status_of(exc: BaseException) -> int | None:
-    status = getattr(_response_of(exc), "status_code", None)
-    return status if isinstance(status, int) and not isinstance(status, bool) else None
-
-
-def _retry_after_of(exc: BaseException) -> float | None:
-    headers = getattr(_response_of(exc), "headers", None)
+def _retry_after(response: object) -> float | None:
+    """The wait a ``Retry-After`` header asks for (seconds or an HTTP date), if any."""
+    headers = getattr(response, "headers", None)
     try:
         value: object = headers.get("Retry-After") if headers is not None else None
     except Exception:
@@ -288,8 +266,9 @@ def classify(exc: BaseException) -> _Failure:
     """How a store call failed, from the exception and its cause chain."""
     chain = list(_chain(exc))
     for current in chain:
-        status = _status_of(current)
-        if status is None:
+        response = _response_of(current)
+        status = getattr(response, "status_code", None)
+        if not isinstance(status, int) or isinstance(status, bool):
             continue
         reason = f"HTTP {status}"
         if status in (401, 403):
@@ -297,7 +276,7 @@ def classify(exc: BaseException) -> _Failure:
         if status == 404:
             return _Failure("not_found", reason, status)
         if status in (408, 429) or status >= 500:
-            return _Failure("retriable", reason, status, _retry_after_of(current))
+            return _Failure("retriable", reason, status, _retry_after(response))
         return _Failure("rejected", reason, status)
     for current in chain:
         if _is_transport(current):
@@ -308,10 +287,6 @@ def classify(exc: BaseException) -> _Failure:
 # --- bounded calls -------------------------------------------------------------------------
 
 
-class _Abandoned(Exception):
-    """A call still running when its bound ran out."""
-
-
 class _Transient(Exception):
     """A failure worth another try (a timeout, a connection error, 408/429/5xx)."""
 
@@ -320,24 +295,12 @@ class _Transient(Exception):
         self.failure = failure
 
 
-class _Missing(Exception):
-    """The store answered 404."""
-
-
 class _Conflict(Exception):
     """The store answered 412: the branch head is no longer the commit's parent."""
 
 
 class _Sealed(Exception):
     """The fence of an optional commit was sealed before a try."""
-
-
-def _run_bounded(fn: Callable[[], _T], seconds: float, name: str) -> _T:
-    """Run ``fn`` in a daemon thread; its result, its exception, or :class:`_Abandoned`."""
-    call = Background(fn, name)
-    if not call.done.wait(os_timeout(seconds)):
-        raise _Abandoned
-    return call.result()
 
 
 # --- the adapter ---------------------------------------------------------------------------
@@ -382,11 +345,7 @@ class HubStore:
         self.max_attempts = max_attempts
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
-        # Only the hub settings are kept: the rest of an environment (secrets) is not ours.
-        self._settings: dict[str, str] | None = (
-            None if environ is None
-            else {k: v for k, v in environ.items() if k.startswith(_SETTING_PREFIXES)}
-        )
+        self._settings = _hub_settings(environ)
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -415,47 +374,44 @@ class HubStore:
         bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
         op = "upload" if len(items) == 1 else "commit"
         label = items[0][0] if len(items) == 1 else f"{items[0][0]} and {len(items) - 1} more"
+        missing = f"repo {self.repo_id} not found"
 
-        def push(parent: str | None) -> Callable[[], None]:
-            def create() -> None:
-                from huggingface_hub import CommitOperationAdd
+        def create(parent: str | None) -> None:
+            from huggingface_hub import CommitOperationAdd
 
-                api.create_commit(
-                    repo_id=self.repo_id,
-                    repo_type="dataset",
-                    # Fresh operations on every try: the library refuses to reuse one.
-                    operations=[
-                        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
-                        for path, local in items
-                    ],
-                    commit_message=message,
-                    token=self._token,
-                    parent_commit=parent,
-                )
+            api.create_commit(
+                repo_id=self.repo_id,
+                repo_type="dataset",
+                # Fresh operations on every try: the library refuses to reuse one.
+                operations=[
+                    CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+                    for path, local in items
+                ],
+                commit_message=message,
+                token=self._token,
+                parent_commit=parent,
+            )
 
-            return create
-
+        if fence is None:
+            self._call(op, label, partial(create, None), bound, missing=missing)
+            return True
         try:
-            if fence is None:
-                self._call(op, label, push(None), bound)
-                return True
             for _ in range(2):
-                head = self._head(api, label, fence)
+                head, _files = self._repo_info(api, "head", label, self.repo_id, "dataset", fence)
+                if head is None:
+                    raise StoreUnavailable(f"store head {label}: the store named no head commit")
                 # Checked after the head was read: a seal after this check comes before the
                 # marker, and the marker moves the head away from ``head``.
                 if fence.sealed:
                     return False
                 try:
-                    self._call(op, label, push(head), bound, fence=fence, conflict=True)
+                    self._call(op, label, partial(create, head), bound,
+                               fence=fence, conflict=True, missing=missing)
                     return True
                 except _Conflict:
                     log.warning("store.commit_conflict", op=op, path=label, parent=head)
         except _Sealed:
             return False
-        except _Missing:
-            raise StoreNotFound(
-                f"store {op} {label}: repo {self.repo_id} not found"
-            ) from None
         raise StoreUnavailable(
             f"store {op} {label}: HTTP 412 twice: the repo moved under an optional commit"
         )
@@ -473,7 +429,7 @@ class HubStore:
 
         try:
             return self._call("exists", path_in_repo, head, self.call_timeout_s)
-        except _Missing:
+        except StoreNotFound:
             return False
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
@@ -490,10 +446,7 @@ class HubStore:
                 endpoint=self.endpoint,
             )
 
-        try:
-            return Path(self._call("download", path_in_repo, download, self.transfer_timeout_s))
-        except _Missing:
-            raise StoreNotFound(f"store download {path_in_repo}: not found") from None
+        return Path(self._call("download", path_in_repo, download, self.transfer_timeout_s))
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
         api = self._api()
@@ -501,10 +454,7 @@ class HubStore:
 
         folder = folder.strip("/")
         label = f"{folder}/"
-        try:
-            sha, files = self._listing(api, self.repo_id, "dataset", label)
-        except _Missing:
-            raise StoreNotFound(f"store fetch {label}: repo {self.repo_id} not found") from None
+        sha, files = self._repo_info(api, "list", label, self.repo_id, "dataset")
         wanted = [f for f in files if f.startswith(label)]
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
@@ -520,10 +470,7 @@ class HubStore:
                 endpoint=self.endpoint,
             )
 
-        try:
-            self._call("fetch", label, fetch, self.transfer_timeout_s)
-        except _Missing:
-            raise StoreNotFound(f"store fetch {label}: not found") from None
+        self._call("fetch", label, fetch, self.transfer_timeout_s)
         missing = [f for f in wanted if not (local_root / f).is_file()]
         if missing:
             # The hub returns an existing local_dir as is when it cannot reach the store.
@@ -539,44 +486,30 @@ class HubStore:
         patterns = list(ignore_patterns)
         label = f"model {repo_id}"
 
+        def snapshot(*, local_files_only: bool = False, endpoint: str | None = None) -> str:
+            return snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=patterns,
+                                     token=self._token, local_files_only=local_files_only,
+                                     endpoint=endpoint)
+
         def probe() -> str | None:
             try:
-                return snapshot_download(
-                    repo_id,
-                    cache_dir=str(cache_dir),
-                    ignore_patterns=patterns,
-                    local_files_only=True,
-                    token=self._token,
-                )
+                return snapshot(local_files_only=True)
             except Exception as exc:  # not (completely) in the cache
                 if classify(exc).kind in ("retriable", "auth", "rejected"):
                     raise
                 return None
 
-        snapshot = self._call("probe", label, probe, self.call_timeout_s)
-        if snapshot is not None and (_hub_major() or 0) >= 1:
+        snapshot_dir = self._call("probe", label, probe, self.call_timeout_s)
+        if snapshot_dir is not None and (_hub_major() or 0) >= 1:
             return "cached"  # 1.x/2.x checked the snapshot against its cached tree listing
-        try:
-            if snapshot is not None:
-                # 0.x returns any snapshot folder, even one an interrupted download left
-                # half-filled: compare it with the repo's listing.
-                _sha, files = self._listing(api, repo_id, "model", label)
-                kept = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
-                if all((Path(snapshot) / f).exists() for f in kept):
-                    return "cached"
-
-            def download() -> str:
-                return snapshot_download(
-                    repo_id,
-                    cache_dir=str(cache_dir),
-                    ignore_patterns=patterns,
-                    token=self._token,
-                    endpoint=self.endpoint,
-                )
-
-            self._call("warm", label, download, self.transfer_timeout_s)
-        except _Missing:
-            raise StoreNotFound(f"store warm {label}: not found") from None
+        if snapshot_dir is not None:
+            # 0.x returns any snapshot folder, even one an interrupted download left
+            # half-filled: compare it with the repo's listing.
+            _sha, files = self._repo_info(api, "list", label, repo_id, "model")
+            kept = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+            if all((Path(snapshot_dir) / f).exists() for f in kept):
+                return "cached"
+        self._call("warm", label, lambda: snapshot(endpoint=self.endpoint), self.transfer_timeout_s)
         return "downloaded"
 
     # --- internals ------------------------------------------------------------------------
@@ -587,27 +520,19 @@ class HubStore:
 
         return HfApi(endpoint=self.endpoint, token=self._token)
 
-    def _listing(
-        self, api: HfApi, repo_id: str, repo_type: str, label: str
+    def _repo_info(
+        self, api: HfApi, op: str, label: str, repo_id: str, repo_type: str,
+        fence: Fence | None = None,
     ) -> tuple[str | None, list[str]]:
+        """A repo's head commit and files (bounded, retried; a 404 is StoreNotFound)."""
+
         def info() -> tuple[str | None, list[str]]:
             got = api.repo_info(repo_id, repo_type=repo_type, token=self._token)
             siblings = getattr(got, "siblings", None) or []
-            return got.sha, [str(s.rfilename) for s in siblings]
+            return (str(got.sha) if got.sha else None), [str(s.rfilename) for s in siblings]
 
-        return self._call("list", label, info, self.call_timeout_s)
-
-    def _head(self, api: HfApi, label: str, fence: Fence | None) -> str:
-        """The id of the dataset repo's current head commit (bounded, retried)."""
-
-        def info() -> str | None:
-            sha = api.repo_info(self.repo_id, repo_type="dataset", token=self._token).sha
-            return str(sha) if sha else None
-
-        head = self._call("head", label, info, self.call_timeout_s, fence=fence)
-        if head is None:
-            raise StoreUnavailable(f"store head {label}: the store named no head commit")
-        return head
+        return self._call(op, label, info, self.call_timeout_s, fence=fence,
+                          missing=f"repo {repo_id} not found")
 
     def _call(
         self,
@@ -618,8 +543,9 @@ class HubStore:
         *,
         fence: Fence | None = None,
         conflict: bool = False,
+        missing: str = "not found",
     ) -> _T:
-        """``fn()`` bounded, retried and classified; raises :class:`_Missing` on a 404.
+        """``fn()`` bounded, retried and classified; a 404 is StoreNotFound(``missing``).
 
         With ``fence``: :class:`_Sealed` instead of a try once it is sealed. With
         ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection).
@@ -633,14 +559,15 @@ class HubStore:
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
             bound = min(bound_s, remaining)
-            try:
-                return _run_bounded(fn, bound, f"hub-{op}")
-            except _Abandoned:
+            call = Background(fn, f"hub-{op}")
+            if not call.done.wait(os_timeout(bound)):  # abandoned: it runs on, a daemon
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
-                    ) from None
-                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s")) from None
+                    )
+                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s"))
+            try:
+                return call.result()
             except Exception as exc:
                 failure = classify(exc)
                 if failure.kind == "unknown":
@@ -648,7 +575,7 @@ class HubStore:
             if failure.kind == "auth":
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
             if failure.kind == "not_found":
-                raise _Missing(where)
+                raise StoreNotFound(f"{where}: {missing}")
             if failure.kind == "rejected" and conflict and failure.status == 412:
                 raise _Conflict(where)
             if failure.kind == "rejected":
@@ -658,11 +585,14 @@ class HubStore:
         def delay(attempt: int, exc: Exception) -> float | None:
             if not isinstance(exc, _Transient):
                 return None  # classified already: not worth another try
-            wait = self._delay(attempt, exc.failure)
-            if wait is not None:
-                log.warning("store.retry", op=op, path=path, attempt=attempt,
-                            status=exc.failure.status, error=exc.failure.reason,
-                            delay_s=round(wait, 3))
+            asked = exc.failure.retry_after
+            if asked is not None and asked > self.retry_max_s:
+                return None  # the store asks for a longer wait than we would give it
+            wait = asked if asked is not None else backoff(
+                attempt, base_s=self.retry_base_s, max_s=self.retry_max_s)
+            log.warning("store.retry", op=op, path=path, attempt=attempt,
+                        status=exc.failure.status, error=exc.failure.reason,
+                        delay_s=round(wait, 3))
             return wait
 
         try:
@@ -673,22 +603,9 @@ class HubStore:
                 raise last from None
             failure = last.failure
             if gave_up.why == "refused":
-                raise StoreUnavailable(
-                    f"{where}: {failure.reason}, and the store asked to wait "
-                    f"{failure.retry_after:.3g}s"
-                ) from None
-            if gave_up.why in ("deadline", "interrupted"):
-                raise StoreUnavailable(
-                    f"{where}: {failure.reason}; no time left to retry before the attempt deadline"
-                ) from None
-            raise StoreUnavailable(
-                f"{where}: {failure.reason} after {self.max_attempts} attempts"
-            ) from None
-
-    def _delay(self, attempt: int, failure: _Failure) -> float | None:
-        """Seconds to wait before the next try; None when Retry-After asks too much."""
-        if failure.retry_after is not None:
-            if failure.retry_after > self.retry_max_s:
-                return None
-            return failure.retry_after
-        return backoff(attempt, base_s=self.retry_base_s, max_s=self.retry_max_s)
+                detail = f", and the store asked to wait {failure.retry_after:.3g}s"
+            elif gave_up.why in ("deadline", "interrupted"):
+                detail = "; no time left to retry before the attempt deadline"
+            else:
+                detail = f" after {self.max_attempts} attempts"
+            raise StoreUnavailable(f"{where}: {failure.reason}{detail}") from None
