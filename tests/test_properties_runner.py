@@ -401,9 +401,6 @@ class FaultyStore:
         call["landed"] = self.inner.commit(files, message=message, fence=fence)
         return bool(call["landed"])
 
-    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
-
     def exists(self, path_in_repo: str) -> bool:
         call = self._enter("exists", path_in_repo)
         call["result"] = self.inner.exists(path_in_repo)

@@ -80,8 +80,8 @@ def _file(tmp_path: Path, data: bytes) -> Path:
 
 
 def test_uploaded_file_exists_and_downloads_identically(bed: Bed, tmp_path: Path) -> None:
-    """upload_file, then exists() is True and download_file returns the same bytes."""
-    bed.store.upload_file(_file(tmp_path, b"\x00metrics\xff"), "sft/r1/metrics.json")
+    """A one-file commit, then exists() is True and download_file returns the same bytes."""
+    bed.store.commit({"sft/r1/metrics.json": _file(tmp_path, b"\x00metrics\xff")}, message="upload")
     assert bed.store.exists("sft/r1/metrics.json")
     got = bed.store.download_file("sft/r1/metrics.json", tmp_path / "dl")
     assert got == tmp_path / "dl" / "sft" / "r1" / "metrics.json"
@@ -90,8 +90,8 @@ def test_uploaded_file_exists_and_downloads_identically(bed: Bed, tmp_path: Path
 
 def test_upload_replaces_what_was_there(bed: Bed, tmp_path: Path) -> None:
     """A second upload to the same path wins."""
-    bed.store.upload_file(_file(tmp_path, b"one"), "hb.json")
-    bed.store.upload_file(_file(tmp_path, b"two"), "hb.json")
+    bed.store.commit({"hb.json": _file(tmp_path, b"one")}, message="upload")
+    bed.store.commit({"hb.json": _file(tmp_path, b"two")}, message="upload")
     assert bed.store.download_file("hb.json", tmp_path / "dl").read_bytes() == b"two"
 
 
@@ -157,7 +157,7 @@ def test_no_call_runs_past_an_expired_deadline(bed: Bed, tmp_path: Path) -> None
     with pytest.raises(DeadlineExceeded):
         store.download_file("a.json", tmp_path)
     with pytest.raises(DeadlineExceeded):
-        store.upload_file(_file(tmp_path, b"x"), "b.json")
+        store.commit({"b.json": _file(tmp_path, b"x")}, message="upload")
 
 
 def _files(tmp_path: Path, contents: dict[str, bytes]) -> dict[str, Path]:

@@ -45,6 +45,11 @@ def _write(tmp_path: Path, data: bytes = b"{}") -> Path:
     return path
 
 
+def _put(store: HubStore, local: Path, path_in_repo: str) -> bool:
+    """A one-file commit: how the runner writes one artifact."""
+    return store.commit({path_in_repo: local}, message=f"upload {path_in_repo}")
+
+
 def test_upload_survives_transient_503s(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
     events: Events,
@@ -52,7 +57,7 @@ def test_upload_survives_transient_503s(
     """Two 503s on commit are retried with backoff; the file lands; each retry is logged."""
     hub_server.fail("POST", r"/commit/", status=503, times=2)
     store = make_store(hub_server, hub_dataset, hub_token)
-    store.upload_file(_write(tmp_path, b"m"), "run/metrics.json")
+    _put(store, _write(tmp_path, b"m"), "run/metrics.json")
     assert (hub_server.repo_dir(hub_dataset) / "run" / "metrics.json").read_bytes() == b"m"
     assert _commits(hub_server) == [503, 503, 200]
     retries = [e for e in events if e["event"] == "store.retry"]
@@ -68,7 +73,7 @@ def test_persistent_503_raises_store_unavailable_after_bounded_attempts(
     hub_server.fail("POST", r"/commit/", status=503, times=100)
     store = make_store(hub_server, hub_dataset, hub_token, max_attempts=3)
     with pytest.raises(StoreUnavailable) as info:
-        store.upload_file(_write(tmp_path), "run/DONE")
+        _put(store, _write(tmp_path), "run/DONE")
     assert info.value.retriable
     assert "HTTP 503" in str(info.value)
     assert hub_token not in str(info.value)
@@ -82,7 +87,7 @@ def test_other_transient_statuses_are_retried(
 ) -> None:
     """408, 429 and 5xx are retried like 503."""
     hub_server.fail("POST", r"/commit/", status=status, times=1)
-    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     assert _commits(hub_server) == [status, 200]
 
 
@@ -93,7 +98,7 @@ def test_wrong_token_raises_store_auth_error_at_once(
     """401 is fatal and not retried: one request per call, no retry logged."""
     hub_server.add_file(hub_dataset, "a.json", "{}")
     store = make_store(hub_server, hub_dataset, hub_token + "x")
-    for call in (lambda: store.upload_file(_write(tmp_path), "b.json"),
+    for call in (lambda: _put(store, _write(tmp_path), "b.json"),
                  lambda: store.exists("a.json"),
                  lambda: store.download_file("a.json", tmp_path / "dl")):
         hub_server.clear_requests()
@@ -112,7 +117,7 @@ def test_403_raises_store_auth_error_at_once(
     """403 is fatal and not retried."""
     hub_server.fail("*", r"/commit/", status=403, times=5)
     with pytest.raises(StoreAuthError):
-        make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+        _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     assert _commits(hub_server) == [403]
 
 
@@ -123,7 +128,7 @@ def test_exists_answers_false_on_404_and_true_after_upload(
     """A 404 is an answer to exists(), not an error."""
     store = make_store(hub_server, hub_dataset, hub_token)
     assert store.exists("run/DONE") is False
-    store.upload_file(_write(tmp_path), "run/DONE")
+    _put(store, _write(tmp_path), "run/DONE")
     assert store.exists("run/DONE") is True
     assert make_store(hub_server, "flash/no-such-repo", hub_token).exists("run/DONE") is False
 
@@ -148,7 +153,7 @@ def test_hung_commit_is_bounded_by_the_call_timeout(
     store = make_store(hub_server, hub_dataset, hub_token, call_timeout_s=0.3, max_attempts=2)
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="no answer within"):
-        store.upload_file(_write(tmp_path), "run/DONE")
+        _put(store, _write(tmp_path), "run/DONE")
     assert time.monotonic() - started < 2.5
     assert len([r for r in hub_server.requests if "/commit/" in r.path]) == 2
 
@@ -163,7 +168,7 @@ def test_hung_commit_never_waits_past_the_deadline(
                        deadline=Deadline.after(0.8))
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
-        store.upload_file(_write(tmp_path), "run/DONE")
+        _put(store, _write(tmp_path), "run/DONE")
     assert time.monotonic() - started < 1.8
 
 
@@ -183,7 +188,7 @@ def test_retry_after_is_honoured(
 ) -> None:
     """The retry waits at least what Retry-After asked."""
     hub_server.fail("POST", r"/commit/", status=429, times=1, retry_after=0.5)
-    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     first, second = [r for r in hub_server.requests if "/commit/" in r.path]
     assert second.at - first.at >= 0.5
     assert [e["delay_s"] for e in events if e["event"] == "store.retry"] == [0.5]
@@ -197,7 +202,7 @@ def test_retry_after_beyond_the_limit_gives_up_at_once(
     hub_server.fail("POST", r"/commit/", status=503, times=5, retry_after=120)
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="asked to wait"):
-        make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+        _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     assert time.monotonic() - started < 2
     assert _commits(hub_server) == [503]
 
@@ -208,7 +213,7 @@ def test_dropped_connection_is_retried(
 ) -> None:
     """A connection closed without an answer is a transport error: retried."""
     hub_server.drop("POST", r"/commit/", times=1)
-    make_store(hub_server, hub_dataset, hub_token).upload_file(_write(tmp_path), "a.json")
+    _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     assert _commits(hub_server) == [None, 200]
     assert (hub_server.repo_dir(hub_dataset) / "a.json").is_file()
 

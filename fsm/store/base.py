@@ -15,8 +15,8 @@ Failures are raised as the typed errors of ``fsm.errors``:
 
 ``exists`` answers False for a missing path instead of raising.
 
-Writes go up as commits: :meth:`Store.commit` puts several files in the repo together
-(``upload_file`` is a one-file commit). A commit is either *must-land* (no fence: retried
+Writes go up as commits: :meth:`Store.commit` puts one or more files in the repo
+together. A commit is either *must-land* (no fence: retried
 and classified like every call) or *optional* (``fence=`` a :class:`Fence`): an optional
 commit never lands once its fence is sealed, even one already in flight or abandoned
 after a timeout. The runner seals the fence before it writes the attempt marker, so no
@@ -82,17 +82,13 @@ class Store(Protocol):
         """What the worker's environment needs to reach the same store (``FLASH_STORE``)."""
         ...
 
-    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        """Put ``local_path`` at ``path_in_repo``, replacing what was there."""
-        ...
-
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
     ) -> bool:
         """Put every ``files[path_in_repo]`` (a local file) in the repo in one commit.
 
         Returns True when the commit landed. ``fence=None``: a must-land write, bounded,
-        retried and classified like :meth:`upload_file`. With a fence the commit is
+        retried and classified like every call. With a fence the commit is
         optional: False, with nothing written, when the fence is sealed before it lands;
         it never lands after :meth:`Fence.seal` returned, even if it was already in flight.
         The local store makes the files visible in the mapping's order (the last entry

@@ -358,9 +358,6 @@ class HubStore:
     def worker_env(self) -> Mapping[str, str]:
         return {"HF_ENDPOINT": self.endpoint} if self._custom_endpoint else {}
 
-    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
-
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
     ) -> bool:

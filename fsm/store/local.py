@@ -51,9 +51,6 @@ class LocalStore:
 
     # --- the port ---------------------------------------------------------------------
 
-    def upload_file(self, local_path: Path, path_in_repo: str) -> None:
-        self.commit({path_in_repo: local_path}, message=f"Upload {path_in_repo}")
-
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
     ) -> bool:
