@@ -16,7 +16,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 import structlog
@@ -50,12 +49,23 @@ def backoff(attempt: int, *, base_s: float, max_s: float, jitter: bool = True) -
     return wait * random.uniform(0.5, 1.0) if jitter else wait
 
 
-@dataclass(frozen=True)
 class Budget:
-    deadline: Deadline
-    interrupt: InterruptFlag = field(default_factory=InterruptFlag)
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
+    # A plain class, not a dataclass: a dataclass costs its code generation at import, and
+    # every millisecond before the worker starts is paid on every attempt.
+    __slots__ = ("clock", "deadline", "interrupt", "sleep")
+
+    def __init__(
+        self,
+        deadline: Deadline,
+        interrupt: InterruptFlag | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.deadline = deadline
+        self.interrupt = interrupt if interrupt is not None else InterruptFlag()
+        self.clock = clock
+        self.sleep = sleep
 
     def remaining(self) -> float:
         """Seconds left; negative once the deadline passed."""
@@ -66,7 +76,8 @@ class Budget:
 
     def until(self, deadline: Deadline) -> Budget:
         """The same budget, ending at ``deadline`` (or at its own deadline, if earlier)."""
-        return replace(self, deadline=self.deadline.earliest(deadline))
+        return Budget(self.deadline.earliest(deadline), self.interrupt, clock=self.clock,
+                      sleep=self.sleep)
 
     def wait(self, seconds: float) -> bool:
         """Sleep ``seconds``, in slices that watch the flag; True when the whole wait

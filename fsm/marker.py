@@ -22,9 +22,8 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import structlog
 
@@ -89,8 +88,7 @@ def lock_path(payload_path: Path, dest: Destination) -> Path:
     return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.lock"
 
 
-@dataclass(frozen=True)
-class Persisted:
+class Persisted(NamedTuple):
     """A finished attempt's result as persisted next to the payload: its marker and the
     end-of-attempt artifacts that go up in the same commit."""
 
@@ -250,13 +248,13 @@ class AttemptLock:
         self._fd = None
 
 
-@dataclass
 class Published:
     """How publishing went: the marker landed, or why not; where the result is kept."""
 
-    landed: bool = False
-    error: str = ""
-    persisted: Path | None = None
+    def __init__(self) -> None:
+        self.landed = False
+        self.error = ""
+        self.persisted: Path | None = None
 
 
 class Publisher:

@@ -22,7 +22,7 @@ from it (``python -m fsm policy``) and a test proves it current.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fsm import rules
 from fsm.errors import (
@@ -46,8 +46,7 @@ AUTH_STATUSES: tuple[int, ...] = (401, 403)
 UNAVAILABLE_STATUSES: tuple[int, ...] = (408, 429, *range(500, 600))
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """What a rule claims besides the typed errors that name it."""
 
     #: exception types this rule claims (in the states where it applies)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -206,7 +205,7 @@ def foreign_rules(draw: st.DrawFn) -> rules.Rule:
         exit_status=st.integers(0, 255),
     )
     altered = st.sampled_from(policy.RULES).map(
-        lambda r: dataclasses.replace(r, what=r.what + " (altered)")
+        lambda r: r._replace(what=r.what + " (altered)")
     )
     r = draw(made_up | altered | st.just(rules.SUCCESS))
     assume(r not in policy.RULES)
