@@ -1,7 +1,9 @@
-"""The one place an attempt's marker record is built from what the attempt learned.
+"""The one place an attempt's marker record is built from what the attempt learned, and
+the one way it is published.
 
-Mark builds the record of the attempt's outcome here, and so does the deadline watchdog
-when the main thread is stuck; both hand it to ``fsm.marker.Publisher``.
+Mark builds and publishes the record of the attempt's outcome here, and so does the
+deadline watchdog when the main thread is stuck (the driver's salvage of a failed Mark
+persists through the same helpers).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ log = structlog.get_logger("fsm.outcome")
 def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> Persisted:
     """The marker (CONTRACT section 4, with evidence) and the artifacts that go with it."""
     assert ctx.dest is not None, "a record needs the destination"
-    working = [state for state in ctx.path if state != "Mark"]
+    working = [state for state in ctx.path if state != table.MARK]
     evidence: dict[str, Any] = {
         # where the attempt's fate was decided: the failing state, or the last one of work
         "state": failure.state if failure else (working[-1] if working else None),
@@ -62,7 +64,7 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
     if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
         return
     if ctx.mark_deadline.remaining() < TAIL_MIN_LEFT_S:
-        ctx.evidence["console_dropped"] = "no time left before the marker"
+        log.warning("console.tail_dropped", reason="no time left before the marker")
         return
     try:
         # Redacted before the cut: a secret straddling the tail's start is masked whole.
