@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote, quote_plus
 
 import pytest
 import structlog
@@ -277,3 +279,37 @@ def make_store(server: LocalHubServer, repo: str, token: str, **kw: Any) -> HubS
     options.update(kw)
     deadline = options.pop("deadline", Deadline.after(60))
     return HubStore(repo, token=token, deadline=deadline, endpoint=server.url, **options)
+
+
+# --- how a secret gets printed (the redaction tests look for every form) -----------------
+
+
+def _other_quote_style(secret: str) -> str:
+    """The inside of ``repr(secret)`` had it been written between the other quotes."""
+    written = repr(secret)
+    quote_char, other = written[0], "'" if written[0] == '"' else '"'
+
+    def swap(match: re.Match[str]) -> str:
+        if match.group(1) is not None:  # an escape pair: unescape the quote, keep the rest
+            return quote_char if match.group(1) == "\\" + quote_char else match.group(1)
+        return "\\" + other
+
+    return re.sub(r"(\\.)|" + re.escape(other), swap, written[1:-1], flags=re.DOTALL)
+
+
+def printed_forms(secret: str) -> list[str]:
+    """How a secret gets printed: as is, URL-quoted three ways, JSON-escaped (ASCII or not),
+    backslash-escaped (both quote styles), whitespace-collapsed. Forms shorter than 4
+    characters are left out: values that short are never masked, by design."""
+    forms = {
+        secret,
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        _other_quote_style(secret),
+        " ".join(secret.split()),
+    }
+    return sorted((f for f in forms if len(f) >= 4), key=len)

@@ -11,10 +11,9 @@ like any program's; that stream is the worker's, not the runner's, and is not ch
 from __future__ import annotations
 
 import json
-from urllib.parse import quote, quote_plus
 
 import pytest
-from conftest import Layout
+from conftest import Layout, printed_forms
 
 TAIL = 64_000
 TOKEN = "hf_SeCrEt_tail_boundary_token_0123456789abcdef"
@@ -22,21 +21,9 @@ PASSWORD = 'p@ss/w"rd!%&+ =?#x9Z-with-url-specials'
 PEM = "-----BEGIN KEY-----\nMIIEpAIBAAKCAQEA0Z3VS5JJcds3\n  xfn/ygWep4PAtGoRBh\n-----END KEY-----"
 
 
-def _forms(secret: str) -> set[str]:
-    return {
-        secret,
-        quote(secret, safe=""),
-        quote(secret),
-        quote_plus(secret),
-        json.dumps(secret)[1:-1],
-        json.dumps(secret, ensure_ascii=False)[1:-1],
-        repr(secret)[1:-1],
-        " ".join(secret.split()),
-    }
-
-
 def _fragments(secret: str, size: int = 10) -> set[str]:
-    return {form[i : i + size] for form in _forms(secret) for i in range(len(form) - size + 1)}
+    forms = printed_forms(secret)
+    return {form[i : i + size] for form in forms for i in range(len(form) - size + 1)}
 
 
 def _leaks(data: bytes, secrets: list[str]) -> list[str]:
