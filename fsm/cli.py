@@ -32,7 +32,7 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
 #: The demo's scenarios (fsm.demo.SCENARIOS; a test keeps the two in step). Named here so
 #: that ``run`` does not pay for importing the demo.
 DEMO_SCENARIOS = (
-    "crash", "crash-after-done", "deadline", "heartbeat-retriable", "preload",
+    "crash", "crash-after-done", "deadline", "gpu-fault", "heartbeat-retriable", "preload",
     "spilled-spec", "success", "upload-lost",
 )
 

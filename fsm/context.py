@@ -26,6 +26,7 @@ from fsm.rules import Rule
 from fsm.store.base import Fence, Store
 
 if TYPE_CHECKING:
+    from fsm.host import HostProbe
     from fsm.supervise import WorkerExit
 
 StoreFactory = Callable[[Destination, Budget, Mapping[str, str]], Store]
@@ -147,6 +148,8 @@ class Context:
     store: Store | None = None
     worker_env: dict[str, str] | None = None
     worker_result: WorkerExit | None = None
+    #: ``nvidia-smi``'s answer, asked for once the attempt is owned (LoadPayload)
+    host: HostProbe | None = None
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
     failure: Failure | None = None

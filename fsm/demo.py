@@ -34,6 +34,10 @@ SCENARIOS: dict[str, Scenario] = {
     "upload-lost": Scenario(
         "the worker wrote metrics.json locally but its upload never landed", "FailedRetriable"
     ),
+    "gpu-fault": Scenario(
+        "the worker dies of an uncorrectable ECC error: a bad host, retried on a fresh one",
+        "FailedRetriable",
+    ),
     "heartbeat-retriable": Scenario(
         "the worker's own heartbeat judges its failure retriable", "FailedRetriable"
     ),

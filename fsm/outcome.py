@@ -17,6 +17,7 @@ from fsm import marker, rules, table
 from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.context import Context, Failure
+from fsm.host import PROBE_S
 from fsm.marker import Persisted
 from fsm.store.base import Store
 
@@ -34,9 +35,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
         "run_id": ctx.evidence.get("run_id"),
     }
-    for key in ("worker", "preload"):
+    for key in ("worker", "preload", "host_fault", "job_fault"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
+    host = _host_facts(ctx, wait=not watchdog)
+    if host is not None:
+        evidence["host"] = host
     if watchdog:
         evidence["watchdog"] = True
     built = marker.build(
@@ -48,6 +52,15 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence=evidence,
     )
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts))
+
+
+def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:
+    """The ``host`` evidence: ``nvidia-smi``'s answer, waited for within its own bound
+    (at most ``PROBE_S`` after LoadPayload asked) unless ``wait`` is False."""
+    if ctx.host is None:
+        return None
+    facts = ctx.host.facts(ctx.mark_deadline.bound(PROBE_S) if wait else 0.0)
+    return facts.evidence() if facts is not None else None
 
 
 #: The console tail rides with the marker only when at least this much of the marker's

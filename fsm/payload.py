@@ -70,6 +70,7 @@ class Payload:
     models: tuple[str, ...] = ()
     cache_mount_marker: str | None = None
     cache_block_device: bool = False
+    expect_gpus: int | None = None
 
 
 def read_raw(path: Path) -> dict[str, Any]:
@@ -144,7 +145,12 @@ def parse(raw: Mapping[str, Any]) -> Payload:
         "run_id": _opt(raw, "run_id", str, None),
         "cache_mount_marker": _opt(raw, "cache_mount_marker", str, None) or None,
         "cache_block_device": _opt(raw, "cache_block_device", bool, False),
+        "expect_gpus": _opt(raw, "expect_gpus", int, None),
     }
+    if common["expect_gpus"] is not None and common["expect_gpus"] < 1:
+        raise PayloadError(
+            f"payload key 'expect_gpus' must be at least 1, got {common['expect_gpus']}"
+        )
     if mode == "preload":
         models = _str_list(raw, "models")
         if not models:

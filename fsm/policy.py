@@ -22,6 +22,8 @@ from it (``python -m fsm policy``) and a test proves it current.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import NamedTuple
 
 from fsm import rules
@@ -55,6 +57,169 @@ class Claim(NamedTuple):
     statuses: tuple[int, ...] = ()
     #: names of the pip output signatures (``fsm.pip.NETWORK_SIGNATURES``) behind the rule
     signatures: tuple[str, ...] = ()
+    #: ids of the worker console signatures (``CONSOLE_SIGNATURES``) behind the rule
+    console: tuple[str, ...] = ()
+
+
+# --- the worker's console: host faults and the job's own faults -----------------------
+
+
+class Signature(NamedTuple):
+    """A line of a failed worker's console that says who is at fault."""
+
+    id: str
+    #: ``gpu``, ``driver`` or ``interconnect`` for the host's faults; ``job`` for the job's
+    family: str
+    pattern: str
+    meaning: str
+    #: True: the host is at fault (``worker-host-fault``, retried on a fresh host);
+    #: False: the job is, and fails on any host (``worker-failed``)
+    retriable: bool
+
+
+def _job(sig_id: str, pattern: str, meaning: str) -> Signature:
+    return Signature(sig_id, "job", pattern, meaning, False)
+
+
+def _host(sig_id: str, family: str, pattern: str, meaning: str) -> Signature:
+    return Signature(sig_id, family, pattern, meaning, True)
+
+
+#: NVIDIA Xid codes of hardware, driver-firmware or fabric faults; the application Xids
+#: (13, 31, 43, 45: a kernel's own exception, page fault, stop, preemption) are not here.
+HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+#: Matched (case-insensitively) against a failed worker's console. The job's rows come
+#: first and win: a job fault anywhere in the examined lines makes the console's verdict
+#: fatal, whatever host rows match too (one rank's CUDA OOM makes the others report NCCL
+#: errors). Among host rows the last matching line decides.
+CONSOLE_SIGNATURES: tuple[Signature, ...] = (
+    _job("cuda-oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
+         "the job asked its GPU for more memory than it has"),
+    _job("device-side-assert", r"device-side assert(?:ion)? triggered",
+         "a CUDA kernel's assertion failed (bad indices or labels)"),
+    _job("illegal-memory-access", r"illegal memory access",
+         "a CUDA kernel read or wrote out of bounds"),
+    _host("gpu-ecc-uncorrectable", "gpu", r"uncorrectable ECC error",
+          "the GPU's memory has an uncorrectable ECC error"),
+    _host("gpu-fallen-off-bus", "gpu", r"fallen off the bus",
+          "the GPU stopped answering on PCIe"),
+    _host("gpu-lost", "gpu", r"GPU is lost", "the driver lost the GPU (reboot needed)"),
+    _host("nvrm-xid", "gpu",
+          r"\bXid\b\s*(?:\([^)\n]*\))?\s*:?\s*(?:"
+          + "|".join(str(x) for x in HOST_XIDS) + r")\b",
+          "the kernel driver reported a hardware Xid (" + ", ".join(map(str, HOST_XIDS)) + ")"),
+    _host("cuda-no-gpus", "driver", r"No CUDA GPUs are available",
+          "CUDA sees no GPU in a container started with GPUs"),
+    _host("cuda-no-device", "driver", r"no CUDA-capable device is detected",
+          "CUDA sees no GPU in a container started with GPUs"),
+    _host("cuda-driver-too-old", "driver",
+          r"CUDA driver version is insufficient for CUDA runtime version",
+          "the host's driver is older than the image's CUDA"),
+    _host("nvml-init-failed", "driver", r"Failed to initialize NVML",
+          "NVML cannot talk to the driver"),
+    _host("driver-library-mismatch", "driver", r"Driver/library version mismatch",
+          "the loaded kernel driver and the user-space library differ (driver upgraded "
+          "without a reboot)"),
+    _host("nccl-system-error", "interconnect", r"unhandled system error|ncclSystemError",
+          "NCCL: a system call, the device or the fabric failed"),
+    _host("nccl-network", "interconnect",
+          r"NET/(?:IB|Socket|OFI|Plugin)\b[^\n]*?(?:error|fail|closed|timeout)"
+          r"|ncclRemoteError|\bibv_\w+ failed",
+          "NCCL: the network or InfiniBand transport failed"),
+)
+#: Only the console's last lines are examined: what scrolled out did not end the worker.
+CONSOLE_WINDOW_LINES = 200
+#: The evidence shows at most this much of the deciding line.
+EVIDENCE_LINE_CHARS = 300
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class ConsoleMatch(NamedTuple):
+    signature: Signature
+    #: the deciding line, stripped and cut to ``EVIDENCE_LINE_CHARS`` around the match
+    line: str
+
+    def evidence(self) -> dict[str, str]:
+        return {"signature": self.signature.id, "line": self.line}
+
+
+@functools.cache
+def _compiled() -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...]]:
+    """Compiled on first use (start-up does not pay for it): one pattern that finds the
+    lines worth a look, and each row's own in table order."""
+    rows = tuple(re.compile(sig.pattern, re.IGNORECASE) for sig in CONSOLE_SIGNATURES)
+    anyone = re.compile("|".join(f"(?:{sig.pattern})" for sig in CONSOLE_SIGNATURES),
+                        re.IGNORECASE)
+    return anyone, rows
+
+
+def console_verdict(tail: str) -> ConsoleMatch | None:
+    """What the console's last ``CONSOLE_WINDOW_LINES`` lines say: a job fault if any line
+    shows one (fatal rows win), else the last line showing a host fault, else None."""
+    anyone, rows = _compiled()
+    lines = _LINE_BREAK.split(tail)
+    if lines and lines[-1] == "":
+        lines.pop()
+    job: ConsoleMatch | None = None
+    host: ConsoleMatch | None = None
+    for line in lines[-CONSOLE_WINDOW_LINES:]:
+        if anyone.search(line) is None:
+            continue
+        for sig, row in zip(CONSOLE_SIGNATURES, rows, strict=True):
+            found = row.search(line)
+            if found is None:
+                continue
+            match = ConsoleMatch(sig, _shown_line(line, found.start()))
+            if sig.retriable:
+                host = match
+            elif job is None:
+                job = match
+            break
+    return job or host
+
+
+def _shown_line(line: str, at: int) -> str:
+    """The line around position ``at``, stripped, at most ``EVIDENCE_LINE_CHARS`` long."""
+    text = line.strip()
+    if len(text) <= EVIDENCE_LINE_CHARS:
+        return text
+    at -= len(line) - len(line.lstrip())  # where the match is in the stripped text
+    start = max(0, min(at - 60, len(text) - EVIDENCE_LINE_CHARS))
+    return text[start:start + EVIDENCE_LINE_CHARS]
+
+
+class WorkerFacts(NamedTuple):
+    """What is known of a worker that ended without its completion artifacts."""
+
+    #: its own heartbeat for this attempt says ``retriable: true`` (its verdict wins)
+    heartbeat_retriable: bool = False
+    #: it wrote metrics.json locally, but the store lacks the completion artifacts
+    upload_lost: bool = False
+    #: the memory cgroup's ``oom_kill`` count rose while it ran
+    oom_killed: bool = False
+    #: its console's tail, redacted
+    console: str = ""
+
+
+def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
+    """The rule for a worker without completion artifacts, and the console line that
+    decided (or, for ``worker-failed``, the job fault it showed), if any."""
+    if facts.heartbeat_retriable:
+        return rules.WORKER_HEARTBEAT_RETRIABLE, None
+    if facts.upload_lost:
+        return rules.WORKER_UPLOAD_LOST, None
+    if facts.oom_killed:
+        return rules.WORKER_OOM_KILLED, None
+    match = console_verdict(facts.console)
+    if match is not None and match.signature.retriable:
+        return rules.WORKER_HOST_FAULT, match
+    return rules.WORKER_FAILED, match
+
+
+def _console_ids(*, retriable: bool) -> tuple[str, ...]:
+    return tuple(sig.id for sig in CONSOLE_SIGNATURES if sig.retriable is retriable)
 
 
 #: The rules in the order they are tried, each with what it claims.
@@ -62,6 +227,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.INTERRUPTED, Claim((Interrupted, KeyboardInterrupt))),
     (rules.DEADLINE, Claim((DeadlineExceeded,))),
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
+    (rules.HOST_GPU_MISSING, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
     (rules.PIP_NETWORK, Claim(signatures=tuple(sig.name for sig in NETWORK_SIGNATURES))),
@@ -74,7 +240,9 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.VERIFY_UNREADABLE, Claim()),
     (rules.WORKER_HEARTBEAT_RETRIABLE, Claim()),
     (rules.WORKER_UPLOAD_LOST, Claim()),
-    (rules.WORKER_FAILED, Claim()),
+    (rules.WORKER_OOM_KILLED, Claim()),
+    (rules.WORKER_HOST_FAULT, Claim(console=_console_ids(retriable=True))),
+    (rules.WORKER_FAILED, Claim(console=_console_ids(retriable=False))),
     (rules.STORE_UNSAFE_LINK, Claim()),
     (rules.WORKER_ENV_TOO_LARGE, Claim()),
     (rules.PRELOAD_UNMOUNTED, Claim()),
@@ -189,7 +357,14 @@ def _matched_by(r: Rule) -> str:
         parts.append(_statuses_text(what.statuses))
     if what.signatures:
         parts.append("pip output: " + ", ".join(f"`{name}`" for name in what.signatures))
+    if what.console:
+        parts.append("worker console: " + ", ".join(f"`{name}`" for name in what.console))
     return "; ".join(parts) or "raised by the state's handler"
+
+
+def _cell(text: str) -> str:
+    """``text`` inside a Markdown table cell (a bare ``|`` would end the cell)."""
+    return text.replace("|", "\\|")
 
 
 def render_table() -> str:
@@ -222,4 +397,22 @@ def render_table() -> str:
         "|---|---|",
     ]
     lines += [f"| `{sig.name}` | {sig.meaning} |" for sig in NETWORK_SIGNATURES]
+    lines += [
+        "",
+        "Worker console signatures, matched in the last "
+        f"{CONSOLE_WINDOW_LINES} lines of the redacted console of a worker",
+        "that ended without completion artifacts, without a retriable heartbeat, a lost",
+        "upload or an OOM kill. A `job` row anywhere in those lines wins (fatal, the job's",
+        "own fault, on any host); otherwise the last line matching a host row decides",
+        "(`worker-host-fault`, retried on a fresh host). The marker's `host_fault` (or",
+        "`job_fault`) evidence names the row and the line.",
+        "",
+        "| signature | family | pattern | meaning | class |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{sig.id}` | {sig.family} | `{_cell(sig.pattern)}` | {sig.meaning} | "
+        f"{'retriable' if sig.retriable else 'fatal'} |"
+        for sig in CONSOLE_SIGNATURES
+    ]
     return "\n".join(lines)

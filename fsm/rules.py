@@ -64,6 +64,11 @@ PAYLOAD_INVALID: Final = _fatal(
     "payload-invalid", table.LOAD_PAYLOAD, "payload missing, unreadable or invalid (exit 2)",
     exit_status=EXIT_UNUSABLE,
 )
+HOST_GPU_MISSING: Final = _retriable(
+    "host-gpu-missing", table.LOAD_PAYLOAD,
+    "the payload's `expect_gpus` and the host disagree: fewer GPUs visible, or `nvidia-smi` "
+    "missing, failing or hung (a short host, before any install or download)",
+)
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_UNAVAILABLE: Final = _retriable(
     "store-unavailable", ANY,
@@ -103,8 +108,20 @@ WORKER_UPLOAD_LOST: Final = _retriable(
     "worker-upload-lost", table.VERIFY_REMOTE,
     "the worker wrote local metrics.json but the store lacks the completion artifacts",
 )
+WORKER_OOM_KILLED: Final = _fatal(
+    "worker-oom-killed", table.VERIFY_REMOTE,
+    "no completion artifacts; the cgroup's `oom_kill` count rose while the worker ran: host "
+    "RAM exhausted (a fresh host of the same shape kills it again)",
+)
+WORKER_HOST_FAULT: Final = _retriable(
+    "worker-host-fault", table.VERIFY_REMOTE,
+    "no completion artifacts; the worker's last console lines show a GPU, driver or "
+    "interconnect fault of the host, and no job fault",
+)
 WORKER_FAILED: Final = _fatal(
-    "worker-failed", table.VERIFY_REMOTE, "the worker exited without completion artifacts"
+    "worker-failed", table.VERIFY_REMOTE,
+    "the worker exited without completion artifacts and without a sign of the host in its "
+    "console, or with one of the job's own CUDA faults there",
 )
 STORE_UNSAFE_LINK: Final = _fatal(
     "store-unsafe-link", ANY,

@@ -1,5 +1,6 @@
 """LoadPayload: read and validate the payload, take the attempt's lock, fix the deadline,
-open the store.
+open the store, ask ``nvidia-smi`` about the host (and, when the payload names
+``expect_gpus``, end a short host's attempt at once, retriable).
 
 Nothing is written for the attempt before its lock is held: a payload whose destination
 is unusable gets no marker at all, and a runner that cannot get the lock (another live
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import structlog
 
-from fsm import marker, payload, table
+from fsm import marker, payload, rules, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
-from fsm.errors import AttemptBusy, Interrupted, PayloadError
+from fsm.errors import AttemptBusy, Interrupted, PayloadError, RetriableError
+from fsm.host import PROBE_S, HostProbe
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -48,6 +50,7 @@ def load_payload(ctx: Context) -> str:
             )
         _take_lock(ctx, dest)
         ctx.dest = dest  # from here on this process owns the attempt and may mark it
+        ctx.host = HostProbe(ctx.environ)  # in the background: its answer is evidence
         if problem is not None:
             raise problem
         assert parsed is not None
@@ -67,6 +70,8 @@ def load_payload(ctx: Context) -> str:
             return table.RESULT_REPLAYED
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
+        if parsed.expect_gpus is not None:
+            _require_gpus(ctx.host, parsed.expect_gpus)
     return table.PRELOAD_REQUESTED if parsed.mode == "preload" else table.TRAIN_REQUESTED
 
 
@@ -85,6 +90,24 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
         "deadline": f"{holder}; the attempt deadline passed while waiting",
     }[got]
     raise AttemptBusy(f"{why}; this runner wrote nothing", ended_by=got)
+
+
+def _require_gpus(probe: HostProbe, expected: int) -> None:
+    """End a short host's attempt before anything is installed or downloaded."""
+    facts = probe.facts(PROBE_S)
+    assert facts is not None, "the probe answers (or is hung) within PROBE_S"
+    if facts.problem is None and len(facts.gpus) >= expected:
+        return
+    if facts.problem is None:
+        seen = ", ".join(gpu.uuid for gpu in facts.gpus) or "none"
+        found = f"{len(facts.gpus)} visible ({seen})"
+    else:
+        found = facts.describe_problem()
+    raise RetriableError(
+        f"host {facts.hostname} is short of GPUs: the payload expects {expected} "
+        f"(expect_gpus), {found}",
+        rule=rules.HOST_GPU_MISSING,
+    )
 
 
 def _learn_secrets(ctx: Context, env: object) -> None:

@@ -14,6 +14,7 @@ from fsm import table
 from fsm.console import PeriodicTail, console_path
 from fsm.context import SIGNAL_STOP_S, Context
 from fsm.errors import DeadlineExceeded
+from fsm.host import memory_events_path, oom_kills
 from fsm.supervise import supervise
 
 #: How long the end of training waits for a periodic tail upload in flight; it is fenced
@@ -32,6 +33,8 @@ def train(ctx: Context) -> str:
     tuning = ctx.tuning
 
     periodic = PeriodicTail(ctx) if tuning.upload_console else None
+    oom_file = memory_events_path(ctx.environ)
+    oom_before = oom_kills(oom_file)
     with ctx.interrupts_handled():
         result = supervise(
             [ctx.python, *WORKER_ARGV],
@@ -56,6 +59,10 @@ def train(ctx: Context) -> str:
         "reason": result.reason,
         "seconds": round(result.duration_s, 3),
     }
+    oom_after = oom_kills(oom_file)
+    if oom_before is not None and oom_after is not None:
+        # The kernel's OOM killer ended a process of this container while the worker ran.
+        ctx.evidence["worker"]["oom_killed"] = oom_after > oom_before
     ctx.worker_result = result
     if result.reason == "deadline":
         raise DeadlineExceeded(

@@ -1,9 +1,10 @@
 """VerifyRemote: the worker's exit code proves nothing; its artifacts in the store do.
 
 Success iff ``DONE`` and ``metrics.json`` are confirmed in the store, whatever the exit
-code (a library may crash at interpreter exit after both uploads). Otherwise the
-evidence decides between the worker's own retriable heartbeat, a lost upload, and a
-worker that failed.
+code (a library may crash at interpreter exit after both uploads). Otherwise the policy
+judges the evidence (``policy.judge_worker``): the worker's own retriable heartbeat, a lost
+upload, a kernel OOM kill, then the console's last lines (a host fault is retried on a
+fresh host; the job's own fault fails the run).
 
 Runs after a signal too, within a short bound (``Context.verify_deadline``): confirmed
 completion outranks a late SIGTERM. Without it, a worker the signal stopped makes the
@@ -15,11 +16,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 
 from fsm import rules, table
+from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import FatalError, Interrupted, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
+from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
+from fsm.rules import Rule
+from fsm.supervise import TAIL_BYTES
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 
@@ -47,27 +53,66 @@ def verify_remote(ctx: Context) -> str:
     if ctx.interrupt.is_set() and not on_its_own:
         raise Interrupted(ctx.interrupt.signum or 15)
     missing = ", ".join(name for name, ok in present.items() if not ok)
-    exited = _exit_text(ctx)
-    pointers = f"see error_{p.phase}.txt and console_{p.phase}.txt in the store"
-    if heartbeat_retriable:
-        raise RetriableError(
-            f"worker {exited} without {missing} in the store; its heartbeat for attempt "
-            f"{p.dest.attempt} says retriable; {pointers}",
-            rule=rules.WORKER_HEARTBEAT_RETRIABLE,
-            stands_after_signal=on_its_own,
+    worker = ctx.evidence.get("worker", {})
+    facts = WorkerFacts(
+        heartbeat_retriable=heartbeat_retriable,
+        upload_lost=(ctx.scratch / "metrics.json").is_file(),
+        oom_killed=worker.get("oom_killed") is True,
+        console=_console_tail(ctx),
+    )
+    rule, match = judge_worker(facts)
+    if match is not None:
+        ctx.evidence["host_fault" if match.signature.retriable else "job_fault"] = (
+            match.evidence()
         )
-    if (ctx.scratch / "metrics.json").is_file():
-        raise RetriableError(
-            f"worker {exited} and wrote metrics.json locally, but {missing} never reached the "
-            f"store (a lost upload, not a code failure); {pointers}",
-            rule=rules.WORKER_UPLOAD_LOST,
-            stands_after_signal=on_its_own,
-        )
-    raise FatalError(
-        f"worker {exited} without completion artifacts ({missing} missing); {pointers}",
-        rule=rules.WORKER_FAILED,
+    error = RetriableError if rule.retriable else FatalError
+    raise error(
+        f"{_reason(ctx, p, rule, match, missing)}; see error_{p.phase}.txt and "
+        f"console_{p.phase}.txt in the store",
+        rule=rule,
         stands_after_signal=on_its_own,
     )
+
+
+def _reason(
+    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, missing: str
+) -> str:
+    """Why the worker's attempt failed, in the words an engineer on call needs."""
+    exited = _exit_text(ctx)
+    if rule is rules.WORKER_HEARTBEAT_RETRIABLE:
+        return (f"worker {exited} without {missing} in the store; its heartbeat for attempt "
+                f"{p.dest.attempt} says retriable")
+    if rule is rules.WORKER_UPLOAD_LOST:
+        return (f"worker {exited} and wrote metrics.json locally, but {missing} never reached "
+                "the store (a lost upload, not a code failure)")
+    if rule is rules.WORKER_OOM_KILLED:
+        killed = "the worker" if _killed_by_sigkill(ctx) else "a process of the worker"
+        return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
+                f"(worker {exited} without {missing}; the container's memory cgroup counted "
+                "an OOM kill while it ran)")
+    if match is not None and rule is rules.WORKER_HOST_FAULT:
+        sig = match.signature
+        return (f"host fault, retry on a fresh host: {sig.meaning} ({sig.id}); worker "
+                f"{exited} without {missing}; its console: {match.line}")
+    if match is not None:
+        sig = match.signature
+        return (f"worker {exited} without completion artifacts ({missing} missing); its "
+                f"console shows the job's own fault, which fails on any host: {sig.meaning} "
+                f"({sig.id}): {match.line}")
+    return f"worker {exited} without completion artifacts ({missing} missing)"
+
+
+def _console_tail(ctx: Context) -> str:
+    """The worker console's redacted tail (what the store gets), or "" if unreadable."""
+    try:
+        return ctx.redactor.tail_of(console_path(ctx), TAIL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _killed_by_sigkill(ctx: Context) -> bool:
+    result = ctx.worker_result
+    return result is not None and result.signal == signal.SIGKILL
 
 
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:

@@ -52,6 +52,13 @@ def main() -> int:
         upload(error, f"error_{phase}.txt", prefix)
         print("RuntimeError: CUDA error: demo", file=sys.stderr, flush=True)
         return 3
+    if scenario == "gpu-fault":
+        # What PyTorch prints when the GPU's memory fails under a kernel.
+        raise RuntimeError(
+            "CUDA error: uncorrectable ECC error encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so "
+            "the stacktrace below might be incorrect."
+        )
     metrics = os.path.join(scratch, "metrics.json")
     with open(metrics, "w") as f:
         json.dump({"loss": 0.4, "steps": 5}, f)
