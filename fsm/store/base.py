@@ -100,6 +100,11 @@ class Store(Protocol):
         """Whether ``path_in_repo`` is a file in the repo."""
         ...
 
+    def list_folder(self, folder: str) -> frozenset[str]:
+        """The names of the files directly in ``folder/`` (not below it), in one call:
+        empty when the folder does not exist."""
+        ...
+
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         """Fetch one file to ``dest_dir/<path_in_repo>`` and return that path."""
         ...

@@ -429,6 +429,26 @@ class HubStore:
         except StoreNotFound:
             return False
 
+    def list_folder(self, folder: str) -> frozenset[str]:
+        api = self._api()
+        from huggingface_hub.hf_api import RepoFile
+
+        folder = folder.strip("/")
+
+        def listing() -> frozenset[str]:
+            entries = api.list_repo_tree(
+                self.repo_id, path_in_repo=folder or None, repo_type="dataset",
+                recursive=False, token=self._token,
+            )
+            return frozenset(
+                entry.path.rsplit("/", 1)[-1] for entry in entries if isinstance(entry, RepoFile)
+            )
+
+        try:
+            return self._call("list", f"{folder}/", listing, self.call_timeout_s)
+        except StoreNotFound:
+            return frozenset()
+
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         self._api()
         from huggingface_hub import hf_hub_download

@@ -86,6 +86,21 @@ class LocalStore:
         self._root_readable()
         return self._checked(path_in_repo).is_file()
 
+    def list_folder(self, folder: str) -> frozenset[str]:
+        self._check_time()
+        self._root_readable()
+        folder = folder.strip("/")
+        source = self._checked(folder)
+        if not source.is_dir():
+            return frozenset()
+        names: set[str] = set()
+        for entry in source.iterdir():
+            if entry.is_symlink():  # checked as exists() would check it (unsafe: refused)
+                self._checked(f"{folder}/{entry.name}" if folder else entry.name)
+            if entry.is_file():
+                names.add(entry.name)
+        return frozenset(names)
+
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         self._check_time()
         self._root_readable()
