@@ -14,6 +14,7 @@ import structlog
 
 from fsm.clock import os_timeout
 from fsm.context import Context
+from fsm.errors import StoreUnavailable
 from fsm.supervise import TAIL_BYTES
 
 log = structlog.get_logger("fsm.console")
@@ -27,49 +28,92 @@ def console_path(ctx: Context) -> Path:
     return ctx.scratch / console_name(ctx)
 
 
-def upload_tail(ctx: Context) -> bool:
-    """Upload the redacted last 64,000 bytes of the console; False (logged) on failure.
+#: After a 429 or 5xx the interval between periodic tails doubles, up to this.
+MAX_INTERVAL_S = 600.0
 
-    The tail is read from the console file here, never taken already cut: the redactor
-    reads a wider window and masks before it cuts, so no secret straddling the tail's
-    start leaves as a fragment."""
+
+def _commit_tail(ctx: Context, text: str) -> bool:
+    """Commit ``text`` as the console tail, fenced: False when the fence was sealed."""
+    fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{console_name(ctx)}.")
     try:
-        path = console_path(ctx)
-        tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
-        text = tail.decode("utf-8", "replace")
-        fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{console_name(ctx)}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            # Fenced: once Mark seals the fence no periodic tail lands, not even one that
-            # is in flight now (the marker's commit outdates it at the store).
-            ctx.exit_store().commit(
-                {ctx.require_payload().dest.path(console_name(ctx)): Path(tmp)},
-                message=f"Console tail {console_name(ctx)}",
-                fence=ctx.fence,
-            )
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    except Exception as exc:  # best effort: the tail never decides how the attempt ends
-        log.warning("console.upload_failed", exc_type=type(exc).__name__,
-                    error=ctx.redactor.text(str(exc)))
-        return False
-    return True
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        # Fenced: once Mark seals the fence no periodic tail lands, not even one that is
+        # in flight now (the marker's commit outdates it at the store).
+        return ctx.exit_store().commit(
+            {ctx.require_payload().dest.path(console_name(ctx)): Path(tmp)},
+            message=f"Console tail {console_name(ctx)}",
+            fence=ctx.fence,
+        )
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 class PeriodicTail:
-    """The sink for periodic tail uploads. After ``close`` no upload is in flight and none
-    starts, so the final tail and the marker really are the last writes."""
+    """The sink for periodic tail uploads, paced to spare the account's commit quota,
+    which a fleet of runners shares with every attempt's marker.
+
+    Called on every tick of the supervisor (``console_upload_interval_s``), it commits
+    only when it is time and there is news:
+
+    * a tail identical to the last one committed is skipped;
+    * after a 429 or a 5xx (or no answer) the interval doubles, up to ``MAX_INTERVAL_S``,
+      and never ends before the store's ``Retry-After``; each tail that lands takes one
+      base interval off again (a slow recovery: a throttled fleet does not stampede);
+    * within one interval of the work deadline none is started: the final tail goes up
+      with the marker, and the marker does not wait behind an optional commit.
+
+    Each try is a single call (the store does not retry an optional write). After
+    ``close`` no upload is in flight and none starts, so the final tail and the marker
+    really are the last writes.
+    """
 
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._busy = threading.Lock()
         self._closed = False
+        self._base_s = ctx.tuning.console_upload_interval_s if ctx is not None else 30.0
+        self.interval_s = self._base_s
+        self._next_at = 0.0
+        self._last: bytes | None = None
 
     def __call__(self, _tail: bytes) -> None:
         with self._busy:
             if not self._closed:
-                upload_tail(self._ctx)  # reads (and redacts) the tail itself
+                self._tick()
+
+    def _tick(self) -> None:
+        ctx = self._ctx
+        now = time.monotonic()
+        if now < self._next_at:
+            return  # backing off
+        if ctx.work_deadline.remaining() < self._base_s:
+            return  # the marker's time is near: the final tail goes with it
+        try:
+            path = console_path(ctx)
+            # Read and redacted here, never taken already cut: the redactor reads a wider
+            # window and masks before it cuts (no secret leaves as a fragment).
+            tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
+            if tail == self._last:
+                return  # nothing new: no commit
+            _commit_tail(ctx, tail.decode("utf-8", "replace"))
+        except StoreUnavailable as exc:
+            self._back_off(exc.retry_after, reason=ctx.redactor.text(str(exc)))
+            return
+        except Exception as exc:  # best effort: the tail never decides how the attempt ends
+            log.warning("console.upload_failed", exc_type=type(exc).__name__,
+                        error=ctx.redactor.text(str(exc)))
+            return
+        self._last = tail
+        self.interval_s = max(self._base_s, self.interval_s - self._base_s)
+        self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
+
+    def _back_off(self, retry_after: float | None, *, reason: str) -> None:
+        self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
+        wait = max(self.interval_s, retry_after or 0.0)
+        self._next_at = time.monotonic() + wait
+        log.warning("console.upload_backoff", interval_s=self.interval_s,
+                    next_in_s=round(wait, 3), error=reason)
 
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""

@@ -23,13 +23,14 @@ from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
 from fsm.rules import Rule
-from fsm.store.base import Fence, Store
+from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
     from fsm.host import HostProbe
     from fsm.supervise import WorkerExit
 
-StoreFactory = Callable[[Destination, Budget, Mapping[str, str]], Store]
+#: Opens a store handle: (destination, budget, environment, the attempt's counters).
+StoreFactory = Callable[[Destination, Budget, Mapping[str, str], StoreStats], Store]
 
 _FALSY = ("", "0", "false", "no", "off")
 _T = TypeVar("_T")
@@ -139,6 +140,8 @@ class Context:
     lock: AttemptLock | None = None
     #: Sealed when the final commit starts: no optional upload lands after it.
     fence: Fence = field(default_factory=Fence)
+    #: Commits and 429s of every store handle of the attempt (the marker's evidence).
+    store_stats: StoreStats = field(default_factory=StoreStats)
     # --- learned as the run goes -----------------------------------------------------
     started_at: float = 0.0
     deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
@@ -238,7 +241,7 @@ class Context:
         its retries stop at a signal unless ``stop_on_signal`` is off (the marker's)."""
         assert self.dest is not None, "LoadPayload finds the destination"
         budget = self.budget_until(deadline) if stop_on_signal else Budget(deadline)
-        return self.open_store(self.dest, budget, self.store_env())
+        return self.open_store(self.dest, budget, self.store_env(), self.store_stats)
 
     @property
     def budget(self) -> Budget:

@@ -61,10 +61,21 @@ class PayloadError(FatalError):
 
 
 class StoreUnavailable(RetriableError):
-    """The store could not be reached or answered 408/429/5xx after bounded retries."""
+    """The store could not be reached or answered 408/429/5xx after bounded retries.
+    ``status`` is the last HTTP status met (None for a transport failure) and
+    ``retry_after`` the wait its ``Retry-After`` asked for, if any."""
 
-    def __init__(self, message: str, *, rule: Rule = rules.STORE_UNAVAILABLE) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rule: Rule = rules.STORE_UNAVAILABLE,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message, rule=rule)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class StoreAuthError(FatalError):

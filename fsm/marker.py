@@ -28,7 +28,13 @@ from typing import Any, Literal, NamedTuple
 import structlog
 
 from fsm.budget import Budget, GaveUp, backoff
-from fsm.errors import DeadlineExceeded, FlashError, StoreAuthError, StoreNotFound
+from fsm.errors import (
+    DeadlineExceeded,
+    FlashError,
+    StoreAuthError,
+    StoreNotFound,
+    StoreUnavailable,
+)
 from fsm.payload import Destination
 from fsm.redact import Redactor
 from fsm.store.base import Fence, Store
@@ -353,7 +359,11 @@ def _commit(
         if isinstance(exc, StoreAuthError | StoreNotFound | DeadlineExceeded):
             return None  # another try cannot help
         if isinstance(exc, FlashError | OSError | ValueError):
-            return backoff(attempt, base_s=base_delay_s, max_s=30.0)
+            wait = backoff(attempt, base_s=base_delay_s, max_s=30.0)
+            # A throttled store names its wait: honoured, as far as the budget allows
+            # (a wait that would pass the marker's deadline is not started).
+            asked = exc.retry_after if isinstance(exc, StoreUnavailable) else None
+            return max(wait, asked) if asked is not None else wait
         return None
 
     try:

@@ -38,6 +38,8 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
     for key in ("worker", "preload", "host_fault", "job_fault"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
+    # Commits landed before the marker's own, and the 429s the attempt met.
+    evidence["store"] = ctx.store_stats.evidence()
     host = _host_facts(ctx, wait=not watchdog)
     if host is not None:
         evidence["host"] = host

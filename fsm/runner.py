@@ -28,7 +28,7 @@ from fsm.errors import AttemptBusy
 from fsm.interrupt import InterruptFlag
 from fsm.payload import Destination
 from fsm.rules import Rule
-from fsm.store.base import Store
+from fsm.store.base import Store, StoreStats
 from fsm.watchdog import EXIT_DEADLINE, Watchdog
 
 EXIT_UNUSABLE = rules.EXIT_UNUSABLE
@@ -57,12 +57,14 @@ def store_factory(settings: Settings) -> StoreFactory:
     """Open the store named by ``--store``, else by ``FLASH_STORE`` in the environment
     merged with the payload's env (else the Hub at that environment's ``HF_ENDPOINT``)."""
 
-    def open_for(dest: Destination, budget: Budget, environ: Mapping[str, str]) -> Store:
+    def open_for(
+        dest: Destination, budget: Budget, environ: Mapping[str, str], stats: StoreStats
+    ) -> Store:
         from fsm.store import open_store
 
         url = settings.store_url or environ.get("FLASH_STORE") or None
         return open_store(url, repo_id=dest.hf_repo, token=dest.token, deadline=budget.deadline,
-                          environ=environ, interrupt=budget.interrupt)
+                          environ=environ, interrupt=budget.interrupt, stats=stats)
 
     return open_for
 

@@ -28,6 +28,7 @@ from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
+HEARTBEAT = "heartbeat.json"
 
 
 def verify_remote(ctx: Context) -> str:
@@ -116,17 +117,20 @@ def _killed_by_sigkill(ctx: Context) -> bool:
 
 
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
-    """Which completion artifacts the store has; without both, the heartbeat's verdict."""
-    store = ctx.exit_store()
-    present = {name: store.exists(p.dest.path(name)) for name in COMPLETION_ARTIFACTS}
-    return present, not all(present.values()) and _heartbeat_says_retriable(ctx, p)
+    """Which completion artifacts the store has; without both, the heartbeat's verdict.
+    One listing of the run's folder answers both (and whether there is a heartbeat)."""
+    listed = ctx.exit_store().list_folder(p.dest.hf_prefix)
+    present = {name: name in listed for name in COMPLETION_ARTIFACTS}
+    if all(present.values()) or HEARTBEAT not in listed:
+        return present, False
+    return present, _heartbeat_says_retriable(ctx, p)
 
 
 def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
     """Whether the worker's own heartbeat for this attempt judged its failure retriable."""
     target = ctx.scratch / "heartbeat"
     try:
-        local = ctx.exit_store().download_file(p.dest.path("heartbeat.json"), target)
+        local = ctx.exit_store().download_file(p.dest.path(HEARTBEAT), target)
         beat = json.loads(local.read_text(encoding="utf-8"))
     except (StoreNotFound, OSError, ValueError):
         return False

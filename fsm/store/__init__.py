@@ -16,9 +16,11 @@ from urllib.parse import unquote, urlsplit
 from fsm.clock import Deadline
 from fsm.errors import PayloadError
 from fsm.interrupt import InterruptFlag
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, WarmOutcome
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, StoreStats, WarmOutcome
 
-__all__ = ["PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "WarmOutcome", "open_store"]
+__all__ = [
+    "PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "StoreStats", "WarmOutcome", "open_store",
+]
 
 
 def open_store(
@@ -29,6 +31,7 @@ def open_store(
     deadline: Deadline,
     environ: Mapping[str, str],
     interrupt: InterruptFlag | None = None,
+    stats: StoreStats | None = None,
 ) -> Store:
     """The store for ``url`` (``--store`` / ``FLASH_STORE``).
 
@@ -40,6 +43,7 @@ def open_store(
     payload's ``env`` (CONTRACT section 2). ``HF_ENDPOINT``, the ``FLASH_STORE_*`` tuning
     knobs and the hub's ``HF_HUB_*`` settings are read from it, never from ``os.environ``.
     ``interrupt``: a signal ends the Hub adapter's waits between tries.
+    ``stats``: where the handle counts its commits and 429s (shared by an attempt's handles).
     Anything unusable is a :class:`~fsm.errors.PayloadError` (the command line or the
     payload is unusable).
     """
@@ -50,17 +54,17 @@ def open_store(
             raise PayloadError("--store or FLASH_STORE: a file store must be file:///absolute/dir")
         from fsm.store.local import LocalStore
 
-        return LocalStore(Path(path), deadline=deadline)
+        return LocalStore(Path(path), deadline=deadline, stats=stats)
     from fsm.store.hub import HubStore
 
     if not url:
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
                         interrupt=interrupt, endpoint=environ.get("HF_ENDPOINT") or None,
-                        **_hub_tuning(environ))
+                        stats=stats, **_hub_tuning(environ))
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
-                        interrupt=interrupt, endpoint=url, **_hub_tuning(environ))
+                        interrupt=interrupt, endpoint=url, stats=stats, **_hub_tuning(environ))
     raise PayloadError(
         f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
     )

@@ -71,6 +71,29 @@ class Fence:
         return f"Fence(sealed={self._sealed})"
 
 
+class StoreStats:
+    """What an attempt's store handles did, counted across all of them (the marker's
+    ``store`` evidence): commits landed, 429 answers met, and calls by operation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.commits = 0
+        self.throttled = 0
+        self.calls: dict[str, int] = {}
+
+    def count(self, *, op: str | None = None, commit: bool = False,
+              throttled: bool = False) -> None:
+        with self._lock:
+            if op is not None:
+                self.calls[op] = self.calls.get(op, 0) + 1
+            self.commits += commit
+            self.throttled += throttled
+
+    def evidence(self) -> dict[str, int]:
+        with self._lock:
+            return {"commits": self.commits, "throttled": self.throttled}
+
+
 class Store(Protocol):
     """One dataset repo (plus the model repos a preload warms)."""
 

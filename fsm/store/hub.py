@@ -70,7 +70,7 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
-from fsm.store.base import Fence, WarmOutcome
+from fsm.store.base import Fence, StoreStats, WarmOutcome
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -330,6 +330,7 @@ class HubStore:
         retry_max_s: float = 30.0,
         environ: Mapping[str, str] | None = None,
         interrupt: InterruptFlag | None = None,
+        stats: StoreStats | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -346,6 +347,8 @@ class HubStore:
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
         self._settings = _hub_settings(environ)
+        #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
+        self.stats = stats or StoreStats()
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -391,10 +394,15 @@ class HubStore:
 
         if fence is None:
             self._call(op, label, partial(create, None), bound, missing=missing)
+            self.stats.count(commit=True)
             return True
+        # An optional write: one try of each call, no waits between tries (its caller
+        # paces it, and a 429 it meets is the caller's signal to back off).
         try:
             for _ in range(2):
-                head, _files = self._repo_info(api, "head", label, self.repo_id, "dataset", fence)
+                head, _files = self._repo_info(
+                    api, "head", label, self.repo_id, "dataset", fence, tries=1
+                )
                 if head is None:
                     raise StoreUnavailable(f"store head {label}: the store named no head commit")
                 # Checked after the head was read: a seal after this check comes before the
@@ -403,7 +411,8 @@ class HubStore:
                     return False
                 try:
                     self._call(op, label, partial(create, head), bound,
-                               fence=fence, conflict=True, missing=missing)
+                               fence=fence, conflict=True, missing=missing, tries=1)
+                    self.stats.count(commit=True)
                     return True
                 except _Conflict:
                     log.warning("store.commit_conflict", op=op, path=label, parent=head)
@@ -539,7 +548,7 @@ class HubStore:
 
     def _repo_info(
         self, api: HfApi, op: str, label: str, repo_id: str, repo_type: str,
-        fence: Fence | None = None,
+        fence: Fence | None = None, tries: int | None = None,
     ) -> tuple[str | None, list[str]]:
         """A repo's head commit and files (bounded, retried; a 404 is StoreNotFound)."""
 
@@ -549,7 +558,7 @@ class HubStore:
             return (str(got.sha) if got.sha else None), [str(s.rfilename) for s in siblings]
 
         return self._call(op, label, info, self.call_timeout_s, fence=fence,
-                          missing=f"repo {repo_id} not found")
+                          missing=f"repo {repo_id} not found", tries=tries)
 
     def _call(
         self,
@@ -561,17 +570,22 @@ class HubStore:
         fence: Fence | None = None,
         conflict: bool = False,
         missing: str = "not found",
+        tries: int | None = None,
     ) -> _T:
         """``fn()`` bounded, retried and classified; a 404 is StoreNotFound(``missing``).
 
         With ``fence``: :class:`_Sealed` instead of a try once it is sealed. With
-        ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection).
+        ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection). ``tries``
+        overrides ``max_attempts`` (an optional write tries once and leaves the pacing
+        to its caller).
         """
         where = f"store {op} {path}"
+        tries = self.max_attempts if tries is None else tries
 
         def once(_attempt: int) -> _T:
             if fence is not None and fence.sealed:
                 raise _Sealed(where)
+            self.stats.count(op=op)
             remaining = self.budget.remaining()
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
@@ -589,6 +603,7 @@ class HubStore:
                 failure = classify(exc)
                 if failure.kind == "unknown":
                     raise
+            self.stats.count(throttled=failure.status == 429)
             if failure.kind == "auth":
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
             if failure.kind == "not_found":
@@ -613,7 +628,7 @@ class HubStore:
             return wait
 
         try:
-            return self.budget.retry(once, tries=self.max_attempts, delay=delay, what=where)
+            return self.budget.retry(once, tries=tries, delay=delay, what=where)
         except GaveUp as gave_up:
             last = gave_up.last
             if not isinstance(last, _Transient):
@@ -624,5 +639,6 @@ class HubStore:
             elif gave_up.why in ("deadline", "interrupted"):
                 detail = "; no time left to retry before the attempt deadline"
             else:
-                detail = f" after {self.max_attempts} attempts"
-            raise StoreUnavailable(f"{where}: {failure.reason}{detail}") from None
+                detail = f" after {tries} attempt{'s' if tries > 1 else ''}"
+            raise StoreUnavailable(f"{where}: {failure.reason}{detail}", status=failure.status,
+                                   retry_after=failure.retry_after) from None

@@ -29,15 +29,18 @@ from pathlib import Path
 from fsm import rules
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, StoreNotFound, StoreUnavailable
-from fsm.store.base import Fence, WarmOutcome
+from fsm.store.base import Fence, StoreStats, WarmOutcome
 
 _CHUNK = 1 << 20
 
 
 class LocalStore:
-    def __init__(self, root: Path, *, deadline: Deadline | None = None) -> None:
+    def __init__(
+        self, root: Path, *, deadline: Deadline | None = None, stats: StoreStats | None = None
+    ) -> None:
         self.root = root
         self.deadline = deadline or Deadline.never()
+        self.stats = stats or StoreStats()
 
     def describe(self) -> str:
         return self.url
@@ -76,6 +79,7 @@ class LocalStore:
                         os.replace(tmp, target)
                     except OSError as exc:
                         raise _write_error(path_in_repo, exc) from exc
+            self.stats.count(op="commit", commit=True)
             return True
         finally:
             for _, tmp, _ in staged:  # the temp files not renamed (sealed, or a failure)
