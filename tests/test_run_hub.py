@@ -678,3 +678,50 @@ def test_a_hub_endpoint_named_only_in_the_payload_env_is_the_runners_store_too(
     marker = hub_run.marker()
     assert marker is not None and marker["ok"] is True
     assert _statuses(hub_run.server, "GET", LISTING)[0] == 200
+
+
+# --- a fleet shares one quota: tails are paced, the marker counts what the attempt spent ----
+
+PACED_ENV = {"FLASH_STOP_GRACE_S": "2", "FLASH_UPLOAD_CONSOLE": "1",
+             "FLASH_CONSOLE_UPLOAD_INTERVAL_S": "5"}
+
+
+def test_an_unchanged_console_tail_is_not_committed_again(hub_run: HubRun) -> None:
+    """The worker prints once and stays ~12 s: of the periodic ticks (5 s, 10 s) only the
+    first has news; the second commits nothing. The marker counts one commit."""
+    hub_run.write_worker("""
+        print("one line, then silence", flush=True)
+        time.sleep(12)
+        sys.exit(1)
+    """)
+    outcome = hub_run.run(env={"HF_TOKEN": hub_run.token, **PACED_ENV})
+    marker = hub_run.marker()
+    assert marker is not None, outcome.reason
+    commits = _commits(hub_run.server)
+    assert len(commits) == 2, [(r.path, r.status) for r in commits]  # one tail, the marker
+    assert marker["store"] == {"commits": 1, "throttled": 0}
+    assert b"one line, then silence" in hub_run.artifact("console_sft.txt").read_bytes()
+
+
+def test_a_throttled_tail_backs_off_past_retry_after_and_the_marker_still_lands(
+    hub_run: HubRun,
+) -> None:
+    """The first periodic tail meets 429: the interval doubles (the next tick, 5 s later,
+    makes no call although the console changed), the marker lands, and its evidence
+    counts the 429."""
+    hub_run.write_worker("""
+        for i in range(65):
+            print(f"step {i}", flush=True)
+            time.sleep(0.2)
+        sys.exit(1)
+    """)
+    hub_run.server.fail("POST", r"/commit/", status=429, times=1, retry_after=1)
+    outcome = hub_run.run(env={"HF_TOKEN": hub_run.token, **PACED_ENV})
+    marker = hub_run.marker()
+    assert marker is not None, outcome.reason
+    assert (marker["rule"], marker["retriable"]) == ("worker-failed", False)
+    commits = _commits(hub_run.server)
+    # the throttled tail, then (no second tail during the back-off) the marker's commit
+    assert [r.status for r in commits] == [429, 200], [(r.path, r.status) for r in commits]
+    assert marker["store"] == {"commits": 0, "throttled": 1}
+    assert b"step 64" in hub_run.artifact("console_sft.txt").read_bytes()
