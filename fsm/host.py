@@ -81,6 +81,7 @@ class HostProbe:
         self._timeout_s = timeout_s
         self._started = time.monotonic()
         self._done = threading.Event()
+        self._lock = threading.Lock()
         self._facts = HostFacts(self._hostname, problem="hung")  # until it answers
         exe = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
         if exe is None:
@@ -97,24 +98,30 @@ class HostProbe:
         left = self._started + self._timeout_s - time.monotonic()
         if self._done.wait(max(0.0, min(wait_s, left))):
             return self._facts
-        return HostFacts(self._hostname, problem="hung") if wait_s >= left else None
+        if wait_s < left:
+            return None
+        # Its time is up: hung, for good (an answer arriving later does not change what
+        # was already reported).
+        self._settle(HostFacts(self._hostname, problem="hung"))
+        return self._facts
 
     def _settle(self, facts: HostFacts) -> None:
-        if not self._done.is_set():
-            self._facts = facts
-            self._done.set()
+        with self._lock:
+            if not self._done.is_set():
+                self._facts = facts
+                self._done.set()
 
     def _run(self, exe: str, env: dict[str, str]) -> None:
         try:
             proc = subprocess.Popen(
                 [exe, *QUERY], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                stderr=subprocess.PIPE, env=env, start_new_session=True,
             )
         except OSError as exc:
             self._settle(self._failed(f"could not start ({exc.strerror or exc})"))
             return
         try:
-            out, _ = proc.communicate(timeout=self._timeout_s)
+            out, err = proc.communicate(timeout=self._timeout_s)
         except subprocess.TimeoutExpired:
             self._settle(HostFacts(self._hostname, problem="hung"))
             with contextlib.suppress(OSError):
@@ -123,7 +130,10 @@ class HostProbe:
             return
         text = out.decode("utf-8", "replace")
         if proc.returncode != 0:
-            self._settle(self._failed(f"exit {proc.returncode}: {_last_line(text)}"))
+            # Its message may be on either stream (a driver warning on stderr is no failure
+            # of a run that exits 0: the rows are on stdout).
+            said = _last_line(err.decode("utf-8", "replace") + "\n" + text)
+            self._settle(self._failed(f"exit {proc.returncode}: {said}"))
             return
         self._settle(_parse(self._hostname, text))
 

@@ -89,10 +89,10 @@ def _host(sig_id: str, family: str, pattern: str, meaning: str) -> Signature:
 #: (13, 31, 43, 45: a kernel's own exception, page fault, stop, preemption) are not here.
 HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 
-#: Matched (case-insensitively) against a failed worker's console. The job's rows come
-#: first and win: a job fault anywhere in the examined lines makes the console's verdict
-#: fatal, whatever host rows match too (one rank's CUDA OOM makes the others report NCCL
-#: errors). Among host rows the last matching line decides.
+#: Matched (case-insensitively) against a failed worker's console, NCCL's INFO lines
+#: aside. The job's rows come first and win: a job fault anywhere in the examined lines
+#: makes the console's verdict fatal, whatever host rows match too (one rank's CUDA OOM
+#: makes the others report NCCL errors). Among host rows the last matching line decides.
 CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _job("cuda-oom", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
          "the job asked its GPU for more memory than it has"),
@@ -100,7 +100,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          "a CUDA kernel's assertion failed (bad indices or labels)"),
     _job("illegal-memory-access", r"illegal memory access",
          "a CUDA kernel read or wrote out of bounds"),
-    _host("gpu-ecc-uncorrectable", "gpu", r"uncorrectable ECC error",
+    _host("gpu-ecc-uncorrectable", "gpu", r"uncorrectable ECC error(?!s?\s*[:=]\s*0\b)",
           "the GPU's memory has an uncorrectable ECC error"),
     _host("gpu-fallen-off-bus", "gpu", r"fallen off the bus",
           "the GPU stopped answering on PCIe"),
@@ -124,8 +124,8 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("nccl-system-error", "interconnect", r"unhandled system error|ncclSystemError",
           "NCCL: a system call, the device or the fabric failed"),
     _host("nccl-network", "interconnect",
-          r"NET/(?:IB|Socket|OFI|Plugin)\b[^\n]*?(?:error|fail|closed|timeout)"
-          r"|ncclRemoteError|\bibv_\w+ failed",
+          r"NET/(?:IB|Socket|OFI)\b[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
+          r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed",
           "NCCL: the network or InfiniBand transport failed"),
 )
 #: Only the console's last lines are examined: what scrolled out did not end the worker.
@@ -134,6 +134,9 @@ CONSOLE_WINDOW_LINES = 200
 EVIDENCE_LINE_CHARS = 300
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+#: NCCL's informational lines (``NCCL_DEBUG=INFO``) report, they never fail: a healthy
+#: start prints "NET/Plugin: Failed to find ncclNetPlugin_v8 symbol" and the like.
+_INFO = re.compile(r"\bNCCL INFO\b")
 
 
 class ConsoleMatch(NamedTuple):
@@ -165,7 +168,7 @@ def console_verdict(tail: str) -> ConsoleMatch | None:
     job: ConsoleMatch | None = None
     host: ConsoleMatch | None = None
     for line in lines[-CONSOLE_WINDOW_LINES:]:
-        if anyone.search(line) is None:
+        if anyone.search(line) is None or _INFO.search(line):
             continue
         for sig, row in zip(CONSOLE_SIGNATURES, rows, strict=True):
             found = row.search(line)

@@ -1,0 +1,482 @@
+"""The console verdict of a failed worker (issue 13), as properties of the pure functions:
+``policy.console_verdict`` reads the last ``CONSOLE_WINDOW_LINES`` lines of a redacted
+console tail, ``policy.judge_worker`` turns a worker's facts into a rule.
+
+Tails are generated from real-world lines, one or more per console signature, and noise
+that shows none: training logs, healthy NCCL and NVRM lines that look close, tqdm
+progress bars redrawn with carriage returns, and arbitrary text.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fsm import policy, rules
+from fsm.policy import CONSOLE_SIGNATURES, CONSOLE_WINDOW_LINES, WorkerFacts
+
+WINDOW = CONSOLE_WINDOW_LINES
+BY_ID = {sig.id: sig for sig in CONSOLE_SIGNATURES}
+FAMILIES = {"gpu", "driver", "interconnect", "job"}
+
+#: Real-world lines, by the signature each must be classified to when it is alone: what
+#: torch, CUDA, NVML, NCCL and the kernel's NVRM driver print.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "cuda-oom": (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 79.15 GiB of which 3.75 MiB is free. Including non-PyTorch memory, "
+        "this process has 79.14 GiB memory in use.",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 3; "
+        "39.39 GiB total capacity; 35.12 GiB already allocated; 1.02 GiB free)",
+        "RuntimeError: CUDA error: out of memory",
+    ),
+    "device-side-assert": (
+        "RuntimeError: CUDA error: device-side assert triggered",
+        "[rank3]: RuntimeError: CUDA error: device-side assert triggered",
+    ),
+    "illegal-memory-access": (
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "terminate called after throwing an instance of 'c10::Error'  what():  CUDA error: an "
+        "illegal memory access was encountered",
+    ),
+    "gpu-ecc-uncorrectable": (
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "[rank5]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    ),
+    "gpu-fallen-off-bus": (
+        "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
+        "[ 8123.441907] NVRM: GPU at PCI:0000:bd:00: GPU-6d2b0c1e has fallen off the bus.",
+    ),
+    "gpu-lost": (
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the "
+        "system to recover this GPU",
+    ),
+    "nvrm-xid": (
+        "[ 5432.101234] NVRM: Xid (PCI:0000:18:00): 48, pid=2871, name=python3, An uncorrectable "
+        "double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, "
+        "subpartition 0.",
+        "NVRM: Xid (PCI:0000:b7:00): 94, pid=22131, name=python, Ch 00000008",
+        "NVRM: Xid (PCI:0000:ca:00): 119, pid=1582, name=nv-hostengine, Timeout after 6s of "
+        "waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL).",
+        "NVRM: Xid (PCI:0000:3b:00): 74, pid=1221, name=python, NVLink: fatal error detected "
+        "on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+        "NVRM: Xid (PCI:0000:3b:00): 63, pid=0, name=<unknown>, Row Remapper: New row marked "
+        "for remapping, reset gpu to activate.",
+    ),
+    "cuda-no-gpus": ("RuntimeError: No CUDA GPUs are available",),
+    "cuda-no-device": (
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+        "functions before calling NumCudaDevices() that might have already set an error? "
+        "Error 100: no CUDA-capable device is detected",
+        "E external/xla/xla/stream_executor/cuda/cuda_driver.cc:282] failed call to cuInit: "
+        "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected",
+    ),
+    "cuda-driver-too-old": (
+        "RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+        "CUDA error 35 [/src/cuda.cu, 42]: CUDA driver version is insufficient for CUDA "
+        "runtime version",
+    ),
+    "nvml-init-failed": (
+        "Failed to initialize NVML: Unknown Error",
+        "pynvml.NVMLError_Uninitialized... Failed to initialize NVML: GPU access blocked by "
+        "the operating system",
+    ),
+    "driver-library-mismatch": (
+        "nvidia-container-cli: initialization error: nvml error: driver/library version "
+        "mismatch: unknown",
+        "NVML: Driver/library version mismatch",
+    ),
+    "nccl-system-error": (
+        "torch.distributed.DistBackendError: NCCL error in: "
+        "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error "
+        "(run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed "
+        "or device error.",
+    ),
+    "nccl-network": (
+        "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
+        "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
+        "gpu-node-1:2345:2399 [2] include/socket.h:409 NCCL WARN NET/Socket : Connection "
+        "closed by remote peer 10.0.0.5<52418>",
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process "
+        "exiting prematurely.",
+    ),
+}
+
+#: Lines that look close to a signature and are none: healthy NCCL transport lines, the
+#: application's own Xids (13, 31, 43), ECC counters, memory reports, training logs.
+NEAR_MISSES = (
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.3<0>",
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.3<0>",
+    "NCCL version 2.19.3+cuda12.3",
+    "NVRM: Xid (PCI:0000:3b:00): 13, pid=1234, name=python, Graphics SM Warp Exception on "
+    "(GPC 0, TPC 0, SM 0): Out Of Range Address",
+    "NVRM: Xid (PCI:0000:3b:00): 31, pid=1234, name=python, Ch 0000000a, intr 10000000. MMU "
+    "Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_4c000000.",
+    "NVRM: Xid (PCI:0000:3b:00): 43, pid=1234, name=python, Ch 00000008",
+    "ECC errors: volatile corrected 0, uncorrected 0",
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-6d2b0c1e-0000-0000-0000-000000000001)",
+    "torch.cuda.max_memory_allocated: 71.3 GiB of 79.1 GiB",
+    "step 120/1000 | loss 2.3141 | lr 3.0e-04 | 41,200 tok/s",
+    "[rank0]: saving checkpoint to /runcode/ckpt/step_120",
+    "Traceback (most recent call last):",
+    '  File "/runcode/code/flash/engine/worker/__main__.py", line 88, in <module>',
+    "wandb: Run history: train/loss ▇▆▅▄▃▂▁",
+)
+
+#: What NCCL prints at every healthy start with ``NCCL_DEBUG=INFO`` (recipes set it): the
+#: net plugin lookup "fails" for each plugin version it tries (2.19 and later), or finds no
+#: plugin (``dlerror=``, 2.18 and earlier), and NCCL goes on with its own transport.
+HEALTHY_NCCL_INIT = (
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/Plugin: Failed to find ncclNetPlugin_v8 symbol.",
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v8 "
+    "symbol.",
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open "
+    "shared object file: No such file or directory No plugin found (libnccl-net.so), using "
+    "internal implementation",
+    "gpu-node-3:1234:1234 [0] NCCL INFO NET/IB : No device found.",
+    "gpu-node-3:1234:1290 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using "
+    "internal network plugin.",
+)
+
+#: What one line may hold: no line break of any kind (so one piece is one line whatever
+#: the splitter), no surrogates.
+LINE_CHARS = st.characters(exclude_categories=["Cs", "Cc", "Zl", "Zp"])
+
+
+def _verdict_id(text: str) -> str | None:
+    found = policy.console_verdict(text)
+    return None if found is None else found.signature.id
+
+
+#: A noise line: not blank, and no signature shows in it.
+NOISE = st.one_of(
+    st.sampled_from(NEAR_MISSES),
+    st.text(LINE_CHARS, min_size=1, max_size=80),
+).filter(lambda s: bool(s.strip()) and policy.console_verdict(s) is None)
+
+HOST_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if BY_ID[sid].retriable
+              for line in lines]
+JOB_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if not BY_ID[sid].retriable
+             for line in lines]
+HOST = st.sampled_from(HOST_LINES)
+JOB = st.sampled_from(JOB_LINES)
+#: One line break each, however the console wrote it.
+BREAK = st.sampled_from(["\n", "\r", "\r\n"])
+
+
+@st.composite
+def progress_bar(draw: st.DrawFn) -> str:
+    """A tqdm bar redrawn in place: several ``\\r``-separated lines on one terminal line."""
+    total = draw(st.integers(10, 5000))
+    steps = sorted(draw(st.lists(st.integers(0, total), min_size=1, max_size=5)))
+    frames = []
+    for done in steps:
+        pct = 100 * done // total
+        bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+        frames.append(f"{pct:3d}%|{bar}| {done}/{total} [00:{pct % 60:02d}<01:16,  7.21it/s]")
+    return "\r".join(frames)
+
+
+def _lines_of(piece: str) -> int:
+    """How many console lines ``piece`` is (no trailing break): one per \\r or \\n, plus 1."""
+    return len(re.split(r"\r\n|\r|\n", piece))
+
+
+#: What draws a value: a composite's ``draw`` or ``st.data()``'s.
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+
+def _join(draw: Draw, pieces: list[str], *, trailing: bool | None = None) -> str:
+    out = ""
+    for i, piece in enumerate(pieces):
+        out += piece
+        if i < len(pieces) - 1:
+            out += draw(BREAK)
+    if trailing is None:
+        trailing = draw(st.booleans())
+    return out + (draw(BREAK) if trailing else "")
+
+
+@st.composite
+def host_tails(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]]]:
+    """A tail of host lines, noise and progress bars, every line within the window; and the
+    host lines, in order."""
+    host = draw(st.lists(HOST, min_size=1, max_size=6))
+    pieces: list[tuple[str, str | None]] = [(line, sid) for sid, line in host]
+    pieces += [(n, None) for n in draw(st.lists(NOISE, max_size=15))]
+    pieces += [(bar, None) for bar in draw(st.lists(progress_bar(), max_size=4))]
+    ordered = draw(st.permutations(pieces))
+    text = _join(draw, [p for p, _ in ordered])
+    assert sum(_lines_of(p) for p, _ in ordered) < WINDOW, "the test keeps all in the window"
+    return text, [(sid, p) for p, sid in ordered if sid is not None]
+
+
+@st.composite
+def any_tails(draw: st.DrawFn) -> str:
+    """Any mix of host lines, job lines and noise (the window may be exceeded)."""
+    pieces = draw(st.lists(st.one_of(HOST.map(lambda x: x[1]), JOB.map(lambda x: x[1]), NOISE,
+                                     progress_bar()), max_size=12))
+    filler = draw(st.integers(0, WINDOW + 5))
+    at = draw(st.integers(0, len(pieces)))
+    pieces[at:at] = ["step"] * filler
+    return _join(draw, pieces)
+
+
+FACTS = st.builds(
+    WorkerFacts,
+    heartbeat_retriable=st.booleans(),
+    upload_lost=st.booleans(),
+    oom_killed=st.booleans(),
+    console=any_tails(),
+)
+
+
+# --- the examples themselves ----------------------------------------------------------
+
+
+def test_the_signature_table_is_well_formed() -> None:
+    ids = [sig.id for sig in CONSOLE_SIGNATURES]
+    assert len(ids) == len(set(ids)), "signature ids are unique"
+    assert {sig.family for sig in CONSOLE_SIGNATURES} == FAMILIES
+    for sig in CONSOLE_SIGNATURES:
+        assert sig.retriable is (sig.family != "job"), sig.id
+        assert sig.meaning.strip(), sig.id
+        re.compile(sig.pattern)
+    assert WINDOW >= 1
+
+
+def test_every_signature_has_real_world_examples_and_no_example_is_stale() -> None:
+    assert set(EXAMPLES) == set(BY_ID)
+
+
+def test_each_example_alone_is_classified_to_its_own_signature_and_no_other_matches() -> None:
+    for sid, lines in EXAMPLES.items():
+        for line in lines:
+            found = policy.console_verdict(line)
+            assert found is not None, f"{sid}: {line!r} matched nothing"
+            assert found.signature == BY_ID[sid], f"{line!r} classified {found.signature.id}"
+            assert found.line == line.strip()
+            others = [
+                sig.id for sig in CONSOLE_SIGNATURES
+                if sig.id != sid and re.search(sig.pattern, line, re.IGNORECASE)
+            ]
+            assert others == [], f"{line!r} also matches {others}"
+
+
+def test_the_near_misses_match_nothing() -> None:
+    for line in NEAR_MISSES:
+        assert policy.console_verdict(line) is None, line
+
+
+def test_a_healthy_nccl_start_logged_at_info_level_shows_no_fault() -> None:
+    """A job that fails of its own bug right after NCCL's start must not look like a bad
+    interconnect: these lines are printed by every healthy run with NCCL_DEBUG=INFO."""
+    wrong = {line: _verdict_id(line) for line in HEALTHY_NCCL_INIT if _verdict_id(line)}
+    assert wrong == {}
+
+
+def test_every_hardware_xid_is_a_host_fault_and_the_application_xids_are_not() -> None:
+    for xid in (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120):
+        line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1234, name=python, Ch 00000001"
+        assert _verdict_id(line) == "nvrm-xid", xid
+    for xid in (13, 31, 43, 45, 8, 480, 790):
+        line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1234, name=python, Ch 00000001"
+        assert _verdict_id(line) is None, xid
+
+
+def test_a_long_line_is_shown_stripped_and_capped_around_its_match() -> None:
+    line = "   " + "x" * 500 + " RuntimeError: CUDA error: uncorrectable ECC error " + "y" * 500
+    found = policy.console_verdict(line + "\n")
+    assert found is not None and found.signature.id == "gpu-ecc-uncorrectable"
+    assert 0 < len(found.line) <= 300
+    assert found.line in line.strip()
+    assert "uncorrectable ECC error" in found.line
+
+
+def test_the_policy_table_lists_every_signature_with_its_class() -> None:
+    table = policy.render_table()
+    printed = subprocess.run(
+        [sys.executable, "-m", "fsm", "policy"], capture_output=True, check=True, timeout=60
+    ).stdout.decode()
+    assert printed.strip() == table.strip()
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| `")}
+    for sig in CONSOLE_SIGNATURES:
+        row = rows[f"`{sig.id}`"]
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", row)]
+        assert sig.family in cells, row
+        assert cells[-2] == ("retriable" if sig.retriable else "fatal"), row
+    for rule in (rules.WORKER_HOST_FAULT, rules.WORKER_OOM_KILLED, rules.HOST_GPU_MISSING):
+        assert f"`{rule.id}`" in rows, rule.id
+        assert rows[f"`{rule.id}`"].rstrip(" |").endswith(rule.verdict)
+
+
+# --- (a) determinism ------------------------------------------------------------------
+
+
+@given(any_tails(), any_tails())
+def test_the_console_verdict_is_deterministic(tail: str, other: str) -> None:
+    first = policy.console_verdict(tail)
+    policy.console_verdict(other)  # nothing carries over from one call to the next
+    assert policy.console_verdict(tail) == first
+    assert policy.console_verdict(str(tail)) == first
+
+
+@given(FACTS, FACTS)
+def test_judge_worker_is_a_pure_function_of_the_facts(
+    facts: WorkerFacts, other: WorkerFacts
+) -> None:
+    first = policy.judge_worker(facts)
+    policy.judge_worker(other)
+    assert policy.judge_worker(WorkerFacts(*facts)) == first
+    assert policy.judge_worker(facts) == first
+
+
+@given(FACTS)
+def test_judge_worker_follows_the_order_of_the_evidence(facts: WorkerFacts) -> None:
+    """Heartbeat, then lost upload, then OOM kill, then the console's verdict."""
+    rule, match = policy.judge_worker(facts)
+    console = policy.console_verdict(facts.console)
+    if facts.heartbeat_retriable:
+        expected = rules.WORKER_HEARTBEAT_RETRIABLE
+    elif facts.upload_lost:
+        expected = rules.WORKER_UPLOAD_LOST
+    elif facts.oom_killed:
+        expected = rules.WORKER_OOM_KILLED
+    elif console is not None and console.signature.retriable:
+        expected = rules.WORKER_HOST_FAULT
+    else:
+        expected = rules.WORKER_FAILED
+    assert rule is expected
+    if rule in (rules.WORKER_HOST_FAULT, rules.WORKER_FAILED):
+        assert match == console
+    assert rule.retriable is (rule in (rules.WORKER_HEARTBEAT_RETRIABLE,
+                                       rules.WORKER_UPLOAD_LOST, rules.WORKER_HOST_FAULT))
+
+
+# --- (b) the worker's own verdict wins -------------------------------------------------
+
+
+@given(any_tails(), st.booleans(), st.booleans())
+def test_a_retriable_heartbeat_always_wins(tail: str, upload_lost: bool, oom: bool) -> None:
+    rule, _ = policy.judge_worker(WorkerFacts(True, upload_lost, oom, tail))
+    assert rule is rules.WORKER_HEARTBEAT_RETRIABLE
+    assert rule.retriable
+
+
+# --- (c) a job fault in the window is never retried by the console ----------------------
+
+
+@given(st.data())
+def test_a_job_line_in_the_window_makes_the_console_fatal(data: st.DataObject) -> None:
+    """One rank's CUDA OOM makes the others print NCCL errors: whatever host lines come
+    with it, before or after, the job's own fault decides."""
+    tail, _ = data.draw(host_tails())
+    job = data.draw(st.lists(JOB, min_size=1, max_size=3))
+    lines = re.split(r"\r\n|\r|\n", tail)
+    for _, line in job:
+        lines.insert(data.draw(st.integers(0, len(lines))), line)
+    console = "\n".join(lines)
+    found = policy.console_verdict(console)
+    assert found is not None
+    assert found.signature.family == "job" and not found.signature.retriable
+    assert found.line in {line.strip() for _, line in job}
+    oom = data.draw(st.booleans())
+    rule, match = policy.judge_worker(WorkerFacts(False, False, oom, console))
+    assert not rule.retriable
+    assert rule is (rules.WORKER_OOM_KILLED if oom else rules.WORKER_FAILED)
+    if not oom:
+        assert match == found
+
+
+@given(JOB, HOST, st.booleans())
+def test_a_job_and_a_host_fault_on_one_line_is_the_jobs(
+    job: tuple[str, str], host: tuple[str, str], job_first: bool
+) -> None:
+    line = f"{job[1]} ; {host[1]}" if job_first else f"{host[1]} ; {job[1]}"
+    found = policy.console_verdict(line)
+    assert found is not None and found.signature.id == job[0]
+
+
+# --- (d) what scrolled out of the window does not count ---------------------------------
+
+
+@given(st.lists(st.one_of(HOST, JOB), min_size=1, max_size=4), st.integers(0, 30),
+       st.data())
+def test_a_signature_followed_by_a_windowful_of_noise_does_not_count(
+    faults: list[tuple[str, str]], extra: int, data: st.DataObject
+) -> None:
+    noise = data.draw(st.lists(NOISE, min_size=1, max_size=5))
+    after = [noise[i % len(noise)] for i in range(WINDOW + extra)]
+    tail = _join(data.draw, [line for _, line in faults] + after)
+    assert policy.console_verdict(tail) is None
+    rule, match = policy.judge_worker(WorkerFacts(console=tail))
+    assert (rule, match) == (rules.WORKER_FAILED, None)
+
+
+@given(JOB, HOST, st.data())
+def test_a_job_fault_that_scrolled_out_does_not_outrank_a_host_fault_in_the_window(
+    job: tuple[str, str], host: tuple[str, str], data: st.DataObject
+) -> None:
+    noise = data.draw(st.lists(NOISE, min_size=WINDOW - 1, max_size=WINDOW - 1))
+    tail = _join(data.draw, [job[1], host[1], *noise])
+    found = policy.console_verdict(tail)
+    assert found is not None and found.signature.id == host[0]
+    assert policy.judge_worker(WorkerFacts(console=tail)) == (rules.WORKER_HOST_FAULT, found)
+
+
+@given(st.one_of(HOST, JOB), st.data())
+def test_a_signature_on_the_windows_first_line_still_counts(
+    fault: tuple[str, str], data: st.DataObject
+) -> None:
+    """Exactly ``CONSOLE_WINDOW_LINES`` lines, the console's final newline included."""
+    noise = data.draw(st.lists(NOISE, min_size=WINDOW - 1, max_size=WINDOW - 1))
+    tail = "\n".join(["early noise"] * data.draw(st.integers(0, 3)) + [fault[1], *noise])
+    tail += data.draw(st.sampled_from(["", "\n"]))
+    found = policy.console_verdict(tail)
+    assert found is not None and found.signature.id == fault[0]
+
+
+# --- (e) host lines alone: the last one decides ---------------------------------------
+
+
+@given(host_tails())
+def test_with_only_host_faults_the_last_host_line_decides(
+    drawn: tuple[str, list[tuple[str, str]]],
+) -> None:
+    tail, host = drawn
+    last_id, last_line = host[-1]
+    found = policy.console_verdict(tail)
+    assert found is not None
+    assert found.signature.id == last_id
+    assert found.line == last_line.strip()
+    rule, match = policy.judge_worker(WorkerFacts(console=tail))
+    assert rule is rules.WORKER_HOST_FAULT and rule.retriable
+    assert match == found
+
+
+@given(HOST, st.lists(progress_bar(), min_size=1, max_size=6), st.data())
+def test_a_host_fault_followed_by_a_redrawn_progress_bar_still_decides(
+    host: tuple[str, str], bars: list[str], data: st.DataObject
+) -> None:
+    """tqdm redraws with ``\\r``: the frames are lines, but a few of them do not scroll a
+    host fault out of the window."""
+    tail = host[1] + "\r" + "\r".join(bars) + data.draw(st.sampled_from(["", "\n", "\r"]))
+    found = policy.console_verdict(tail)
+    assert found is not None and found.signature.id == host[0]
+    assert found.line == host[1].strip()
+
+
+@given(HOST, progress_bar())
+def test_carriage_returns_split_lines(host: tuple[str, str], bar: str) -> None:
+    """A progress bar redrawn past the window in one terminal line scrolls a fault out."""
+    frames = "\r".join([bar] * WINDOW)
+    assert policy.console_verdict(host[1] + "\r" + frames) is None
+    assert policy.console_verdict(host[1] + "\n" + frames) is None
