@@ -75,6 +75,7 @@ def test_the_examples_of_docs_testing_md_run_and_pass(tmp_path: Path) -> None:
     examples = _examples(DOCS / "testing.md")
     assert sorted(examples) == [
         "flash/engine/worker/__main__.py", "test_local_hub.py", "test_local_store.py",
+        "test_quota.py",
     ]
     for name, body in examples.items():
         target = tmp_path / ("worker/" + name if name.startswith("flash/") else name)
@@ -86,4 +87,4 @@ def test_the_examples_of_docs_testing_md_run_and_pass(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert "4 passed" in done.stdout

@@ -43,6 +43,39 @@ the token check, like a load balancer in front of the Hub would::
         ...
         hub.requests  # [RequestRecord(method, path, range, status, fault), ...]
 
+Quotas emulate the Hub's rate limits, scaled down for tests: a commit quota and a request
+quota over one rolling window (``None`` is unlimited, the default)::
+
+    hub.set_quota(commits=10, requests=None, window_s=5.0)  # 10 commits per rolling 5 s
+    # or LocalHubServer(..., quota=Quota(commits=10, window_s=5.0))
+
+* A request counts against a quota when it is admitted: the commit quota counts
+  ``POST /api/<type>s/<repo>/commit/<rev>``; the request quota counts every request, of
+  every kind (the Hub keeps separate buckets for API calls and resolvers; one bucket keeps
+  the emulation simple), commits included.
+* When a quota is used up in the last ``window_s`` seconds, the request is answered ``429``
+  with ``Retry-After`` (whole seconds, at least 1: the ceiling of the time until a counted
+  request leaves the window) and a JSON error in the Hub's words: ``{"error": "You have
+  exceeded our hourly quotas for action: commit. We invite you to retry later."}`` for the
+  commit quota; ``{"error": "We had to rate limit you, you hit the quota of N requests per
+  S seconds period. ..."}`` for the request quota, which also sends the Hub's
+  ``RateLimit``/``RateLimit-Policy`` headers (IETF draft; the bucket is ``"resolvers"``
+  for a resolver request, else ``"api"``). A throttled request counts against no quota.
+* Quotas apply after injected faults and after the token check: the Hub limits an account,
+  so a request refused ``401`` counts against no quota (without ``token=``, every request
+  is the one anonymous caller's).
+* ``set_quota`` replaces the quota and starts counting afresh.
+
+Every request has a kind, in ``RequestRecord.kind``: ``"commit"`` (``POST .../commit/...``),
+``"resolver"`` (``HEAD``/``GET .../resolve/...``), ``"api"`` (any other ``/api/`` request)
+or ``"other"``. ``hub.counts()`` tallies the request log by kind, whatever the answer, plus
+``"throttled"``: the requests a quota answered ``429`` (``RequestRecord.throttled`` names
+the quota, ``"commits"`` or ``"requests"``)::
+
+    hub.counts()  # {"api": 3, "resolver": 5, "commit": 12, "other": 0, "throttled": 2}
+
+The tallies come from the request log, so ``clear_requests()`` resets them.
+
 The pytest plugin of this package (``fsm.testing.pytest_plugin``, loaded explicitly)
 provides the ``hub_server`` fixture built on this class.
 """
@@ -54,6 +87,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -61,6 +95,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,10 +104,12 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["Fault", "LocalHubServer", "RequestRecord"]
+__all__ = ["Fault", "LocalHubServer", "Quota", "RequestRecord", "request_kind"]
 
 RepoType = Literal["model", "dataset", "space"]
 FaultKind = Literal["fail", "hang", "drop"]
+RequestKind = Literal["api", "resolver", "commit", "other"]
+QuotaName = Literal["commits", "requests"]
 
 _CHUNK = 1 << 20
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
@@ -98,6 +135,70 @@ class RequestRecord:
     fault: FaultKind | None = None
     at: float = field(default_factory=time.monotonic)
     ended_at: float | None = None  # when the answer (body included) was sent or dropped
+    #: ``"commit"``, ``"resolver"``, ``"api"`` or ``"other"``: derived from method and path
+    #: (:func:`request_kind`) when not given, so it is never None once constructed.
+    kind: RequestKind | None = None
+    #: The quota that answered it ``429`` (``"commits"`` or ``"requests"``), else None.
+    throttled: QuotaName | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            self.kind = request_kind(self.method, self.path)
+
+
+def request_kind(method: str, path: str) -> RequestKind:
+    """The kind of a request, as the quotas and ``counts()`` see it.
+
+    ``"commit"``: ``POST /api/<type>s/<repo>/commit/<rev>``; ``"resolver"``: ``HEAD`` or
+    ``GET`` of ``/{<type>s/}<repo>/resolve/<rev>/<path>``; ``"api"``: any other request
+    below ``/api/``; ``"other"``: the rest.
+    """
+    method = method.upper()
+    api = _API.match(path)
+    if api is not None and api["op"] == "commit" and method == "POST":
+        return "commit"
+    if path == "/api" or path.startswith("/api/"):
+        return "api"
+    if _RESOLVE.match(path) is not None and method in ("GET", "HEAD"):
+        return "resolver"
+    return "other"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Quotas over a rolling window of ``window_s`` seconds; None is unlimited.
+
+    ``commits``: commits admitted per window; ``requests``: requests of any kind admitted
+    per window (commits included). ``0`` refuses every request the quota counts.
+    """
+
+    commits: int | None = None
+    requests: int | None = None
+    window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("commits", "requests"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be None or an integer >= 0, not {value!r}")
+        if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s)
+                and self.window_s > 0):
+            raise ValueError(f"window_s must be a positive number, not {self.window_s!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.commits is None and self.requests is None
+
+
+@dataclass(frozen=True)
+class _Throttle:
+    """A quota's refusal: the 429 to answer."""
+
+    quota: QuotaName
+    message: str
+    headers: dict[str, str]
 
 
 @dataclass
@@ -127,6 +228,7 @@ class LocalHubServer:
 
     ``root`` holds the repos (a fresh temporary directory, removed on stop, when None).
     ``token``: when given, every request must carry ``Authorization: Bearer <token>``.
+    ``quota``: the commit and request quotas (unlimited when None); see :meth:`set_quota`.
     """
 
     def __init__(
@@ -137,6 +239,7 @@ class LocalHubServer:
         host: str = "127.0.0.1",
         port: int = 0,
         log_file: Path | str | None = None,
+        quota: Quota | None = None,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="hubserver-")) if root is None else Path(root)
@@ -155,6 +258,9 @@ class LocalHubServer:
         self._generation: dict[Path, int] = {}
         self._etags: dict[tuple[str, int, int], str] = {}
         self._log_file = Path(log_file) if log_file is not None else None
+        self._quota = Quota() if quota is None else quota
+        # Admission times (monotonic) of the requests counted in the current window.
+        self._admitted: dict[QuotaName, deque[float]] = {"commits": deque(), "requests": deque()}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -270,6 +376,44 @@ class LocalHubServer:
         with self._lock:
             self._faults.clear()
 
+    # --- quotas -------------------------------------------------------------------------
+
+    @property
+    def quota(self) -> Quota:
+        """The quotas in force (``Quota()``, unlimited, by default)."""
+        with self._lock:
+            return self._quota
+
+    def set_quota(
+        self, commits: int | None = None, requests: int | None = None, window_s: float = 300.0
+    ) -> Quota:
+        """Limit commits and requests (any kind) admitted per rolling ``window_s`` seconds.
+
+        None is unlimited (``set_quota()`` lifts every quota). Counting starts afresh: what
+        was admitted before this call counts against no quota. A request over a quota is
+        answered ``429`` with ``Retry-After``, and counts against none.
+        """
+        quota = Quota(commits=commits, requests=requests, window_s=window_s)
+        with self._lock:
+            self._quota = quota
+            for admitted in self._admitted.values():
+                admitted.clear()
+        return quota
+
+    def counts(self) -> dict[str, int]:
+        """Requests in the log by kind, whatever their answer, and the ``throttled`` ones.
+
+        ``{"api": n, "resolver": n, "commit": n, "other": n, "throttled": n}``;
+        ``clear_requests()`` resets them with the log.
+        """
+        tally = {"api": 0, "resolver": 0, "commit": 0, "other": 0, "throttled": 0}
+        with self._lock:
+            for record in self._log:
+                tally[record.kind or request_kind(record.method, record.path)] += 1
+                if record.throttled is not None:
+                    tally["throttled"] += 1
+        return tally
+
     # --- the request log ----------------------------------------------------------------
 
     @property
@@ -328,6 +472,52 @@ class LocalHubServer:
                 with self._log_file.open("a") as f:
                     f.write(json.dumps(line) + "\n")
 
+    def _admit(self, record: RequestRecord) -> _Throttle | None:
+        """Count an authorized request against the quotas, or say why it is refused."""
+        with self._changed:
+            quota = self._quota
+            if quota.unlimited:
+                return None
+            now = time.monotonic()
+            limits: list[tuple[QuotaName, int]] = []
+            if quota.commits is not None and record.kind == "commit":
+                limits.append(("commits", quota.commits))
+            if quota.requests is not None:
+                limits.append(("requests", quota.requests))
+            refused: tuple[float, QuotaName, int] | None = None
+            for name, limit in limits:
+                admitted = self._admitted[name]
+                while admitted and admitted[0] <= now - quota.window_s:
+                    admitted.popleft()
+                if len(admitted) < limit:
+                    continue
+                # A place frees when the entry `limit` from the newest leaves the window.
+                freed = admitted[len(admitted) - limit] + quota.window_s if limit else None
+                wait = quota.window_s if freed is None else freed - now
+                if refused is None or wait > refused[0]:
+                    refused = (wait, name, limit)
+            if refused is None:
+                for name, _limit in limits:
+                    self._admitted[name].append(now)
+                return None
+            wait, name, limit = refused
+            record.throttled = name
+            self._changed.notify_all()
+        retry_after = max(1, math.ceil(wait))
+        headers = {"Retry-After": str(retry_after)}
+        if name == "commits":
+            message = ("You have exceeded our hourly quotas for action: commit. "
+                       "We invite you to retry later.")
+        else:
+            bucket = "resolvers" if record.kind == "resolver" else "api"
+            message = (f"We had to rate limit you, you hit the quota of {limit} requests per "
+                       f"{quota.window_s:g} seconds period. "
+                       "See https://huggingface.co/docs/hub/rate-limits")
+            headers["RateLimit"] = f'"{bucket}";r=0;t={retry_after}'
+            headers["RateLimit-Policy"] = (
+                f'"rolling window";"{bucket}";q={limit};w={math.ceil(quota.window_s)}')
+        return _Throttle(name, message, headers)
+
     def _authorized(self, header: str | None) -> bool:
         return self._token is None or header == f"Bearer {self._token}"
 
@@ -378,6 +568,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    request_queue_size = 64  # a burst of parallel clients is not left waiting on SYN retries
     hub: LocalHubServer
 
 
@@ -455,6 +646,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not hub._authorized(self.headers.get("Authorization")):
                 # Like the Hub: no error code, a message that never echoes the header.
                 self._send_json(401, {"error": "Invalid credentials in Authorization header"})
+                return
+            throttle = hub._admit(record)
+            if throttle is not None:
+                self._send_json(429, {"error": throttle.message}, throttle.headers)
                 return
             self._route(path, parse_qs(query))
         except _HttpError as err:
@@ -726,6 +921,9 @@ def main(argv: list[str] | None = None) -> None:
     (Or ``python -c "from fsm.testing.hubserver import main; main()" ROOT``, which avoids
     runpy's warning about the module being imported by ``fsm.testing`` first.)
 
+    ``--commit-quota N``, ``--request-quota N`` and ``--quota-window S`` set the quotas
+    (:meth:`LocalHubServer.set_quota`; unlimited by default, a 300 s window).
+
     Prints the server's URL as the first line on stdout. Useful to run the server in a
     process of its own: hf_transfer holds the GIL while it downloads, so a client using it
     cannot share a process with this server.
@@ -739,11 +937,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-env", help="name of an environment variable holding the token")
     parser.add_argument("--log", type=Path, help="append each request as a JSON line here")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--commit-quota", type=int, metavar="N",
+                        help="commits admitted per quota window (default: unlimited)")
+    parser.add_argument("--request-quota", type=int, metavar="N",
+                        help="requests of any kind admitted per quota window (default: unlimited)")
+    parser.add_argument("--quota-window", type=float, default=300.0, metavar="S",
+                        help="length of the rolling quota window in seconds (default: 300)")
     args = parser.parse_args(argv)
+    try:
+        quota = Quota(commits=args.commit_quota, requests=args.request_quota,
+                      window_s=args.quota_window)
+    except ValueError as err:
+        parser.error(str(err))
     token = os.environ.get(args.token_env) if args.token_env else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with LocalHubServer(args.root, token=token, port=args.port, log_file=args.log) as server:
+    with LocalHubServer(args.root, token=token, port=args.port, log_file=args.log,
+                        quota=quota) as server:
         print(server.url, flush=True)
 
         def stdin_closed() -> None:
