@@ -1,4 +1,5 @@
-"""The command line of CONTRACT section 2: run, validate, demo, diagram, policy.
+"""The command line of CONTRACT section 2: run, validate, demo, diagram, policy, and the
+operator's status and explain.
 
 Bad input never shows a traceback: it ends with exit status 2 and one line on stderr
 naming the problem.
@@ -25,7 +26,7 @@ import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 PROG = "flash-bootstrap"
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
@@ -69,7 +70,54 @@ def build_parser() -> argparse.ArgumentParser:
     diagram.add_argument("--marker", metavar="MARKER_JSON", help="highlight one attempt's path")
 
     sub.add_parser("policy", help="print the failure-classification table")
+
+    status = sub.add_parser("status", help="list the attempts under a run's prefix")
+    _fleet_options(status)
+    status.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+
+    explain = sub.add_parser(
+        "explain", help="one attempt: its marker, rule, console tail and path"
+    )
+    _fleet_options(explain)
+    explain.add_argument("--attempt", required=True, type=_attempt_number, metavar="N")
+    explain.add_argument("--arm", help="the arm, when several ran attempt N")
     return parser
+
+
+#: The default ``--timeout`` of status and explain: the bound of all their store calls.
+FLEET_DEFAULT_TIMEOUT_S = 60.0
+
+
+def _fleet_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", required=True, help="the dataset repo, org/name")
+    parser.add_argument("--prefix", required=True, help="the run's folder in it (hf_prefix)")
+    parser.add_argument("--store", help="file:///abs/dir for a local store [FLASH_STORE, the Hub]")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=FLEET_DEFAULT_TIMEOUT_S, metavar="SECONDS",
+        help=f"bound of all store calls together [{FLEET_DEFAULT_TIMEOUT_S:g}]",
+    )
+
+
+def _attempt_number(text: str) -> int:
+    from fsm.payload import MAX_ATTEMPT
+
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_ATTEMPT:
+        raise argparse.ArgumentTypeError(
+            f"expected an attempt number from 0 to {MAX_ATTEMPT:,}, got {text[:40]!r}"
+        )
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text[:40]!r}")
+    return value
 
 
 def entrypoint() -> NoReturn:
@@ -107,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(render_table())
             return 0
+        if command in ("status", "explain"):
+            return _fleet(args)
     except KeyboardInterrupt:
         _say("interrupted")
         return 130
@@ -167,6 +217,28 @@ def _store_url_problem(url: str) -> str | None:
     if url.startswith(("http://", "https://")):
         return None
     return f"--store {url!r}: expected file:///abs/dir or an http(s) Hub endpoint"
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    """status and explain: what the runners left under one prefix (fsm.fleet)."""
+    from fsm import fleet
+
+    problem = fleet.arguments_problem(args.repo, args.prefix, getattr(args, "arm", None))
+    url = args.store if args.store is not None else os.environ.get("FLASH_STORE") or None
+    if problem is None and url is not None:
+        problem = _store_url_problem(url)
+        if problem and args.store is None:
+            problem = f"FLASH_STORE={url!r}: " + problem.removeprefix(f"--store {url!r}: ")
+    if problem:
+        from fsm.redact import Redactor  # a URL's credentials, or the token, are not echoed
+
+        _say(Redactor([os.environ.get("HF_TOKEN") or ""]).text(problem))
+        return 2
+    common: dict[str, Any] = {"repo": args.repo, "prefix": args.prefix, "url": url,
+                              "environ": os.environ, "timeout_s": args.timeout, "say": _say}
+    if args.command == "status":
+        return fleet.status(as_json=args.json, **common)
+    return fleet.explain(attempt=args.attempt, arm=args.arm, **common)
 
 
 def _validate(path: Path) -> int:

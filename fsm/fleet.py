@@ -1,0 +1,487 @@
+"""The operator's view of the fleet: ``flash-bootstrap status`` and ``flash-bootstrap explain``.
+
+Both read what the runners left under one run's prefix, through the runner's own store
+calls (:func:`fsm.store.open_store`: bounded, retried, classified), on either store:
+
+* ``status`` lists the prefix once (one ``list_folder``) and downloads each attempt
+  marker found directly in it (``<arm>_attempt<N>.json``): arm, attempt, outcome, class,
+  rule, age, end state and run id, as a table or as JSON;
+* ``explain`` shows one attempt: its marker, the policy row that decided it, the last
+  lines of the console tail uploaded under the prefix, and its path on the machine.
+
+Nothing here writes to the store. Everything printed passes through a redactor that
+knows the token, although the store's content was redacted when it was uploaded and the
+store's error texts never carry the token.
+
+Exit status: 0 shown (an unreadable marker is shown as such); 1 the store failed
+(unavailable, refused the token, a path not found, ``--timeout`` reached); 2 the command
+line is unusable, or ``explain`` would have to pick among several arms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+import time
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsm.clock import Deadline
+from fsm.errors import (
+    DeadlineExceeded,
+    FlashError,
+    PayloadError,
+    StoreAuthError,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from fsm.redact import Redactor
+from fsm.store.base import Store
+
+__all__ = [
+    "CONSOLE_RE", "MARKER_RE", "TAIL_LINES", "Row", "arguments_problem", "explain",
+    "human_age", "marker_files", "status", "status_table",
+]
+
+#: An attempt marker directly in the prefix: ``<arm>_attempt<N>.json`` (the arm as the
+#: payload's ``flash_arm`` allows it). ASCII digits only, the whole name.
+MARKER_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(\d+)\.json", re.ASCII)
+#: A console tail the runner uploaded: ``console_<phase>.txt``.
+CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
+#: How many of the console tail's last lines ``explain`` shows.
+TAIL_LINES = 20
+#: The longest cell of the status table (longer values are cut, ``...`` appended).
+CELL_CHARS = 48
+#: How much of an unreadable marker ``explain`` shows.
+RAW_CHARS = 2_000
+_REPO_MAX = 200
+
+Say = Callable[[str], None]
+Print = Callable[[str], None]
+
+
+# --- the command line's values ------------------------------------------------------------
+
+
+def arguments_problem(repo: str, prefix: str, arm: str | None = None) -> str | None:
+    """Why ``--repo``, ``--prefix`` or ``--arm`` is unusable (one line), or None."""
+    from fsm.payload import NAME_RE, REPO_RE, _prefix_problem
+
+    if len(repo) > _REPO_MAX or not REPO_RE.fullmatch(repo):
+        return f"--repo {_shown(repo)}: expected a repo id like 'org/name'"
+    problem = _prefix_problem(prefix)
+    if problem:
+        return f"--prefix {_shown(prefix)}: {problem}"
+    if arm is not None and not NAME_RE.fullmatch(arm):
+        return f"--arm {_shown(arm)}: letters, digits and ._- (at most 64, a letter or digit first)"
+    return None
+
+
+def _shown(value: str) -> str:
+    return repr(value[:80] + ("..." if len(value) > 80 else ""))
+
+
+# --- what a prefix holds --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkerFile:
+    name: str
+    arm: str
+    attempt: int
+
+
+def marker_files(names: Iterable[str]) -> list[MarkerFile]:
+    """The attempt markers among a folder's file names, by attempt then arm."""
+    found = []
+    for name in names:
+        match = MARKER_RE.fullmatch(name)
+        if match is None:
+            continue
+        try:
+            attempt = int(match.group(2))
+        except ValueError:  # more digits than Python converts: no attempt of ours
+            continue
+        found.append(MarkerFile(name, match.group(1), attempt))
+    return sorted(found, key=lambda m: (m.attempt, m.arm, m.name))
+
+
+def console_files(names: Iterable[str]) -> list[str]:
+    return sorted(name for name in names if CONSOLE_RE.fullmatch(name))
+
+
+def parse_marker(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(the marker, None), or (None, why it cannot be read as one)."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except (RecursionError, ValueError) as exc:
+        return None, f"not usable JSON: {type(exc).__name__}"
+    if not isinstance(value, dict):
+        return None, f"not a JSON object but {type(value).__name__}"
+    if not isinstance(value.get("ok"), bool):
+        return None, "no boolean 'ok'"
+    return value, None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One attempt marker of a prefix, as ``status`` shows it."""
+
+    file: MarkerFile
+    marker: dict[str, Any] | None
+    problem: str | None = None  # why the marker is unreadable
+
+    @property
+    def outcome(self) -> str:
+        if self.marker is None:
+            return "unreadable"
+        return "ok" if self.marker["ok"] else "failed"
+
+    @property
+    def verdict(self) -> str | None:
+        """succeeded, retriable or fatal (None when unreadable): what the control plane does."""
+        if self.marker is None:
+            return None
+        if self.marker["ok"]:
+            return "succeeded"
+        return "retriable" if self.marker.get("retriable") is True else "fatal"
+
+    @property
+    def ts(self) -> float | None:
+        ts = self.marker.get("ts") if self.marker is not None else None
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+            return None
+        return float(ts)
+
+    def age_s(self, now: float) -> float | None:
+        ts = self.ts
+        return None if ts is None else round(now - ts, 3)
+
+    def field(self, key: str) -> Any:
+        return self.marker.get(key) if self.marker is not None else None
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "arm": self.file.arm,
+            "attempt": self.file.attempt,
+            "file": self.file.name,
+            "outcome": self.outcome,
+            "class": self.verdict,
+            "rule": self.field("rule"),
+            "ts": self.field("ts"),
+            "age_s": self.age_s(now),
+            "state": self.field("state"),
+            "run_id": self.field("run_id"),
+            "retriable": self.field("retriable"),
+            "error": self.field("error"),
+        }
+        if self.problem is not None:
+            row["problem"] = self.problem
+        return row
+
+
+def human_age(seconds: float | None) -> str:
+    """``45s``, ``3m12s``, ``2h05m``, ``4d``; ``-`` when unknown; a marker from the future
+    (a clock ahead of ours) gets a minus sign."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return "-" + human_age(-seconds)
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86_400}d"
+
+
+HEADER = ("ARM", "ATTEMPT", "OUTCOME", "CLASS", "RULE", "AGE", "STATE", "RUN_ID")
+
+
+def status_table(rows: Iterable[Row], now: float) -> str:
+    """Aligned columns under a header, one line per marker."""
+    lines = [HEADER]
+    for row in rows:
+        lines.append((
+            _cell(row.file.arm), str(row.file.attempt), row.outcome, row.verdict or "-",
+            _cell(row.field("rule")), human_age(row.age_s(now)), _cell(row.field("state")),
+            _cell(row.field("run_id")),
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _cell(value: Any) -> str:
+    """A marker's value as one printable cell: ``-`` when absent, no control characters."""
+    if value is None or value == "":
+        return "-"
+    return _printable(" ".join(str(value).split()), CELL_CHARS)
+
+
+def _printable(text: str, limit: int | None = None) -> str:
+    """``text`` without control characters (a terminal would obey them), cut to ``limit``."""
+    text = "".join(
+        "?" if unicodedata.category(ch) in ("Cc", "Cf") and ch != "\t" else ch for ch in text
+    )
+    if limit is not None and len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text
+
+
+# --- talking to the store ---------------------------------------------------------------------
+
+
+class _StoreFailed(Exception):
+    """One line for stderr: the store failed (exit 1)."""
+
+
+def _open(url: str | None, repo: str, environ: Mapping[str, str], timeout_s: float) -> Store:
+    from fsm.store import open_store
+
+    return open_store(url, repo_id=repo, token=environ.get("HF_TOKEN") or None,
+                      deadline=Deadline.after(timeout_s), environ=environ)
+
+
+def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
+    where = store.describe()
+    text = " ".join(str(exc).split())[:500]
+    if isinstance(exc, StoreAuthError):
+        return f"the store refused the credentials (HF_TOKEN) at {where}: {text}"
+    if isinstance(exc, StoreUnavailable):
+        return f"store unavailable at {where}: {text}"
+    if isinstance(exc, StoreNotFound):
+        return f"not found in the store at {where}: {text}"
+    if isinstance(exc, DeadlineExceeded):
+        return f"the store at {where} did not answer within --timeout {timeout_s:g}s"
+    return f"the store at {where} refused: {text}"
+
+
+def _read(store: Store, path: str, scratch: Path) -> bytes:
+    return store.download_file(path, scratch).read_bytes()
+
+
+def _session(
+    command: str,
+    *,
+    url: str | None,
+    repo: str,
+    environ: Mapping[str, str],
+    timeout_s: float,
+    say: Say,
+    body: Callable[[Store, Path, Print], int],
+) -> int:
+    """Open the store, run ``body(store, scratch, emit)`` and turn store failures into one
+    line (exit 1). ``emit`` prints to stdout through the token's redactor."""
+    import contextlib
+    import os
+    import sys
+
+    from fsm import log
+
+    log.silence()  # the store's log events would mix into the output: its failure is one line
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
+    redactor = Redactor([environ.get("HF_TOKEN") or ""])
+
+    def emit(text: str) -> None:
+        sys.stdout.write(redactor.text(text) + "\n")
+
+    def tell(line: str) -> None:
+        say(f"{command}: {redactor.text(line)}")
+
+    # The Hub client draws no progress bars and logs no retries of its own into the
+    # operator's terminal: a failure is the one line below (settings read at its import).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    try:
+        store = _open(url, repo, environ, timeout_s)
+    except PayloadError as exc:
+        tell(str(exc))
+        return 2
+    with tempfile.TemporaryDirectory(prefix="flash-fleet-", ignore_cleanup_errors=True) as scratch:
+        try:
+            return body(store, Path(scratch), emit)
+        except _StoreFailed as exc:
+            tell(str(exc))
+            return 1
+        except (FlashError, DeadlineExceeded) as exc:
+            tell(_store_failure(exc, store, timeout_s))
+            return 1
+
+
+# --- status -------------------------------------------------------------------------------
+
+
+def status(
+    *,
+    repo: str,
+    prefix: str,
+    url: str | None,
+    as_json: bool,
+    environ: Mapping[str, str],
+    timeout_s: float,
+    say: Say,
+) -> int:
+    """``flash-bootstrap status``: every attempt marker under ``prefix``."""
+    prefix = prefix.strip("/")
+
+    def body(store: Store, scratch: Path, emit: Print) -> int:
+        found = marker_files(store.list_folder(prefix))
+        rows = []
+        for marker_file in found:
+            try:
+                data = _read(store, f"{prefix}/{marker_file.name}", scratch)
+            except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
+                rows.append(Row(marker_file, None, "listed, then not found when downloaded"))
+                continue
+            marker, problem = parse_marker(data)
+            rows.append(Row(marker_file, marker, problem))
+        now = time.time()
+        if as_json:
+            emit(json.dumps([row.as_json(now) for row in rows], indent=2))
+        elif not rows:
+            emit(f"no attempt markers under {_printable(prefix)}/ in {store.describe()} "
+                 "(none there, or no such folder or repo)")
+        else:
+            emit(status_table(rows, now))
+        return 0
+
+    return _session("status", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
+                    say=say, body=body)
+
+
+# --- explain ------------------------------------------------------------------------------
+
+
+def explain(
+    *,
+    repo: str,
+    prefix: str,
+    attempt: int,
+    arm: str | None,
+    url: str | None,
+    environ: Mapping[str, str],
+    timeout_s: float,
+    say: Say,
+) -> int:
+    """``flash-bootstrap explain``: one attempt's marker, rule, console tail and path."""
+    prefix = prefix.strip("/")
+
+    def body(store: Store, scratch: Path, emit: Print) -> int:
+        names = store.list_folder(prefix)
+        every = marker_files(names)
+        candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
+        if not candidates:
+            held = ", ".join(m.name for m in every) or "none"
+            wanted = f"{arm}_attempt{attempt}.json" if arm else f"attempt {attempt}"
+            raise _StoreFailed(
+                f"no marker of {wanted} under {_printable(prefix)}/ in {store.describe()} "
+                f"(markers there: {_printable(held, 300)})"
+            )
+        if len(candidates) > 1:
+            arms = ", ".join(m.arm for m in candidates)
+            say(f"explain: attempt {attempt} has markers of several arms ({arms}): "
+                "choose one with --arm")
+            return 2
+        chosen = candidates[0]
+        path = f"{prefix}/{chosen.name}"
+        data = _read(store, path, scratch)
+        marker, problem = parse_marker(data)
+        emit(f"marker  {_printable(path)}")
+        if marker is None:
+            emit(f"unreadable: {problem}")
+            emit(_printable(data.decode("utf-8", "replace"), RAW_CHARS))
+        else:
+            emit(_pretty(marker))
+        emit("")
+        emit(_rule_row(marker))
+        emit("")
+        others = [m for m in every if m != chosen]
+        tails = console_files(names)
+        if not tails:
+            emit("console tail  no console tail in the store\n")
+        for name in tails:
+            emit(_tail(store, prefix, name, scratch, others) + "\n")
+        emit(_path(marker))
+        return 0
+
+    return _session("explain", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
+                    say=say, body=body)
+
+
+def _pretty(marker: Mapping[str, Any]) -> str:
+    """The marker as indented JSON, non-ASCII text kept but every control or format
+    character escaped (json.dumps leaves C1 controls and bidi overrides raw)."""
+    text = json.dumps(marker, indent=2, ensure_ascii=False)
+    return "".join(
+        json.dumps(ch)[1:-1] if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf") else ch
+        for ch in text
+    )
+
+
+def _rule_row(marker: Mapping[str, Any] | None) -> str:
+    from fsm import policy
+    from fsm.rules import ANY
+
+    if marker is None:
+        return "decided by  unknown: the marker is unreadable"
+    rule_id = marker.get("rule")
+    if not isinstance(rule_id, str) or not rule_id:
+        return "decided by  unknown: the marker names no rule"
+    try:
+        rule = policy.rule(rule_id)
+    except KeyError:
+        return (f"decided by  {_printable(rule_id, 80)}: not a rule of this runner's policy "
+                "(written by another version?)")
+    verdict = "succeeded" if rule is policy.SUCCESS else rule.verdict
+    lines = [
+        f"decided by  {rule.id}",
+        f"  class  {verdict}",
+        f"  where  {'any state' if rule.where == ANY else rule.where}",
+        f"  what   {rule.what}",
+    ]
+    said = "succeeded" if marker.get("ok") is True else (
+        "retriable" if marker.get("retriable") is True else "fatal")
+    if said != verdict:
+        lines.append(f"  note   the marker says {said}, the rule {verdict}")
+    return "\n".join(lines)
+
+
+def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[MarkerFile]) -> str:
+    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    # what a terminal would show of a line rewritten with carriage returns
+    shown = [_printable(line.rstrip("\r").rsplit("\r", 1)[-1]) for line in lines[-TAIL_LINES:]]
+    head = f"console tail  {_printable(prefix)}/{name} (last {len(shown)} of {len(lines)} lines)"
+    if others:
+        head += ("\n  note: the prefix holds other attempts' markers too; this is the last "
+                 "tail uploaded under it, which may be another attempt's")
+    return "\n".join([head, *(f"  | {line}" for line in shown)])
+
+
+def _path(marker: Mapping[str, Any] | None) -> str:
+    from fsm import diagram
+
+    if marker is None:
+        return "path  cannot be drawn: the marker is unreadable"
+    try:
+        drawn = diagram.render("mermaid", marker=marker).decode()
+    except diagram.DiagramUnavailable as exc:
+        return f"path  cannot be drawn: {exc}"
+    return "path  (mermaid)\n" + drawn.rstrip("\n")
