@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
+from urllib.parse import quote
 
 import structlog
 
@@ -439,19 +440,34 @@ class HubStore:
             return False
 
     def list_folder(self, folder: str) -> frozenset[str]:
-        api = self._api()
-        from huggingface_hub.hf_api import RepoFile
+        self._api()
+        from huggingface_hub import get_session, hf_raise_for_status
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
         folder = folder.strip("/")
+        url: str | None = (
+            f"{self.endpoint}/api/datasets/{self.repo_id}/tree/main"
+            + (f"/{quote(folder, safe='')}" if folder else "")
+        )
+        headers = build_hf_headers(token=self._token)
 
         def listing() -> frozenset[str]:
-            entries = api.list_repo_tree(
-                self.repo_id, path_in_repo=folder or None, repo_type="dataset",
-                recursive=False, token=self._token,
-            )
-            return frozenset(
-                entry.path.rsplit("/", 1)[-1] for entry in entries if isinstance(entry, RepoFile)
-            )
+            # The tree endpoint asked directly, page by page: HfApi.list_repo_tree retries
+            # 429 and 5xx inside the call (five times, with backoff), which would hide the
+            # store's Retry-After from this adapter's own bounded retries and spend a
+            # throttled account's quota.
+            names: set[str] = set()
+            next_url = url
+            params: dict[str, str] | None = {"recursive": "false", "expand": "false"}
+            while next_url is not None:
+                response = get_session().get(next_url, params=params, headers=headers,
+                                             timeout=self.call_timeout_s)
+                hf_raise_for_status(response)
+                names.update(entry["path"].rsplit("/", 1)[-1] for entry in response.json()
+                             if entry.get("type") == "file")
+                next_url = response.links.get("next", {}).get("url")
+                params = None  # the next link carries them
+            return frozenset(names)
 
         try:
             return self._call("list", f"{folder}/", listing, self.call_timeout_s)
