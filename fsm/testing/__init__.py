@@ -9,7 +9,8 @@ plugin). The runtime never imports it, and the container image does not carry it
 ``huggingface_hub`` client (0.x and 1.x/2.x) accepts: uploads, existence checks,
 single-file and snapshot downloads (ranged GETs included), a Bearer token check, and
 injected faults (an HTTP status for the first N matching requests, a bounded hang, a
-dropped connection). Repos are plain directories under the server's root::
+dropped connection), and the Hub's rate limits (a commit and a request quota over a
+rolling window, answered 429 with ``Retry-After``). Repos are plain directories under the server's root::
 
     from fsm.testing import LocalHubServer
 
@@ -32,6 +33,6 @@ Importing this package is cheap: it needs only the standard library.
 
 from __future__ import annotations
 
-from fsm.testing.hubserver import Fault, LocalHubServer, RequestRecord
+from fsm.testing.hubserver import Fault, LocalHubServer, Quota, RequestRecord
 
-__all__ = ["Fault", "LocalHubServer", "RequestRecord"]
+__all__ = ["Fault", "LocalHubServer", "Quota", "RequestRecord"]
