@@ -441,8 +441,11 @@ class HubStore:
 
     def list_folder(self, folder: str) -> frozenset[str]:
         self._api()
-        from huggingface_hub import get_session, hf_raise_for_status
-        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+        from huggingface_hub.utils import (  # type: ignore[attr-defined]  # both lines have them
+            build_hf_headers,
+            get_session,
+            hf_raise_for_status,
+        )
 
         folder = folder.strip("/")
         url: str | None = (

@@ -10,7 +10,8 @@ plugin). The runtime never imports it, and the container image does not carry it
 single-file and snapshot downloads (ranged GETs included), a Bearer token check, and
 injected faults (an HTTP status for the first N matching requests, a bounded hang, a
 dropped connection), and the Hub's rate limits (a commit and a request quota over a
-rolling window, answered 429 with ``Retry-After``). Repos are plain directories under the server's root::
+rolling window, answered 429 with ``Retry-After``). Repos are plain directories under the
+server's root::
 
     from fsm.testing import LocalHubServer
 
