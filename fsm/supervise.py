@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import math
 import os
+import random
 import select
 import signal
 import subprocess
@@ -115,9 +116,10 @@ def supervise(
     a watchdog may ``killpg`` meanwhile.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
-    ``tail_interval_s`` seconds; ticks are skipped while a call is in flight and exceptions
-    are logged and swallowed. A call may still be in flight when this returns: a caller
-    whose final upload must land last should serialise it with the sink (a shared lock).
+    ``tail_interval_s`` seconds (give or take a fifth, at random); ticks are skipped while
+    a call is in flight and exceptions are logged and swallowed. A call may still be in
+    flight when this returns: a caller whose final upload must land last should serialise
+    it with the sink (a shared lock).
 
     ``name`` (``"pip"`` for the installer) names the log events and the process in the cap
     line. Raises ``OSError`` when the worker cannot be started or the console file created.
@@ -474,7 +476,10 @@ def _start_ticks(
 
     def tick() -> None:
         log = structlog.get_logger()
-        while not _wait_event(stop, interval_s):  # a call in flight delays the next tick
+        # Each wait is jittered by up to a fifth either way: runners started together (a
+        # fleet sharing one repo) drift apart instead of committing in step, where their
+        # fenced tails would refuse each other (412).
+        while not _wait_event(stop, interval_s * random.uniform(0.8, 1.2)):
             try:
                 sink(read_tail(console_path))
             except Exception as exc:
