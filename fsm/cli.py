@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 
-from fsm import interrupt
+from fsm import deferred, interrupt
 
 if sys.argv[1:2] == ["run"]:
     # The first thing a runner does: a signal during the imports below is remembered.
     interrupt.install_early()
+    deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
 
 import argparse
 import contextlib

@@ -260,3 +260,38 @@ def test_the_demo_runs_each_scenario_offline_as_described(scenario: str, tmp_pat
     out = proc.stdout.decode()
     assert "states     LoadPayload ->" in out
     assert '"ok":' in out
+
+
+def test_a_runner_on_the_local_store_never_imports_asyncio(layout: Layout) -> None:
+    """Start-up (issue 15): structlog imports asyncio (and ssl) for its async methods
+    only; ``run`` defers it, and a whole attempt on the local store never loads it."""
+    layout.write_worker("print('training'); complete()")
+    layout.write_payload()
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fsm", *layout.run_args()],
+        capture_output=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines()
+                if line.startswith("import time:")]
+    assert "structlog" in imported  # the measurement sees the runner's imports
+    assert not [name for name in imported if name.split(".")[0] in ("asyncio", "ssl")]
+
+
+def test_a_deferred_module_loads_on_first_use_and_then_is_the_real_one() -> None:
+    """What ``run`` does to asyncio, shown on a module nothing here has imported."""
+    code = """
+import sys
+from fsm import deferred
+deferred.defer(["colorsys"])
+import colorsys
+assert isinstance(sys.modules["colorsys"], deferred.Deferred)
+assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0)
+assert not isinstance(sys.modules["colorsys"], deferred.Deferred)
+from colorsys import hsv_to_rgb
+assert hsv_to_rgb(0.0, 1.0, 1.0) == (1.0, 0.0, 0.0)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
+                          check=False)
+    assert proc.stdout.decode().strip() == "ok", proc.stderr.decode()

@@ -1,0 +1,43 @@
+"""Imports a runner's libraries make but the runner does not use before the worker starts,
+deferred until first use.
+
+structlog's package imports ``asyncio`` (which imports ``ssl``) for its async logging
+methods only: a quarter of the runner's start-up (issue 15). ``flash-bootstrap run``
+defers it before anything else is imported; the Hub client may still use it later, and
+then it loads as usual. The worker is another process: it is not affected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Iterable
+
+UNUSED_BEFORE_THE_WORKER = ("asyncio",)
+
+
+class Deferred(types.ModuleType):
+    """Stands in ``sys.modules`` for a module not imported yet. ``import name`` binds it
+    for free; the first attribute looked up on it imports the real module (which then
+    replaces it in ``sys.modules``), and every lookup after that is passed on to it.
+
+    (``importlib.util.LazyLoader`` does not do here: on Python 3.11 the import statement
+    itself reads the module's ``__spec__``, which loads a lazy module at once.)
+    """
+
+    def __getattr__(self, attr: str) -> object:
+        real = self.__dict__.get("_real")
+        if real is None:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            real = importlib.import_module(self.__name__)
+            self.__dict__["_real"] = real
+        return getattr(real, attr)
+
+
+def defer(names: Iterable[str]) -> None:
+    """Put a :class:`Deferred` in ``sys.modules`` for each of ``names`` not imported yet."""
+    for name in names:
+        if name not in sys.modules:
+            sys.modules[name] = Deferred(name)
