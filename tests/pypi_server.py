@@ -13,23 +13,53 @@ Modes (``index.mode`` may be changed at any time):
 - ``unavailable``: answers every request with ``503 Service Unavailable``;
 - ``hang``: accepts the connection, reads the request and never answers, until the
   server is closed (bounded by ``hang_limit_s``, so a forgotten client cannot pin a thread).
+
+Network conditions, for benchmarks (:class:`fsm.testing.hubserver.Network`, as on the
+local Hub server; none by default, and then no pacing code runs at all)::
+
+    with PypiServer([wheel], network=Network(bandwidth_bps=1 << 20, latency_s=0.05)) as index:
+        index.set_network(bandwidth_bps=512 << 10)  # or change them at any time
+        ...
+        index.transfers  # [Transfer(path, nbytes, seconds), ...]: each body and its time
+
+- ``bandwidth_bps`` caps every response body (the wheels under ``/files/`` and the pages)
+  per connection: each is sent in chunks paced so that bytes / elapsed stays within the
+  cap; parallel connections each get the whole cap.
+- ``latency_s`` delays every answer once, before anything is sent (in every mode).
+- Both wait on the server's closing: ``close()`` cuts a paced body or a wait short.
+
+``build_wheel(..., payload=os.urandom(n))`` adds an ``n``-byte data file to the wheel, to
+make its download take measurable time.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import html
 import re
+import socket
 import threading
+import time
 import zipfile
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, NamedTuple
+
+from fsm.testing.hubserver import Network
 
 Mode = Literal["healthy", "unavailable", "hang"]
+
+
+class Transfer(NamedTuple):
+    """One response body the index sent: its request path, size and sending time."""
+
+    path: str
+    nbytes: int
+    seconds: float
 
 
 def normalize(name: str) -> str:
@@ -37,11 +67,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def build_wheel(directory: Path, name: str, version: str) -> Path:
+def build_wheel(directory: Path, name: str, version: str, *, payload: bytes = b"") -> Path:
     """Write a minimal pure-Python wheel ``<name>-<version>-py3-none-any.whl`` by hand.
 
     It holds one module ``<name>.py`` with ``VERSION = "<version>"``, and the dist-info
-    files pip checks (METADATA, WHEEL, and a RECORD with real hashes).
+    files pip checks (METADATA, WHEEL, and a RECORD with real hashes). A non-empty
+    ``payload`` is added, stored uncompressed, as ``<name>_payload.bin`` (random bytes
+    make a wheel of about their size).
     """
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
@@ -56,6 +88,8 @@ def build_wheel(directory: Path, name: str, version: str) -> Path:
             b"Tag: py3-none-any\n"
         ),
     }
+    if payload:
+        files[f"{dist}_payload.bin"] = payload
     record_lines = []
     for path, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -66,20 +100,32 @@ def build_wheel(directory: Path, name: str, version: str) -> Path:
     wheel = directory / f"{dist}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, data in files.items():
-            zf.writestr(path, data)
+            stored = path.endswith("_payload.bin")
+            zf.writestr(path, data, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
     return wheel
 
 
 class PypiServer:
-    """A PEP 503 index of the given wheel files, served from a thread on 127.0.0.1."""
+    """A PEP 503 index of the given wheel files, served from a thread on 127.0.0.1.
+
+    ``network``: a bandwidth cap per connection and a latency per request (none when
+    None); see :meth:`set_network`.
+    """
 
     def __init__(
-        self, wheels: Iterable[Path] = (), *, mode: Mode = "healthy", hang_limit_s: float = 60.0
+        self,
+        wheels: Iterable[Path] = (),
+        *,
+        mode: Mode = "healthy",
+        hang_limit_s: float = 60.0,
+        network: Network | None = None,
     ) -> None:
         self.mode: Mode = mode
         self.hang_limit_s = hang_limit_s
+        self.network = Network() if network is None else network
         self.hits = 0
         self.paths: list[str] = []
+        self.transfers: list[Transfer] = []  # every response body sent in full
         self.first_hit = threading.Event()  # set by the first request
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -111,6 +157,15 @@ class PypiServer:
     ) -> None:
         self.close()
 
+    def set_network(
+        self, bandwidth_bps: float | None = None, latency_s: float = 0.0
+    ) -> Network:
+        """Cap each connection's response bodies at ``bandwidth_bps`` bytes per second
+        (None: unlimited) and delay every answer by ``latency_s`` seconds; requests that
+        arrive afterwards see them. ``set_network()`` lifts both."""
+        self.network = Network(bandwidth_bps=bandwidth_bps, latency_s=latency_s)
+        return self.network
+
     def close(self) -> None:
         self._closing.set()  # releases hanging handlers
         self._httpd.shutdown()
@@ -132,11 +187,17 @@ class PypiServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean
 
+            network = Network()  # this request's conditions, taken when it arrives
+
             def do_GET(self) -> None:
                 with server._lock:
                     server.hits += 1
                     server.paths.append(self.path)
                 server.first_hit.set()
+                self.network = network = server.network
+                if network.latency_s and not network.delay(server._closing):
+                    self.close_connection = True  # the server is closing
+                    return
                 if server.mode == "hang":
                     server._closing.wait(server.hang_limit_s)
                     self.close_connection = True
@@ -183,6 +244,16 @@ class PypiServer:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                started = time.monotonic()
+                if self.network.bandwidth_bps is None:
+                    self.wfile.write(body)
+                elif not self.network.send(self.wfile.write, body, server._closing):
+                    self.close_connection = True  # closing: cut the body short
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                transfer = Transfer(self.path, len(body), time.monotonic() - started)
+                with server._lock:
+                    server.transfers.append(transfer)
 
         return Handler

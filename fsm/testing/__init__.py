@@ -10,8 +10,9 @@ plugin). The runtime never imports it, and the container image does not carry it
 single-file and snapshot downloads (ranged GETs included), a Bearer token check, and
 injected faults (an HTTP status for the first N matching requests, a bounded hang, a
 dropped connection), and the Hub's rate limits (a commit and a request quota over a
-rolling window, answered 429 with ``Retry-After``). Repos are plain directories under the
-server's root::
+rolling window, answered 429 with ``Retry-After``), and network conditions for benchmarks
+(bandwidth capped per connection, latency per request). Repos are plain directories
+under the server's root::
 
     from fsm.testing import LocalHubServer
 
@@ -34,6 +35,6 @@ Importing this package is cheap: it needs only the standard library.
 
 from __future__ import annotations
 
-from fsm.testing.hubserver import Fault, LocalHubServer, Quota, RequestRecord
+from fsm.testing.hubserver import Fault, LocalHubServer, Network, Quota, RequestRecord
 
-__all__ = ["Fault", "LocalHubServer", "Quota", "RequestRecord"]
+__all__ = ["Fault", "LocalHubServer", "Network", "Quota", "RequestRecord"]

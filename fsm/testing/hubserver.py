@@ -76,6 +76,25 @@ the quota, ``"commits"`` or ``"requests"``)::
 
 The tallies come from the request log, so ``clear_requests()`` resets them.
 
+Network conditions emulate a CDN's link, for benchmarks: a bandwidth cap per connection
+and a latency per request (``None``/``0``, the default, is today's loopback speed, with no
+pacing code on the path at all)::
+
+    hub.set_network(bandwidth_bps=1 << 20, latency_s=0.05)  # 1 MiB/s each, 50 ms each
+    # or LocalHubServer(..., network=Network(bandwidth_bps=1 << 20, latency_s=0.05))
+
+* ``bandwidth_bps`` caps every response body, per connection: each answer's body is sent
+  in chunks (at most 64 KiB, and at most 50 ms' worth), each chunk only once
+  ``bytes sent / time since the body started`` would stay within the cap. Connections
+  are paced independently (no shared bucket, no global lock), so ``n`` parallel or ranged
+  connections get ``n`` times the bandwidth, as from a CDN. Headers and uploads (request
+  bodies) are not paced.
+* ``latency_s`` delays every answer (``HEAD``, ``GET`` and API calls alike, faults and
+  refusals included) once, before anything is sent; requests wait in parallel.
+* A request takes the conditions in force when it arrives; ``set_network`` does not
+  change answers already under way. Stopping the server cuts a paced body or a latency
+  wait short at once (the connection is closed).
+
 The pytest plugin of this package (``fsm.testing.pytest_plugin``, loaded explicitly)
 provides the ``hub_server`` fixture built on this class.
 """
@@ -101,10 +120,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["Fault", "LocalHubServer", "Quota", "RequestRecord", "request_kind"]
+__all__ = ["Fault", "LocalHubServer", "Network", "Quota", "RequestRecord", "request_kind"]
 
 RepoType = Literal["model", "dataset", "space"]
 FaultKind = Literal["fail", "hang", "drop"]
@@ -112,6 +131,8 @@ RequestKind = Literal["api", "resolver", "commit", "other"]
 QuotaName = Literal["commits", "requests"]
 
 _CHUNK = 1 << 20
+_PACE_CHUNK = 64 << 10  # the most a paced body sends at once
+_PACE_SLICE_S = 0.05  # ... and at most this long's worth of the cap, so slow caps stay smooth
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
 _API = re.compile(
     r"^/api/(?P<type>models|datasets|spaces)/" + _REPO
@@ -193,6 +214,102 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class Network:
+    """Network conditions: a bandwidth cap per connection and a latency per request.
+
+    ``bandwidth_bps``: bytes per second each response body is sent at, at most, on each
+    connection (None: unlimited). ``latency_s``: seconds every answer waits before it is
+    sent (0: none). ``Network()``, the default, changes nothing.
+
+    Servers other than :class:`LocalHubServer` can reuse it (the test suite's package index
+    does): call :meth:`delay` before answering and :meth:`send` for the body.
+    """
+
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        bps = self.bandwidth_bps
+        if bps is not None and (isinstance(bps, bool) or not isinstance(bps, (int, float))
+                                or not math.isfinite(bps) or bps <= 0):
+            raise ValueError(f"bandwidth_bps must be None or a positive number, not {bps!r}")
+        lat = self.latency_s
+        if (isinstance(lat, bool) or not isinstance(lat, (int, float))
+                or not math.isfinite(lat) or lat < 0):
+            raise ValueError(f"latency_s must be a number >= 0, not {lat!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        """True when nothing is emulated: no cap and no latency."""
+        return self.bandwidth_bps is None and not self.latency_s
+
+    def delay(self, stop: threading.Event) -> bool:
+        """Wait ``latency_s``: True once it has passed, False if ``stop`` was set first."""
+        if not self.latency_s:
+            return not stop.is_set()
+        return not stop.wait(self.latency_s)
+
+    def send(
+        self,
+        write: Callable[[bytes], object],
+        body: bytes | BinaryIO,
+        stop: threading.Event,
+        length: int | None = None,
+    ) -> bool:
+        """Send ``body`` through ``write`` within the cap; False if ``stop`` cut it short.
+
+        ``body`` is bytes, or a binary file read from its current position (``length``
+        bytes, required for a file; at most ``length`` bytes of bytes). Each chunk (at
+        most 64 KiB, and at most 50 ms' worth of the cap) is written only once the bytes
+        sent, that chunk included, divided by the time since the body started are within
+        the cap: ``bytes / elapsed`` never exceeds ``bandwidth_bps``, and a late wake-up is
+        made up by the next chunks rather than lost. The waits are on ``stop``, so setting
+        it ends them at once. Without a cap the body is written at once.
+        """
+        if isinstance(body, bytes):
+            view = memoryview(body)[:length]
+            total = len(view)
+
+            def read(offset: int, size: int) -> bytes:
+                return bytes(view[offset:offset + size])
+        else:
+            if length is None:
+                raise ValueError("length is required to send a file")
+            total = length
+            source = body
+
+            def read(offset: int, size: int) -> bytes:
+                return source.read(size)
+
+        bps = self.bandwidth_bps
+        if bps is None:
+            if isinstance(body, bytes):
+                write(body if length is None else body[:length])
+                return True
+            while total > 0 and not stop.is_set():
+                data = body.read(min(_CHUNK, total))
+                if not data:
+                    break
+                write(data)
+                total -= len(data)
+            return not stop.is_set()
+        chunk = max(1, min(_PACE_CHUNK, int(bps * _PACE_SLICE_S)))
+        started = time.monotonic()
+        sent = 0
+        while sent < total:
+            size = min(chunk, total - sent)
+            wait = started + (sent + size) / bps - time.monotonic()
+            if (wait > 0 and stop.wait(wait)) or stop.is_set():
+                return False
+            data = read(sent, size)
+            if not data:
+                break  # a file shorter than announced: the client sees a short body
+            write(data)
+            sent += len(data)
+        return True
+
+
+@dataclass(frozen=True)
 class _Throttle:
     """A quota's refusal: the 429 to answer."""
 
@@ -229,6 +346,8 @@ class LocalHubServer:
     ``root`` holds the repos (a fresh temporary directory, removed on stop, when None).
     ``token``: when given, every request must carry ``Authorization: Bearer <token>``.
     ``quota``: the commit and request quotas (unlimited when None); see :meth:`set_quota`.
+    ``network``: a bandwidth cap per connection and a latency per request (none when
+    None); see :meth:`set_network`.
     """
 
     def __init__(
@@ -240,6 +359,7 @@ class LocalHubServer:
         port: int = 0,
         log_file: Path | str | None = None,
         quota: Quota | None = None,
+        network: Network | None = None,
     ) -> None:
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="hubserver-")) if root is None else Path(root)
@@ -259,6 +379,7 @@ class LocalHubServer:
         self._etags: dict[tuple[str, int, int], str] = {}
         self._log_file = Path(log_file) if log_file is not None else None
         self._quota = Quota() if quota is None else quota
+        self._network = Network() if network is None else network
         # Admission times (monotonic) of the requests counted in the current window.
         self._admitted: dict[QuotaName, deque[float]] = {"commits": deque(), "requests": deque()}
 
@@ -399,6 +520,26 @@ class LocalHubServer:
             for admitted in self._admitted.values():
                 admitted.clear()
         return quota
+
+    # --- network conditions -------------------------------------------------------------
+
+    @property
+    def network(self) -> Network:
+        """The network conditions in force (``Network()``, none, by default)."""
+        return self._network
+
+    def set_network(
+        self, bandwidth_bps: float | None = None, latency_s: float = 0.0
+    ) -> Network:
+        """Cap each connection's response bodies at ``bandwidth_bps`` bytes per second
+        (None: unlimited) and delay every answer by ``latency_s`` seconds.
+
+        ``set_network()`` lifts both. Requests that arrive after the call see the new
+        conditions; answers already under way keep theirs.
+        """
+        network = Network(bandwidth_bps=bandwidth_bps, latency_s=latency_s)
+        self._network = network  # one reference swap: handlers read it without a lock
+        return network
 
     def counts(self) -> dict[str, int]:
         """Requests in the log by kind, whatever their answer, and the ``throttled`` ones.
@@ -585,6 +726,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     _record: RequestRecord
     _body: bytes
+    _network: Network = Network()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the request log is the server's record, not stderr
@@ -627,7 +769,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, path: str, query: str, fault: Fault | None) -> None:
         hub = self.server.hub
         record = self._record
+        # The conditions when the request arrived, for the whole answer.
+        self._network = network = hub._network
         try:
+            if network.latency_s and not network.delay(hub._stopping):
+                self._drop()  # the server is stopping
+                return
             if fault is not None and fault.kind == "drop":
                 self._drop()
                 return
@@ -684,6 +831,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         self.server.hub._finish(self._record, None)
 
+    def _cut(self) -> None:
+        """Close the connection mid-body (the server is stopping); the status stands."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _write_body(self, body: bytes | BinaryIO, length: int | None = None) -> None:
+        """Write a response body, paced when the request's network has a cap."""
+        if not self._network.send(self.wfile.write, body, self.server.hub._stopping, length):
+            self._cut()
+
     def _start(self, status: int, headers: dict[str, str], error_code: str | None = None) -> None:
         self.send_response(status)
         for key, value in headers.items():
@@ -706,7 +864,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._start(status, {"Content-Type": "application/json",
                              "Content-Length": str(len(body)), **(headers or {})}, error_code)
         if self.command != "HEAD":
-            self.wfile.write(body)
+            if self._network.bandwidth_bps is None:
+                self.wfile.write(body)
+            else:
+                self._write_body(body)
 
     # --- routes -------------------------------------------------------------------------
 
@@ -781,7 +942,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD" or end < start:
             return
         with target.open("rb") as f:
-            self.connection.sendfile(f, start, end - start + 1)
+            if self._network.bandwidth_bps is None:
+                self.connection.sendfile(f, start, end - start + 1)
+            else:
+                f.seek(start)
+                self._write_body(f, end - start + 1)
 
     def _revision(self, repo: Path, repo_id: str) -> None:
         hub = self.server.hub
@@ -923,6 +1088,8 @@ def main(argv: list[str] | None = None) -> None:
 
     ``--commit-quota N``, ``--request-quota N`` and ``--quota-window S`` set the quotas
     (:meth:`LocalHubServer.set_quota`; unlimited by default, a 300 s window).
+    ``--bandwidth BYTES_PER_S`` and ``--latency S`` set the network conditions
+    (:meth:`LocalHubServer.set_network`; none by default).
 
     Prints the server's URL as the first line on stdout. Useful to run the server in a
     process of its own: hf_transfer holds the GIL while it downloads, so a client using it
@@ -943,17 +1110,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="requests of any kind admitted per quota window (default: unlimited)")
     parser.add_argument("--quota-window", type=float, default=300.0, metavar="S",
                         help="length of the rolling quota window in seconds (default: 300)")
+    parser.add_argument("--bandwidth", type=float, metavar="BYTES_PER_S",
+                        help="cap each connection's response bodies at this many bytes per "
+                             "second (default: unlimited)")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="S",
+                        help="delay every answer by this many seconds (default: 0)")
     args = parser.parse_args(argv)
     try:
         quota = Quota(commits=args.commit_quota, requests=args.request_quota,
                       window_s=args.quota_window)
+        network = Network(bandwidth_bps=args.bandwidth, latency_s=args.latency)
     except ValueError as err:
         parser.error(str(err))
     token = os.environ.get(args.token_env) if args.token_env else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with LocalHubServer(args.root, token=token, port=args.port, log_file=args.log,
-                        quota=quota) as server:
+                        quota=quota, network=network) as server:
         print(server.url, flush=True)
 
         def stdin_closed() -> None:
