@@ -153,12 +153,15 @@ def test_an_optional_commit_reads_the_head_and_names_it_as_parent(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
     events: Events,
 ) -> None:
-    """With an open fence the commit reads the repo's head first, then commits on it."""
+    """With an open fence the commit reads the repo's head first (its refs), then commits
+    on it."""
     store = _hub_store(hub_server, hub_dataset, hub_token)
     assert store.commit({CONSOLE: _local(tmp_path, "c", b"x")}, message="c", fence=Fence())
     kinds = [("head" if r.method == "GET" else r.path.split("/")[-2])
              for r in hub_server.requests]
     assert kinds == ["head", "preupload", "commit"]
+    # the head from the repo's refs, not from a listing of every file in the repo
+    assert hub_server.requests[0].path == f"/api/datasets/{hub_dataset}/refs"
     assert (hub_server.repo_dir(hub_dataset) / CONSOLE).read_bytes() == b"x"
 
 

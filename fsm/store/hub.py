@@ -401,9 +401,7 @@ class HubStore:
         # paces it, and a 429 it meets is the caller's signal to back off).
         try:
             for _ in range(2):
-                head, _files = self._repo_info(
-                    api, "head", label, self.repo_id, "dataset", fence, tries=1
-                )
+                head = self._head(api, label, fence)
                 if head is None:
                     raise StoreUnavailable(f"store head {label}: the store named no head commit")
                 # Checked after the head was read: a seal after this check comes before the
@@ -566,8 +564,7 @@ class HubStore:
         return HfApi(endpoint=self.endpoint, token=self._token)
 
     def _repo_info(
-        self, api: HfApi, op: str, label: str, repo_id: str, repo_type: str,
-        fence: Fence | None = None, tries: int | None = None,
+        self, api: HfApi, op: str, label: str, repo_id: str, repo_type: str
     ) -> tuple[str | None, list[str]]:
         """A repo's head commit and files (bounded, retried; a 404 is StoreNotFound)."""
 
@@ -576,8 +573,19 @@ class HubStore:
             siblings = getattr(got, "siblings", None) or []
             return (str(got.sha) if got.sha else None), [str(s.rfilename) for s in siblings]
 
-        return self._call(op, label, info, self.call_timeout_s, fence=fence,
-                          missing=f"repo {repo_id} not found", tries=tries)
+        return self._call(op, label, info, self.call_timeout_s,
+                          missing=f"repo {repo_id} not found")
+
+    def _head(self, api: HfApi, label: str, fence: Fence) -> str | None:
+        """The commit ``main`` points at, for a fenced commit's parent: one try, and the
+        repo's refs only (``repo_info`` would list every file of a fleet's repo)."""
+
+        def refs() -> str | None:
+            got = api.list_repo_refs(self.repo_id, repo_type="dataset", token=self._token)
+            return next((str(b.target_commit) for b in got.branches if b.name == "main"), None)
+
+        return self._call("head", label, refs, self.call_timeout_s, fence=fence,
+                          missing=f"repo {self.repo_id} not found", tries=1)
 
     def _call(
         self,

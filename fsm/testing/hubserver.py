@@ -14,6 +14,7 @@ It implements what uploads, existence checks and downloads need, on both client 
   answered ``206`` with ``Content-Range`` (what hf_transfer needs); a missing file or repo is
   ``404`` with ``X-Error-Code: EntryNotFound`` / ``RepoNotFound``;
 * ``GET /api/<type>s/<repo>[/revision/<rev>]``: ``sha`` and ``siblings``;
+* ``GET /api/<type>s/<repo>/refs``: the one branch, ``main``, and its commit;
 * ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``);
 * ``POST /api/<type>s/<repo>/preupload/<rev>``: every file is ``regular``, so neither LFS
   nor Xet machinery is needed;
@@ -139,6 +140,7 @@ _API = re.compile(
     + r"/(?P<op>revision|tree|preupload|commit)/(?P<rest>.+)$"
 )
 _INFO = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/?$")
+_REFS = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/refs/?$")
 _RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?" + _REPO + r"/resolve/(?P<rest>.+)$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _OLD_CLIENT = re.compile(r"\bhf_hub/0\.")
@@ -878,6 +880,13 @@ class _Handler(BaseHTTPRequestHandler):
             repo = self._repo(match["type"] or "models", match["repo"])
             _rev, _, file_path = match["rest"].partition("/")
             self._resolve(repo, unquote(file_path))
+            return
+        if (match := _REFS.match(path)) and self.command == "GET":
+            sha = self.server.hub._commit_of(self._repo(match["type"], match["repo"]))
+            self._send_json(200, {
+                "branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": sha}],
+                "converts": [], "tags": [],
+            })
             return
         if (match := _INFO.match(path)) and self.command == "GET":
             self._revision(self._repo(match["type"], match["repo"]), unquote(match["repo"]))
