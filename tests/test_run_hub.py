@@ -54,8 +54,8 @@ PROJECT_ROOT = Path(fsm.__file__).resolve().parents[1]
 MARKER = f"{ARM}_attempt0.json"
 SENTINEL = ".cache-mounted"
 CALL_TIMEOUT_S = 2.0
-#: The dataset repo's listing (``HfApi.repo_info``): the code fetch's first request.
-LISTING = rf"^/api/datasets/{REPO}$"
+#: The dataset repo's head (its refs): the code fetch's first request.
+LISTING = rf"^/api/datasets/{REPO}/refs$"
 #: The file downloads of the code tree.
 CODE_GETS = r"/resolve/[^/]+/code/"
 
@@ -365,9 +365,9 @@ def test_a_spilled_spec_is_fetched_from_the_hub_and_reaches_the_worker(
 def test_the_code_fetch_recovers_from_transient_503s(hub_run: HubRun) -> None:
     server = hub_run.server
     hub_run.write_worker("complete()")
-    # The fetch's requests: the repo listing, the snapshot's own listing (0.x: revision,
-    # 2.x: tree) and the file GETs of code/**. Each fails twice, then is served.
-    listing, snapshot, files = LISTING, r"^/api/datasets/.+/(revision|tree)/", CODE_GETS
+    # The fetch's requests: the repo's head, the listing of code/ at that commit, and the
+    # file GETs of code/**. Each fails twice, then is served.
+    listing, snapshot, files = LISTING, r"^/api/datasets/.+/tree/", CODE_GETS
     for pattern in (listing, snapshot, files):
         server.fail("GET", pattern, status=503, times=2)
     outcome = hub_run.run()

@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -83,6 +84,7 @@ log = structlog.get_logger("fsm.store.hub")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _T = TypeVar("_T")
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
+FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 _configured: Accelerator | None = None
@@ -402,8 +404,6 @@ class HubStore:
         try:
             for _ in range(2):
                 head = self._head(api, label, fence)
-                if head is None:
-                    raise StoreUnavailable(f"store head {label}: the store named no head commit")
                 # Checked after the head was read: a seal after this check comes before the
                 # marker, and the marker moves the head away from ``head``.
                 if fence.sealed:
@@ -438,42 +438,13 @@ class HubStore:
             return False
 
     def list_folder(self, folder: str) -> frozenset[str]:
-        self._api()
-        from huggingface_hub.utils import (  # type: ignore[attr-defined]  # both lines have them
-            build_hf_headers,
-            get_session,
-            hf_raise_for_status,
-        )
-
         folder = folder.strip("/")
-        url: str | None = (
-            f"{self.endpoint}/api/datasets/{self.repo_id}/tree/main"
-            + (f"/{quote(folder, safe='')}" if folder else "")
-        )
-        headers = build_hf_headers(token=self._token)
-
-        def listing() -> frozenset[str]:
-            # The tree endpoint asked directly, page by page: HfApi.list_repo_tree retries
-            # 429 and 5xx inside the call (five times, with backoff), which would hide the
-            # store's Retry-After from this adapter's own bounded retries and spend a
-            # throttled account's quota.
-            names: set[str] = set()
-            next_url = url
-            params: dict[str, str] | None = {"recursive": "false", "expand": "false"}
-            while next_url is not None:
-                response = get_session().get(next_url, params=params, headers=headers,
-                                             timeout=self.call_timeout_s)
-                hf_raise_for_status(response)
-                names.update(entry["path"].rsplit("/", 1)[-1] for entry in response.json()
-                             if entry.get("type") == "file")
-                next_url = response.links.get("next", {}).get("url")
-                params = None  # the next link carries them
-            return frozenset(names)
-
         try:
-            return self._call("list", f"{folder}/", listing, self.call_timeout_s)
+            paths = self._call("list", f"{folder}/", partial(self._tree, folder),
+                               self.call_timeout_s)
         except StoreNotFound:
             return frozenset()
+        return frozenset(path.rsplit("/", 1)[-1] for path in paths)
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         self._api()
@@ -493,30 +464,36 @@ class HubStore:
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
         api = self._api()
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import hf_hub_download
 
         folder = folder.strip("/")
         label = f"{folder}/"
-        sha, files = self._repo_info(api, "list", label, self.repo_id, "dataset")
-        wanted = [f for f in files if f.startswith(label)]
+        # The head first, then the folder's files at that commit: the files counted are
+        # the files fetched. Both answers are scoped (the refs, one folder's tree): on a
+        # fleet's repo, listing every run's files would cost pages of requests.
+        sha = self._call("head", label, partial(self._main_commit, api), self.call_timeout_s,
+                         missing=f"repo {self.repo_id} not found")
+        try:
+            wanted = self._call("list", label,
+                                partial(self._tree, folder, recursive=True, revision=sha),
+                                self.call_timeout_s)
+        except StoreNotFound:
+            wanted = []
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
 
-        def fetch() -> str:
-            return snapshot_download(
-                self.repo_id,
-                repo_type="dataset",
-                revision=sha,  # the listing's commit: the files counted are the files fetched
-                allow_patterns=[f"{folder}/**"],
-                local_dir=str(local_root),
-                token=self._token,
-                endpoint=self.endpoint,
-            )
+        def one(path: str) -> str:
+            return hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
+                                   local_dir=str(local_root), token=self._token,
+                                   endpoint=self.endpoint)
+
+        def fetch() -> None:
+            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="hub-fetch") as pool:
+                list(pool.map(one, wanted))
 
         self._call("fetch", label, fetch, self.transfer_timeout_s)
         missing = [f for f in wanted if not (local_root / f).is_file()]
         if missing:
-            # The hub returns an existing local_dir as is when it cannot reach the store.
             raise StoreUnavailable(f"store fetch {label}: {len(missing)} file(s) not fetched")
         return len(wanted)
 
@@ -576,16 +553,52 @@ class HubStore:
         return self._call(op, label, info, self.call_timeout_s,
                           missing=f"repo {repo_id} not found")
 
-    def _head(self, api: HfApi, label: str, fence: Fence) -> str | None:
+    def _tree(self, folder: str, *, recursive: bool = False, revision: str = "main",
+              ) -> list[str]:
+        """The paths of the files in ``folder`` (below it too when ``recursive``): one
+        call, for ``_call`` to bound and retry.
+
+        The tree endpoint is asked directly, page by page: ``HfApi.list_repo_tree`` retries
+        429 and 5xx inside the call (five times, with backoff), which would hide the
+        store's ``Retry-After`` from this adapter's own bounded retries and spend a
+        throttled account's quota."""
+        from huggingface_hub.utils import (  # type: ignore[attr-defined]  # both lines have them
+            build_hf_headers,
+            get_session,
+            hf_raise_for_status,
+        )
+
+        headers = build_hf_headers(token=self._token)
+        next_url: str | None = (
+            f"{self.endpoint}/api/datasets/{self.repo_id}/tree/{quote(revision, safe='')}"
+            + (f"/{quote(folder, safe='')}" if folder else "")
+        )
+        params: dict[str, str] | None = {
+            "recursive": "true" if recursive else "false", "expand": "false",
+        }
+        paths: list[str] = []
+        while next_url is not None:
+            response = get_session().get(next_url, params=params, headers=headers,
+                                         timeout=self.call_timeout_s)
+            hf_raise_for_status(response)
+            paths += [entry["path"] for entry in response.json() if entry.get("type") == "file"]
+            next_url = response.links.get("next", {}).get("url")
+            params = None  # the next page's link carries them
+        return paths
+
+    def _main_commit(self, api: HfApi) -> str:
+        got = api.list_repo_refs(self.repo_id, repo_type="dataset", token=self._token)
+        sha = next((str(b.target_commit) for b in got.branches if b.name == "main"), None)
+        if sha is None:
+            raise StoreUnavailable(f"store head of {self.repo_id}: no main branch named")
+        return sha
+
+    def _head(self, api: HfApi, label: str, fence: Fence) -> str:
         """The commit ``main`` points at, for a fenced commit's parent: one try, and the
         repo's refs only (``repo_info`` would list every file of a fleet's repo)."""
 
-        def refs() -> str | None:
-            got = api.list_repo_refs(self.repo_id, repo_type="dataset", token=self._token)
-            return next((str(b.target_commit) for b in got.branches if b.name == "main"), None)
-
-        return self._call("head", label, refs, self.call_timeout_s, fence=fence,
-                          missing=f"repo {self.repo_id} not found", tries=1)
+        return self._call("head", label, partial(self._main_commit, api), self.call_timeout_s,
+                          fence=fence, missing=f"repo {self.repo_id} not found", tries=1)
 
     def _call(
         self,
