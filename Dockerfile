@@ -26,6 +26,11 @@ ARG CONSTRAINTS=constraints/runtime.txt
 # the distribution's RECORD: what pip lists is what is there (docs/testing.md). The rmtree
 # fails the build if the helpers ever move; `-I` keeps the working directory (a base image's
 # WORKDIR) off sys.path. `flash-bootstrap policy` then proves the runner runs without them.
+#
+# The `fast` extra brings uv (pinned in CONSTRAINTS): its wheel puts the `uv` binary next to
+# `python3`, where the runner looks first, and a payload's `extra_pip` is then installed with
+# `uv pip install --python <python3>` (README, "Extra packages"; FLASH_INSTALLER=pip opts out).
+# `uv --version` fails the build if the binary did not land on PATH.
 RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
     python3 -m pip install --no-cache-dir --no-input --disable-pip-version-check \
         --root-user-action=ignore \
@@ -37,7 +42,8 @@ RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
         shutil.rmtree(dist.locate_file("fsm/testing")); \
         lines = record.read_text().splitlines(keepends=True); \
         record.write_text("".join(x for x in lines if not x.startswith("fsm/testing/")))' \
-    && flash-bootstrap policy > /dev/null
+    && flash-bootstrap policy > /dev/null \
+    && uv --version
 
 # CONTRACT section 1: /root/flash is the host bind mount holding payload.json and the
 # restart-safe attempt state; `-w /root/flash` on the docker run line says the same.

@@ -3,6 +3,8 @@
 pip runs as ``<python> -m pip install ...`` through :func:`fsm.supervise.supervise`, like
 the worker: in its own process group, its console forwarded to ``out_fd`` and kept in a
 file, stopped (SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) at the deadline or on SIGTERM/SIGINT.
+:func:`run_installer` is that loop, shared with uv (``fsm.installer``, which decides which
+of the two installs a payload's extras: issue 15).
 
 A failed pip is classified by its output (DESIGN, policy rows ``pip-network`` and
 ``pip-failed``): network-shaped failures are tried again with exponential backoff; any
@@ -31,7 +33,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -53,10 +55,12 @@ __all__ = [
     "NetworkSignature",
     "PipOption",
     "Refusal",
+    "Tool",
     "classify_pip_output",
     "install",
     "network_signature",
     "refused_extra_pip",
+    "run_installer",
 ]
 
 
@@ -366,7 +370,7 @@ def _installer_env(env: Mapping[str, str]) -> dict[str, str]:
     image's own pip configuration, a mirror say, is trusted; a file the payload names is not.)"""
     kept = {k: v for k, v in env.items() if k.upper() not in _HOST_READING_SETTINGS}
     if dropped := sorted(env.keys() - kept.keys()):
-        structlog.get_logger().warning("pip.settings_dropped", keys=dropped,
+        structlog.get_logger().warning("pip.settings_dropped", installer="pip", keys=dropped,
                                        reason="they make pip read host files")
     return kept
 
@@ -397,52 +401,104 @@ def install(
     reqs = list(requirements)
     if not reqs:
         return
-    redactor = Redactor() if redactor is None else redactor
-    log = structlog.get_logger()
     child_env = _installer_env(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
-    budget = Budget(deadline, interrupt)
     # pip's own retries and timeout, unless the environment chooses them (see PIP_RETRIES)
     own_limits = [] if env.get("PIP_RETRIES") else ["--retries", str(PIP_RETRIES)]
     if not (env.get("PIP_TIMEOUT") or env.get("PIP_DEFAULT_TIMEOUT")):
         own_limits += ["--timeout", str(PIP_TIMEOUT_S)]
-    with tempfile.TemporaryDirectory(prefix="flash-pip-") as tmp:
+
+    def argv(log_path: Path) -> list[str]:
+        return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
+                *reqs]
+
+    run_installer(
+        Tool("pip", "pip install", argv, _evidence),
+        requirements=len(reqs),
+        env=child_env,
+        deadline=deadline,
+        interrupt=interrupt,
+        tries=tries,
+        backoff_s=backoff_s,
+        out_fd=out_fd,
+        redactor=Redactor() if redactor is None else redactor,
+    )
+
+
+#: What a failed try left: its network signature (None: not network-shaped) and the line
+#: that best says what failed. Called with the exit status, the console file, the path the
+#: try could log to (``Tool.argv`` got it too), ``out_fd`` and the attempt's redactor.
+Evidence = Callable[[int | None, Path, Path, int, Redactor], tuple[NetworkSignature | None, str]]
+
+
+class Tool(NamedTuple):
+    """An installer as :func:`run_installer` runs it: pip here, uv in ``fsm.installer``."""
+
+    #: ``pip`` or ``uv``: the ``installer`` field of the ``pip.*`` events, the process's name
+    name: str
+    #: what the messages call it: ``pip install``, ``uv pip install``
+    command: str
+    #: one try's command line, given a path it may write a log to
+    argv: Callable[[Path], list[str]]
+    evidence: Evidence
+
+
+def run_installer(
+    tool: Tool,
+    *,
+    requirements: int,
+    env: Mapping[str, str],
+    deadline: Deadline,
+    interrupt: InterruptFlag,
+    tries: int,
+    backoff_s: float,
+    out_fd: int,
+    redactor: Redactor,
+) -> None:
+    """Run ``tool`` until it succeeds, as both installers are run: supervised in its own
+    process group (:func:`fsm.supervise.supervise`), bounded by ``deadline``, stopped on
+    ``interrupt``, a failure classified by ``tool.evidence`` and a network-shaped one tried
+    again (``tries`` in all, exponential backoff from ``backoff_s``). ``env`` is the
+    process's environment as it is. Raises as :func:`install` says."""
+    log = structlog.get_logger().bind(installer=tool.name)
+    budget = Budget(deadline, interrupt)
+    what = tool.command
+    with tempfile.TemporaryDirectory(prefix=f"flash-{tool.name}-") as tmp:
 
         def once(attempt: int) -> None:
             log_path = Path(tmp, f"attempt{attempt}.log")
-            argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                    "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
-                    *reqs]
-            log.info("pip.try", attempt=attempt, tries=tries, requirements=len(reqs))
+            argv = tool.argv(log_path)
+            log.info("pip.try", attempt=attempt, tries=tries, requirements=requirements)
             console_path = Path(tmp, f"attempt{attempt}.console")
             try:
                 run = supervise(
                     argv,
                     cwd=Path.cwd(),
-                    env=child_env,
+                    env=env,
                     console_path=console_path,
                     deadline=deadline,
-                    stop_by=Deadline.never(),  # the grace is pip's own, deadline or not
+                    stop_by=Deadline.never(),  # the grace is the installer's own, deadline or not
                     interrupt=interrupt,
                     grace_s=STOP_GRACE_S,
                     out_fd=out_fd,
-                    name="pip",
+                    name=tool.name,
                 )
             except OSError as exc:
                 raise FatalError(
-                    _bounded(f"pip install failed: cannot start {argv[0]}: {exc}", redactor),
+                    _bounded(f"{what} failed: cannot start {argv[0]}: {exc}", redactor),
                     rule=rules.PIP_FAILED,
                 ) from exc
             if run.reason == "interrupted":
                 raise Interrupted(interrupt.signum or signal.SIGTERM)
             if run.reason == "deadline":
-                raise DeadlineExceeded("pip install did not finish before the run deadline")
+                raise DeadlineExceeded(f"{what} did not finish before the run deadline")
             returncode = run.returncode if run.signal is None else -run.signal
             seconds = round(run.duration_s, 3)
             if returncode == 0:
                 log.info("pip.installed", attempt=attempt, seconds=seconds)
                 return
-            sig, line = _evidence(returncode, console_path, log_path, out_fd, redactor)
+            sig, line = tool.evidence(returncode, console_path, log_path, out_fd, redactor)
             log.warning(
                 "pip.failed",
                 attempt=attempt,
@@ -453,7 +509,7 @@ def install(
             )
             if sig is None:
                 raise FatalError(
-                    _bounded(f"pip install failed (exit status {returncode}): {line}", redactor),
+                    _bounded(f"{what} failed (exit status {returncode}): {line}", redactor),
                     rule=rules.PIP_FAILED,
                 )
             raise _NetworkFailure(sig, line)
@@ -466,7 +522,7 @@ def install(
             return wait
 
         try:
-            budget.retry(once, tries=tries, delay=delay, what="pip install")
+            budget.retry(once, tries=tries, delay=delay, what=what)
         except GaveUp as gave_up:
             last = gave_up.last
             if not isinstance(last, _NetworkFailure):
@@ -478,8 +534,7 @@ def install(
                 tried += " (no time left for another)"
             raise RetriableError(
                 _bounded(
-                    f"pip install failed (network: {last.sig.meaning}) after {tried}: "
-                    f"{last.line}",
+                    f"{what} failed (network: {last.sig.meaning}) after {tried}: {last.line}",
                     redactor,
                 ),
                 rule=rules.PIP_NETWORK,

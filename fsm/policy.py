@@ -36,6 +36,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.installer import UV_NETWORK_SIGNATURES
 from fsm.pip import NETWORK_SIGNATURES
 from fsm.rules import ANY, Rule
 
@@ -393,13 +394,22 @@ def render_table() -> str:
         "",
         f"Success (rule `{SUCCESS.id}`): {SUCCESS.what}.",
         "",
-        "pip output signatures of a network failure (`pip-network`); a failed install whose",
-        "output shows none of them is `pip-failed`:",
+        "Installer output signatures of a network failure (`pip-network`): pip's when pip ran,",
+        "uv's when uv did (`FLASH_INSTALLER`, README \"Extra packages\"); a failed install whose",
+        "output shows none of them is `pip-failed`. pip (console and verbose log):",
         "",
         "| signature | meaning |",
         "|---|---|",
     ]
     lines += [f"| `{sig.name}` | {sig.meaning} |" for sig in NETWORK_SIGNATURES]
+    lines += [
+        "",
+        "uv (`uv pip install`, its console):",
+        "",
+        "| signature | meaning |",
+        "|---|---|",
+    ]
+    lines += [f"| `{sig.name}` | {sig.meaning} |" for sig in UV_NETWORK_SIGNATURES]
     lines += [
         "",
         "Worker console signatures, matched in the last "

@@ -76,11 +76,12 @@ STORE_UNAVAILABLE: Final = _retriable(
 )
 PIP_NETWORK: Final = _retriable(
     "pip-network", table.INSTALL_EXTRAS,
-    "pip failed and its output shows a network failure, after 3 tries",
+    "the installer (pip or uv) failed and its output shows a network failure, after 3 tries",
 )
 PIP_FAILED: Final = _fatal(
     "pip-failed", table.INSTALL_EXTRAS,
-    "pip failed otherwise (no such version, resolution or build error)",
+    "the installer (pip or uv) failed otherwise (no such version, resolution or build "
+    "error), or FLASH_INSTALLER names one that cannot run",
 )
 CODE_MISSING: Final = _fatal(
     "code-missing", table.FETCH_CODE, "the repo holds no code/ tree or no worker module"

@@ -1,13 +1,14 @@
 """InstallExtras: install the run's ``extra_pip`` requirements before anything else.
 
 The payload's ``extra_pip`` was checked against the allow-list when it was parsed
-(``fsm.pip.refused_extra_pip``); pip's failures are reported through the attempt's
-redactor.
+(``fsm.pip.refused_extra_pip``). ``fsm.installer`` picks the installer (uv when it is
+there and can do what pip would, else pip; ``FLASH_INSTALLER`` forces one); either one's
+failures are reported through the attempt's redactor.
 """
 
 from __future__ import annotations
 
-from fsm import pip, table
+from fsm import installer, table
 from fsm.context import Context
 
 
@@ -15,7 +16,7 @@ def install_extras(ctx: Context) -> str:
     requirements = ctx.require_payload().extra_pip
     if requirements:
         with ctx.interrupts_handled():
-            pip.install(
+            installer.install(
                 requirements,
                 env=ctx.merged_env(),
                 deadline=ctx.work_deadline,
