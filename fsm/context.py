@@ -27,6 +27,7 @@ from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
     from fsm.host import HostProbe
+    from fsm.prefetch import Branch
     from fsm.supervise import WorkerExit
 
 #: Opens a store handle: (destination, budget, environment, the attempt's counters).
@@ -159,6 +160,8 @@ class Context:
     replayed: Persisted | None = None
     #: The payload's env as read (even from an invalid payload): it decides the store.
     raw_env: Mapping[str, str] = field(default_factory=dict)
+    #: Downloads started ahead of the state that joins them (``fsm.prefetch``), by name.
+    prefetch: dict[str, Branch[Any]] = field(default_factory=dict)
     #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
     end_artifacts: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
@@ -242,6 +245,18 @@ class Context:
         assert self.dest is not None, "LoadPayload finds the destination"
         budget = self.budget_until(deadline) if stop_on_signal else Budget(deadline)
         return self.open_store(self.dest, budget, self.store_env(), self.store_stats)
+
+    def branch_store(self, flag: InterruptFlag) -> Store:
+        """A store handle for a prefetch branch: bounded by the work deadline, stopped by
+        ``flag`` (the branch's cancel, which a signal triggers too)."""
+        assert self.dest is not None, "LoadPayload finds the destination"
+        return self.open_store(self.dest, Budget(self.work_deadline, flag), self.store_env(),
+                               self.store_stats)
+
+    def cancel_prefetch(self) -> None:
+        """Stop every prefetch branch (a state failed: nothing after it will join them)."""
+        for branch in self.prefetch.values():
+            branch.cancel()
 
     @property
     def budget(self) -> Budget:

@@ -1,4 +1,8 @@
-"""FetchCode: bring the worker's source tree (``code/**``) from the store to the code root."""
+"""FetchCode: bring the worker's source tree (``code/**``) from the store to the code root.
+
+When the run has extras, LoadPayload started this download already (``fsm.prefetch``):
+the state then joins it, and its failure is raised (and classified) here.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +13,29 @@ import structlog
 from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import FatalError
+from fsm.store.base import Store
 
 WORKER_MODULE = ("flash", "engine", "worker", "__main__.py")
 log = structlog.get_logger("states.fetch_code")
 
 
 def fetch_code(ctx: Context) -> str:
+    branch = ctx.prefetch.pop("code", None)
+    if branch is not None:
+        branch.join()  # started by LoadPayload, under the extras install
+    else:
+        fetch(ctx, ctx.require_store())
+    return table.CODE_FETCHED
+
+
+def fetch(ctx: Context, store: Store) -> int:
+    """The code tree from ``store`` to the code root, checked: this state's work, wherever
+    it runs (here, or ahead of it as a prefetch branch)."""
     code_root = ctx.settings.code_root
     # A restarted container may hold an older tree: start from a clean one.
     shutil.rmtree(code_root / "code", ignore_errors=True)
     code_root.mkdir(parents=True, exist_ok=True)
-    count = ctx.require_store().fetch_folder("code", code_root)
+    count = store.fetch_folder("code", code_root)
     worker = code_root.joinpath("code", *WORKER_MODULE)
     if not worker.is_file():
         raise FatalError(
@@ -27,4 +43,4 @@ def fetch_code(ctx: Context) -> str:
             rule=rules.CODE_MISSING,
         )
     log.info("code.fetched", files=count, code_root=str(code_root))
-    return table.CODE_FETCHED
+    return count

@@ -14,6 +14,9 @@ still end in a retriable marker once the destination is known.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import structlog
 
 from fsm import marker, payload, rules, table
@@ -21,6 +24,8 @@ from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, Interrupted, PayloadError, RetriableError
 from fsm.host import PROBE_S, HostProbe
+from fsm.prefetch import Branch
+from fsm.store.base import Store
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -72,7 +77,25 @@ def load_payload(ctx: Context) -> str:
             raise Interrupted(ctx.interrupt.signum or 15)
         if parsed.expect_gpus is not None:
             _require_gpus(ctx.host, parsed.expect_gpus)
-    return table.PRELOAD_REQUESTED if parsed.mode == "preload" else table.TRAIN_REQUESTED
+    if parsed.mode == "preload":
+        return table.PRELOAD_REQUESTED
+    if parsed.extra_pip:
+        _start_downloads(ctx, parsed)
+    return table.TRAIN_REQUESTED
+
+
+def _start_downloads(ctx: Context, p: payload.Payload) -> None:
+    """The code (and a spilled spec) start downloading now, under the extras install;
+    FetchCode and ResolveSpec join them (``fsm.prefetch``)."""
+    from states import fetch_code, resolve_spec
+
+    works: dict[str, Callable[[Store], object]] = {"code": partial(fetch_code.fetch, ctx)}
+    if p.job_spec_in_hf and not p.job_spec_json:
+        works["spec"] = partial(resolve_spec.download_spec, ctx)
+    for name, work in works.items():
+        flag = Branch.follow(ctx.interrupt)
+        store = ctx.branch_store(flag)
+        ctx.prefetch[name] = Branch(name, partial(work, store), flag)
 
 
 def _take_lock(ctx: Context, dest: payload.Destination) -> None:

@@ -19,6 +19,7 @@ from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
+from fsm.store.base import Store
 from states.train import WORKER_ARGV
 
 #: Larger specs (bytes of UTF-8) go to the worker as a file (CONTRACT section 5).
@@ -147,9 +148,19 @@ def _spec(ctx: Context, p: Payload) -> str:
             "the payload carries no job spec: job_spec_json is empty and job_spec_in_hf is not set",
             rule=rules.SPEC_ABSENT,
         )
-    path = p.dest.path("job_spec.json")
+    branch = ctx.prefetch.pop("spec", None)
+    if branch is not None:
+        text: str = branch.join()  # started by LoadPayload, under the extras install
+        return text
+    return download_spec(ctx, ctx.require_store())
+
+
+def download_spec(ctx: Context, store: Store) -> str:
+    """The spilled spec's text from ``store``: this state's download, wherever it runs
+    (here, or ahead of it as a prefetch branch)."""
+    path = ctx.require_payload().dest.path("job_spec.json")
     try:
-        local = ctx.require_store().download_file(path, ctx.scratch / "spilled_spec")
+        local = store.download_file(path, ctx.scratch / "spilled_spec")
     except (StoreUnavailable, StoreNotFound) as exc:
         raise RetriableError(
             f"the spilled job spec {path} could not be fetched: {exc}", rule=rules.SPEC_FETCH

@@ -54,7 +54,7 @@ def open_store(
             raise PayloadError("--store or FLASH_STORE: a file store must be file:///absolute/dir")
         from fsm.store.local import LocalStore
 
-        return LocalStore(Path(path), deadline=deadline, stats=stats)
+        return LocalStore(Path(path), deadline=deadline, stats=stats, interrupt=interrupt)
     from fsm.store.hub import HubStore
 
     if not url:

@@ -67,6 +67,7 @@ from fsm.clock import Deadline, os_timeout
 from fsm.errors import (
     DeadlineExceeded,
     FatalError,
+    Interrupted,
     StoreAuthError,
     StoreNotFound,
     StoreUnavailable,
@@ -483,6 +484,8 @@ class HubStore:
             raise StoreNotFound(f"store fetch {label}: no files under it")
 
         def one(path: str) -> str:
+            if self.budget.interrupt.is_set():  # a signal, or a prefetch branch cancelled
+                raise Interrupted(self.budget.interrupt.signum or 15)
             return hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
                                    local_dir=str(local_root), token=self._token,
                                    endpoint=self.endpoint)

@@ -28,7 +28,14 @@ from pathlib import Path
 
 from fsm import rules
 from fsm.clock import Deadline
-from fsm.errors import DeadlineExceeded, FatalError, StoreNotFound, StoreUnavailable
+from fsm.errors import (
+    DeadlineExceeded,
+    FatalError,
+    Interrupted,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from fsm.interrupt import InterruptFlag
 from fsm.store.base import Fence, StoreStats, WarmOutcome
 
 _CHUNK = 1 << 20
@@ -36,11 +43,14 @@ _CHUNK = 1 << 20
 
 class LocalStore:
     def __init__(
-        self, root: Path, *, deadline: Deadline | None = None, stats: StoreStats | None = None
+        self, root: Path, *, deadline: Deadline | None = None, stats: StoreStats | None = None,
+        interrupt: InterruptFlag | None = None,
     ) -> None:
         self.root = root
         self.deadline = deadline or Deadline.never()
         self.stats = stats or StoreStats()
+        #: Stops a folder's copy before its next file (a signal, or a cancelled prefetch).
+        self.interrupt = interrupt or InterruptFlag()
 
     def describe(self) -> str:
         return self.url
@@ -127,6 +137,8 @@ class LocalStore:
         files = self._files(source, folder)
         for rel, path in files:
             self._check_time()
+            if self.interrupt.is_set():
+                raise Interrupted(self.interrupt.signum or 15)
             target = local_root / folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             _atomic_copy(path, target)
@@ -163,6 +175,8 @@ class LocalStore:
         blobs.mkdir(parents=True, exist_ok=True)
         for rel, path in files:
             self._check_time()
+            if self.interrupt.is_set():
+                raise Interrupted(self.interrupt.signum or 15)
             blob = blobs / _sha256(path)
             if not blob.is_file():
                 _atomic_copy(path, blob)
