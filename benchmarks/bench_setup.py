@@ -2,8 +2,8 @@
 a code tree of 200 files and a spilled spec, on the local Hub server and the local index,
 both with per-connection bandwidth capped and latency added to every request.
 
-The serial runner is this project at an earlier commit (``--serial-rev``, default the
-commit before setup was overlapped), run from a temporary git worktree; the overlapped one
+The serial runner is this project at an earlier commit (``--serial-rev``, by default
+the parent of the commit that added ``fsm/prefetch.py``), run from a temporary git worktree; the overlapped one
 is this tree. They alternate, each against a fresh server with the same content. From the
 serial runs' logs (``state.changed`` carries each state's seconds) comes the slowest
 single step of the setup (InstallExtras, FetchCode, ResolveSpec): the goal is the
@@ -93,17 +93,28 @@ def _run(tree: Path, hub: LocalHubServer, index_url: str, work: Path) -> dict[st
     return figures
 
 
+def _before_overlap() -> str:
+    """The commit before setup was overlapped: the parent of the one adding the branches."""
+    added = subprocess.run(
+        ["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H", "--",
+         "fsm/prefetch.py"], check=True, capture_output=True, text=True,
+    ).stdout.split()
+    return f"{added[-1]}~1"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--serial-rev", default="HEAD~1")
+    parser.add_argument("--serial-rev", help="the serial runner's commit [the parent of the "
+                        "commit that added fsm/prefetch.py]")
     parser.add_argument("--bandwidth", type=float, default=4 << 20, help="bytes/s per connection")
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per request")
     args = parser.parse_args()
+    serial_rev = args.serial_rev or _before_overlap()
     tmp = Path(tempfile.mkdtemp(prefix="bench-setup-"))
     serial_tree = tmp / "serial-tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(serial_tree),
-                    args.serial_rev], check=True, capture_output=True)
+                    serial_rev], check=True, capture_output=True)
     try:
         wheels = tmp / "wheels"
         wheels.mkdir()
@@ -125,7 +136,8 @@ def main() -> None:
         med = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                for name, rs in runs.items()}
         slowest = max(med["serial"][state] for state in SETUP_STATES)
-        print(f"{args.rounds} rounds; {args.bandwidth / (1 << 20):g} MiB/s per connection, "
+        print(f"serial: {serial_rev}; {args.rounds} rounds; "
+              f"{args.bandwidth / (1 << 20):g} MiB/s per connection, "
               f"{args.latency * 1000:g} ms per request; medians in seconds")
         print(f"{'':28} {'serial':>10} {'overlapped':>11}")
         for key in ("to_worker_s", *SETUP_STATES):

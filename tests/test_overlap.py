@@ -187,7 +187,7 @@ def _serial(extras: str, code: str, spec: str) -> tuple[str, str]:
     return "completion-confirmed", table.VERIFY_REMOTE
 
 
-@settings(max_examples=10)
+@settings(max_examples=20)
 @given(extras=st.sampled_from(EXTRAS), code=st.sampled_from(CODE), spec=st.sampled_from(SPEC))
 def test_the_overlapped_outcome_is_the_serial_one(
     tmp_path_factory: pytest.TempPathFactory, extras: str, code: str, spec: str
