@@ -3,11 +3,11 @@ a code tree of 200 files and a spilled spec, on the local Hub server and the loc
 both with per-connection bandwidth capped and latency added to every request.
 
 The serial runner is this project at an earlier commit (``--serial-rev``, by default
-the parent of the commit that added ``fsm/prefetch.py``), run from a temporary git worktree; the overlapped one
-is this tree. They alternate, each against a fresh server with the same content. From the
-serial runs' logs (``state.changed`` carries each state's seconds) comes the slowest
-single step of the setup (InstallExtras, FetchCode, ResolveSpec): the goal is the
-overlapped setup within 10% of it.
+the parent of the commit that added ``fsm/prefetch.py``), run from a temporary git
+worktree; the overlapped one is this tree. They alternate, each against a fresh server
+with the same content. From the serial runs' logs (``state.changed`` carries each
+state's seconds) comes the slowest single step of the setup (InstallExtras, FetchCode,
+ResolveSpec): the goal is the overlapped setup within 10% of it.
 
     python benchmarks/bench_setup.py [--rounds 5] [--serial-rev REV]
 """
