@@ -138,9 +138,12 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
     settings_ = Settings(payload_path=tmp_path / "flash" / "payload.json",
                          store_url=hub_server.url, code_root=tmp_path / "runcode",
                          scratch_dir=tmp_path / "scratch")
+    exits: list[int] = []  # a deadline watchdog firing would record here, not kill pytest
     with open(tmp_path / "stdout.bin", "ab") as out:
         outcome = run_attempt(settings_, {**os.environ, "HF_HOME": str(tmp_path / "hf")},
-                              out_fd=out.fileno(), handle_signals=False)
+                              out_fd=out.fileno(), handle_signals=False,
+                              hard_exit=exits.append)
+    assert exits == []
     assert outcome.marker is not None and outcome.marker["state"] == "InstallExtras"
     assert outcome.marker["rule"] == "pip-network"
     branch = outcome.context.prefetch["code"]
@@ -212,3 +215,36 @@ def test_the_overlapped_outcome_is_the_serial_one(
     assert marker is not None
     assert (marker["rule"], marker["state"]) == _serial(extras, code, spec), marker
     assert marker["retriable"] is (marker["rule"] in ("pip-network", "spec-fetch"))
+
+
+@pytest.mark.hub
+def test_the_attempt_deadline_reaches_a_hung_code_download(
+    hub_server: LocalHubServer, hub_token: str, tmp_path: Path
+) -> None:
+    """The code fetch's first request never answers; the install succeeds; FetchCode's
+    join ends at the work deadline with the branch's own DeadlineExceeded: rule deadline."""
+    repo = "org/overlap-deadline"
+    hub_server.create_repo(repo)
+    hub_server.add_file(repo, "code/flash/engine/worker/__main__.py", "print('never runs')")
+    hub_server.hang("GET", r"/refs$", seconds=60)
+    wheel = _wheel(tmp_path / "wheels")
+    for sub in ("scratch", "runcode", "flash"):
+        (tmp_path / sub).mkdir()
+    payload = {"hf_repo": repo, "hf_prefix": "sft/r/0", "phase": "sft", "seed": 0,
+               "job_spec_json": "{}", "max_wall_s": 8,
+               "extra_pip": ["--no-index", str(wheel)],
+               "env": {**_env(tmp_path / "target"), "HF_TOKEN": hub_token,
+                       "FLASH_EXIT_RESERVE_S": "3", "FLASH_STORE_CALL_TIMEOUT_S": "60"}}
+    (tmp_path / "flash" / "payload.json").write_text(json.dumps(payload))
+    settings_ = Settings(payload_path=tmp_path / "flash" / "payload.json",
+                         store_url=hub_server.url, code_root=tmp_path / "runcode",
+                         scratch_dir=tmp_path / "scratch")
+    exits: list[int] = []  # a deadline watchdog firing would record here, not kill pytest
+    with open(tmp_path / "stdout.bin", "ab") as out:
+        outcome = run_attempt(settings_, {**os.environ, "HF_HOME": str(tmp_path / "hf")},
+                              out_fd=out.fileno(), handle_signals=False,
+                              hard_exit=exits.append)
+    assert exits == []
+    assert outcome.marker is not None
+    assert (outcome.marker["rule"], outcome.marker["state"]) == ("deadline", "FetchCode")
+    assert (tmp_path / "target" / "flashextra.py").is_file()  # the install had finished
