@@ -57,6 +57,7 @@ from fsm.pip import (
     _bounded,
     _tail_text,
     run_installer,
+    signature,
 )
 from fsm.pip import install as pip_install
 from fsm.redact import Redactor
@@ -92,10 +93,6 @@ UV_RETRIES = 2
 UV_TIMEOUT_S = 15
 
 
-def _sig(name: str, meaning: str, pattern: str) -> NetworkSignature:
-    return NetworkSignature(name, meaning, re.compile(pattern))
-
-
 # uv's error chain, as uv 0.13 prints it for each failure (tests/test_uv.py keeps the real
 # messages): "error: Failed to fetch: URL" then "cause:" lines down to the OS error. Checked
 # in order, the specific causes first; case-sensitive, exact spellings of uv (reqwest,
@@ -103,49 +100,49 @@ def _sig(name: str, meaning: str, pattern: str) -> NetworkSignature:
 # a fresh host would fail the same way. So is git's own "Couldn't connect to server" for a
 # VCS requirement, as with pip.
 UV_NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
-    _sig(
+    signature(
         "connection-refused",
         "connection refused to the package index",
         r"Connection refused|\(os error 111\)",
     ),
-    _sig(
+    signature(
         "connection-reset",
         "the index reset or closed the connection before answering",
         r"Connection reset by peer|\(os error 104\)|connection closed before message completed",
     ),
-    _sig(
+    signature(
         "connect-timeout",
         "connect timed out (UV_HTTP_CONNECT_TIMEOUT)",
         r"deadline has elapsed",
     ),
-    _sig(
+    signature(
         "timeout",
         "no answer from the package index within UV_HTTP_TIMEOUT",
         r"operation timed out",
     ),
-    _sig(
+    signature(
         "name-resolution",
         "the index host name did not resolve",
         r"dns error|failed to lookup address information|Name or service not known"
         r"|Temporary failure in name resolution|No address associated with hostname",
     ),
-    _sig(
+    signature(
         "network-unreachable",
         "network unreachable",
         r"Network is unreachable|No route to host|\(os error 10[01]\)|\(os error 113\)",
     ),
-    _sig(
+    signature(
         "server-error",
         "the package index answered 5xx",
         r"HTTP status server error \(5\d\d",
     ),
-    _sig(
+    signature(
         "connection-broken",
         "connection broken mid-transfer",
         r"error decoding response body|end of file before message length reached"
         r"|error reading a body from connection",
     ),
-    _sig(
+    signature(
         "uv-retrying",
         "uv retried a failing request and gave up",
         r"Request failed after \d+ retr(?:y|ies)",

@@ -95,7 +95,8 @@ class NetworkSignature(NamedTuple):
     pattern: re.Pattern[str]
 
 
-def _sig(name: str, meaning: str, pattern: str) -> NetworkSignature:
+def signature(name: str, meaning: str, pattern: str) -> NetworkSignature:
+    """A row of an installer's network signature table (pip's here, uv's in fsm.installer)."""
     return NetworkSignature(name, meaning, re.compile(pattern))
 
 
@@ -108,53 +109,53 @@ def _sig(name: str, meaning: str, pattern: str) -> NetworkSignature:
 # The cost of that choice: a blip pip recovered from, followed by a real failure, is tried
 # again and ends retriable; the opposite mistake would kill a run an outage interrupted.
 NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
-    _sig(
+    signature(
         "connection-refused",
         "connection refused to the package index",
         r"Connection refused|ConnectionRefusedError|\[Errno 111\]",
     ),
-    _sig(
+    signature(
         "connection-reset",
         "connection reset",
         r"Connection reset by peer|ConnectionResetError|\[Errno 104\]|RemoteDisconnected"
         r"|Connection aborted",
     ),
-    _sig("read-timeout", "read timed out", r"ReadTimeoutError|Read timed out"),
-    _sig(
+    signature("read-timeout", "read timed out", r"ReadTimeoutError|Read timed out"),
+    signature(
         "connect-timeout",
         "connect timed out",
         r"ConnectTimeoutError|Connection to \S+ timed out|TimeoutError: \[Errno 110\]",
     ),
-    _sig(
+    signature(
         "name-resolution",
         "the index host name did not resolve",
         r"Name or service not known|Temporary failure in name resolution|NameResolutionError"
         r"|nodename nor servname provided|getaddrinfo failed|No address associated with hostname"
         r"|\[Errno -[235]\]",
     ),
-    _sig(
+    signature(
         "network-unreachable",
         "network unreachable",
         r"Network is unreachable|No route to host|\[Errno 101\]|\[Errno 113\]",
     ),
-    _sig(
+    signature(
         "server-error",
         "the package index answered 5xx",
         r"too many 5\d\d error responses|HTTP error 5\d\d"
         r"|\b5\d\d (?:Server Error|Service Unavailable|Bad Gateway|Gateway Time-?out"
         r"|Internal Server Error)",
     ),
-    _sig(
+    signature(
         "connection-broken",
         "connection broken mid-transfer",
         r"ProtocolError|IncompleteRead|ChunkedEncodingError|Connection broken",
     ),
-    _sig(
+    signature(
         "new-connection",
         "could not connect to the package index",
         r"NewConnectionError|Failed to establish a new connection",
     ),
-    _sig("pip-retrying", "pip retried a broken connection", r"Retrying \(Retry\(total="),
+    signature("pip-retrying", "pip retried a broken connection", r"Retrying \(Retry\(total="),
 )
 
 

@@ -24,7 +24,7 @@ from fsm.context import Settings
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 from fsm.prefetch import Branch
-from fsm.runner import run_attempt
+from fsm.runner import Outcome, run_attempt
 from fsm.testing import LocalHubServer, Network
 
 #: pip must not see this machine's own configuration (find-links, extra indexes).
@@ -116,6 +116,28 @@ def test_a_download_failure_waits_for_the_install_and_is_decided_in_its_own_stat
     assert outcome.context.path[:4] == ["LoadPayload", "InstallExtras", "FetchCode", "Mark"]
 
 
+def _hub_attempt(hub: LocalHubServer, root: Path, **payload: Any) -> Outcome:
+    """One attempt in this process on ``hub`` (a repo holding a worker), its payload's
+    keys ``payload``; a deadline watchdog firing fails the test instead of exiting."""
+    repo = "org/overlap"
+    hub.create_repo(repo)
+    hub.add_file(repo, "code/flash/engine/worker/__main__.py", "print('never runs')")
+    for sub in ("scratch", "runcode", "flash"):
+        (root / sub).mkdir()
+    (root / "flash" / "payload.json").write_text(json.dumps(
+        {"hf_repo": repo, "hf_prefix": "sft/r/0", "phase": "sft", "seed": 0,
+         "job_spec_json": "{}", **payload}))
+    settings_ = Settings(payload_path=root / "flash" / "payload.json", store_url=hub.url,
+                         code_root=root / "runcode", scratch_dir=root / "scratch")
+    exits: list[int] = []
+    with open(root / "stdout.bin", "ab") as out:
+        outcome = run_attempt(settings_, {**os.environ, "HF_HOME": str(root / "hf")},
+                              out_fd=out.fileno(), handle_signals=False,
+                              hard_exit=exits.append)
+    assert exits == [], "the deadline watchdog fired"
+    return outcome
+
+
 @pytest.mark.hub
 def test_a_failed_install_cancels_the_code_download_before_any_file(
     hub_server: LocalHubServer, hub_token: str, tmp_path: Path
@@ -123,27 +145,12 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
     """The code fetch's first request hangs while pip fails: the attempt is marked
     pip-failed at once, and when the hung answer comes, the cancelled branch downloads
     no file."""
-    repo = "org/overlap"
-    hub_server.create_repo(repo)
-    hub_server.add_file(repo, "code/flash/engine/worker/__main__.py", "print('never runs')")
     hub_server.hang("GET", r"/refs$", seconds=3)
-    for sub in ("scratch", "runcode", "flash"):
-        (tmp_path / sub).mkdir()
-    payload = {"hf_repo": repo, "hf_prefix": "sft/r/0", "phase": "sft", "seed": 0,
-               "job_spec_json": "{}", "extra_pip": ["--index-url", "http://127.0.0.1:9/",
-                                                    "nosuchproject"],
-               "env": {**_env(tmp_path / "target"), "HF_TOKEN": hub_token,
-                       "PIP_RETRIES": "0", "PIP_TIMEOUT": "1"}}
-    (tmp_path / "flash" / "payload.json").write_text(json.dumps(payload))
-    settings_ = Settings(payload_path=tmp_path / "flash" / "payload.json",
-                         store_url=hub_server.url, code_root=tmp_path / "runcode",
-                         scratch_dir=tmp_path / "scratch")
-    exits: list[int] = []  # a deadline watchdog firing would record here, not kill pytest
-    with open(tmp_path / "stdout.bin", "ab") as out:
-        outcome = run_attempt(settings_, {**os.environ, "HF_HOME": str(tmp_path / "hf")},
-                              out_fd=out.fileno(), handle_signals=False,
-                              hard_exit=exits.append)
-    assert exits == []
+    outcome = _hub_attempt(
+        hub_server, tmp_path,
+        extra_pip=["--index-url", "http://127.0.0.1:9/", "nosuchproject"],
+        env={**_env(tmp_path / "target"), "HF_TOKEN": hub_token, "PIP_TIMEOUT": "1"},
+    )
     assert outcome.marker is not None and outcome.marker["state"] == "InstallExtras"
     assert outcome.marker["rule"] == "pip-network"
     branch = outcome.context.prefetch["code"]
@@ -223,28 +230,13 @@ def test_the_attempt_deadline_reaches_a_hung_code_download(
 ) -> None:
     """The code fetch's first request never answers; the install succeeds; FetchCode's
     join ends at the work deadline with the branch's own DeadlineExceeded: rule deadline."""
-    repo = "org/overlap-deadline"
-    hub_server.create_repo(repo)
-    hub_server.add_file(repo, "code/flash/engine/worker/__main__.py", "print('never runs')")
     hub_server.hang("GET", r"/refs$", seconds=60)
-    wheel = _wheel(tmp_path / "wheels")
-    for sub in ("scratch", "runcode", "flash"):
-        (tmp_path / sub).mkdir()
-    payload = {"hf_repo": repo, "hf_prefix": "sft/r/0", "phase": "sft", "seed": 0,
-               "job_spec_json": "{}", "max_wall_s": 8,
-               "extra_pip": ["--no-index", str(wheel)],
-               "env": {**_env(tmp_path / "target"), "HF_TOKEN": hub_token,
-                       "FLASH_EXIT_RESERVE_S": "3", "FLASH_STORE_CALL_TIMEOUT_S": "60"}}
-    (tmp_path / "flash" / "payload.json").write_text(json.dumps(payload))
-    settings_ = Settings(payload_path=tmp_path / "flash" / "payload.json",
-                         store_url=hub_server.url, code_root=tmp_path / "runcode",
-                         scratch_dir=tmp_path / "scratch")
-    exits: list[int] = []  # a deadline watchdog firing would record here, not kill pytest
-    with open(tmp_path / "stdout.bin", "ab") as out:
-        outcome = run_attempt(settings_, {**os.environ, "HF_HOME": str(tmp_path / "hf")},
-                              out_fd=out.fileno(), handle_signals=False,
-                              hard_exit=exits.append)
-    assert exits == []
+    outcome = _hub_attempt(
+        hub_server, tmp_path, max_wall_s=8,
+        extra_pip=["--no-index", str(_wheel(tmp_path / "wheels"))],
+        env={**_env(tmp_path / "target"), "HF_TOKEN": hub_token,
+             "FLASH_EXIT_RESERVE_S": "3", "FLASH_STORE_CALL_TIMEOUT_S": "60"},
+    )
     assert outcome.marker is not None
     assert (outcome.marker["rule"], outcome.marker["state"]) == ("deadline", "FetchCode")
     assert (tmp_path / "target" / "flashextra.py").is_file()  # the install had finished
