@@ -38,7 +38,6 @@ import time
 import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,26 +123,13 @@ def build_set(directory: Path, big_mb: int) -> list[Path]:
 
 
 class Index(PypiServer):
-    """The test suite's index, answering HEAD with 405 (uv asks HEAD before a range read;
-    the stdlib server's 501 would read to uv as a server error), and quiet about clients
-    that hang up mid-body (uv stops reading a wheel once it has what it needs)."""
+    """The test suite's index, quiet about clients that hang up mid-body (uv stops reading
+    a wheel once it has what it needs)."""
 
     def __enter__(self) -> Index:
         self._httpd.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         super().__enter__()
         return self
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        base = super()._handler_class()
-
-        class Handler(base):  # type: ignore[valid-type,misc]
-            def do_HEAD(self) -> None:  # noqa: N802 - the stdlib's name
-                self.send_response(405)
-                self.send_header("Allow", "GET")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        return Handler
 
 
 def pip_wheel(tmp: Path) -> Path | None:

@@ -88,7 +88,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -148,23 +147,6 @@ def _pypi_server() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _head_answered_405(index: Any) -> None:
-    """Make ``index`` (a ``PypiServer`` not yet serving) answer HEAD with 405, as
-    ``tests/test_uv.py``'s ``UvIndex`` does: uv asks ``HEAD /files/<wheel>`` first, and the
-    stdlib's 501 for a missing method reads to uv as a server error; a 405 makes it
-    download the wheel. pip sends no HEAD, so the reference sees the same index."""
-
-    def do_head(handler: BaseHTTPRequestHandler) -> None:
-        handler.send_response(405)
-        handler.send_header("Allow", "GET")
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-
-    server = index._httpd
-    server.RequestHandlerClass = type(
-        "HeadAnswered", (server.RequestHandlerClass,), {"do_HEAD": do_head})
 
 
 @dataclass
@@ -565,9 +547,7 @@ def main() -> None:
                 wheel_dir = work / "wheels"
                 wheel_dir.mkdir()
                 wheels = [pypi.build_wheel(wheel_dir, name, version) for name, version in EXTRAS]
-                index = pypi.PypiServer(wheels)
-                _head_answered_405(index)
-                stack.enter_context(index)
+                index = stack.enter_context(pypi.PypiServer(wheels))
                 setup.index_url = str(index.url)
             for path in paths:
                 runs: dict[str, list[Run]] = {runner: [] for runner in RUNNERS}

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import select
+import socket
 import subprocess
 import sys
 import textwrap
@@ -313,3 +314,28 @@ def printed_forms(secret: str) -> list[str]:
         " ".join(secret.split()),
     }
     return sorted((f for f in forms if len(f) >= 4), key=len)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def survivors(marker: str, settle_s: float = 2.0) -> list[int]:
+    """Live processes whose environment holds ``marker`` (given ``settle_s`` to die)."""
+    end = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours
+        if not found or time.monotonic() > end:
+            return found
+        time.sleep(0.05)

@@ -189,6 +189,15 @@ class PypiServer:
 
             network = Network()  # this request's conditions, taken when it arrives
 
+            def do_HEAD(self) -> None:
+                # uv asks HEAD /files/<wheel> before a ranged metadata read; the stdlib's
+                # 501 for a missing method reads to uv as a server error (it retries, then
+                # fails). A 405, as many indexes answer, makes it download the wheel.
+                self.send_response(405)
+                self.send_header("Allow", "GET")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_GET(self) -> None:
                 with server._lock:
                     server.hits += 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import textwrap
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import closed_port, survivors
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
@@ -106,30 +106,6 @@ def pip(tmp_path: Path, marker: str) -> Pip:
 
 def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e["event"] == name]
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def survivors(marker: str, settle_s: float = 2.0) -> list[int]:
-    """Live processes whose environment holds ``marker`` (given ``settle_s`` to die)."""
-    end = time.monotonic() + settle_s
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone, or not ours
-        if not found or time.monotonic() > end:
-            return found
-        time.sleep(0.05)
 
 
 def hanging_project(root: Path, url: str) -> Path:

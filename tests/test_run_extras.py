@@ -7,13 +7,12 @@ point pip at a throwaway directory with ``PIP_TARGET`` in the payload's env.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CANARY, TRAIN_PATH, Layout
+from conftest import CANARY, TRAIN_PATH, Layout, closed_port
 from pypi_server import PypiServer, build_wheel
 
 from fsm.pip import MESSAGE_CHARS
@@ -26,12 +25,6 @@ ISOLATED = {"PIP_CONFIG_FILE": "/dev/null", "PIP_RETRIES": "0", "PIP_TIMEOUT": "
 def isolated(target: Path, **extra: str) -> dict[str, str]:
     """The payload env: isolated pip, installing into ``target``."""
     return {**ISOLATED, "PIP_TARGET": str(target), **extra}
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_cli(layout: Layout, **payload: Any) -> subprocess.CompletedProcess[bytes]:

@@ -26,12 +26,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRAIN_PATH, Layout
+from conftest import TRAIN_PATH, Layout, closed_port, survivors
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
@@ -63,27 +62,6 @@ SECRET = "hf_s3cr3t-value-never-logged"
 
 
 # --- the local index, and what uv needs of it ------------------------------------------------
-
-
-class UvIndex(PypiServer):
-    """The local index, answering HEAD with 405 as many servers do.
-
-    uv asks ``HEAD /files/<wheel>`` to learn whether it may read a wheel's metadata with
-    range requests; the stdlib server answers 501 to a method it lacks, which uv takes for
-    a server error and retries (then fails). A 405 makes it download the wheel instead.
-    """
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        base = super()._handler_class()
-
-        class Handler(base):  # type: ignore[valid-type,misc]
-            def do_HEAD(self) -> None:  # noqa: N802 - the stdlib's name
-                self.send_response(405)
-                self.send_header("Allow", "GET")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        return Handler
 
 
 def wheel_requiring(directory: Path, name: str, version: str, *requires: str) -> Path:
@@ -134,30 +112,6 @@ class Resetter:
         self.sock.close()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def survivors(marker: str, settle_s: float = 2.0) -> list[int]:
-    """Live processes whose environment holds ``marker`` (given ``settle_s`` to die)."""
-    end = time.monotonic() + settle_s
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-        if not found or time.monotonic() > end:
-            return found
-        time.sleep(0.05)
-
-
 def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e["event"] == name]
 
@@ -187,8 +141,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def index(wheel: Path) -> Iterator[UvIndex]:
-    server = UvIndex([wheel], hang_limit_s=30)
+def index(wheel: Path) -> Iterator[PypiServer]:
+    server = PypiServer([wheel], hang_limit_s=30)
     with server:
         yield server
 
@@ -258,7 +212,7 @@ def assert_one_line(message: str) -> None:
 
 @needs_uv
 def test_installs_from_the_local_index_into_the_workers_interpreter(
-    uv: Uv, index: UvIndex
+    uv: Uv, index: PypiServer
 ) -> None:
     """uv installs into the interpreter it is given, from the index; the log names uv."""
     with capture_logs() as logs:
@@ -294,7 +248,7 @@ BROKEN = {
 @needs_uv
 @pytest.mark.parametrize("kind", list(BROKEN))
 def test_each_network_failure_is_retried_then_retriable(
-    uv: Uv, index: UvIndex, kind: str
+    uv: Uv, index: PypiServer, kind: str
 ) -> None:
     """A refusing, resetting, failing (503) or silent index: uv's output is network-shaped
     by the expected signature, the install is tried ``tries`` times, then pip-network."""
@@ -332,7 +286,7 @@ def test_each_network_failure_is_retried_then_retriable(
 
 
 @needs_uv
-def test_uvs_own_retries_are_bounded_when_env_does_not_choose(uv: Uv, index: UvIndex) -> None:
+def test_uvs_own_retries_are_bounded_when_env_does_not_choose(uv: Uv, index: PypiServer) -> None:
     """Without UV_HTTP_RETRIES (or PIP_RETRIES), uv retries a failing request UV_RETRIES
     times, not its default 3, and says so."""
     index.mode = "unavailable"
@@ -352,7 +306,7 @@ def test_uvs_own_retries_are_bounded_when_env_does_not_choose(uv: Uv, index: UvI
     ids=["no-such-version", "no-such-project"],
 )
 def test_a_missing_package_is_fatal_on_the_first_try(
-    uv: Uv, index: UvIndex, requirement: str, says: str
+    uv: Uv, index: PypiServer, requirement: str, says: str
 ) -> None:
     with capture_logs() as logs, pytest.raises(FatalError) as err:
         uv(["--index-url", index.url, requirement])
@@ -407,7 +361,7 @@ def hanging_project(root: Path, url: str) -> Path:
 
 @needs_uv
 def test_sigterm_stops_uv_and_its_build_subprocess(
-    uv: Uv, index: UvIndex, marker: str, tmp_path: Path
+    uv: Uv, index: PypiServer, marker: str, tmp_path: Path
 ) -> None:
     """SIGTERM while uv's build hook hangs: Interrupted promptly, no process of uv's
     group survives."""
@@ -436,7 +390,7 @@ def test_sigterm_stops_uv_and_its_build_subprocess(
 
 
 @needs_uv
-def test_the_deadline_stops_a_hung_uv(uv: Uv, index: UvIndex, marker: str) -> None:
+def test_the_deadline_stops_a_hung_uv(uv: Uv, index: PypiServer, marker: str) -> None:
     index.mode = "hang"
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="uv pip install did not finish"):
@@ -564,7 +518,7 @@ error: Failed to download and build `flashx @ git+https://oauth2:****@127.0.0.1:
          --- stderr
          fatal: unable to access 'https://127.0.0.1:58529/ppp/x.git/': Failed to connect to 127.0.0.1 port 58529 after 0 ms: Couldn't connect to server
 """),  # noqa: E501
-    # why the test index answers HEAD (UvIndex): a 501 is a 5xx like any other to uv
+    # why the test index answers HEAD (PypiServer): a 501 is a 5xx like any other to uv
     "index without HEAD (501)": ("server-error", """\
 error: Failed to fetch: http://127.0.0.1:37955/files/flashdemo-1.0-py3-none-any.whl
   cause: HTTP status server error (501 Unsupported method ('HEAD')) for url (http://127.0.0.1:37955/files/flashdemo-1.0-py3-none-any.whl)
@@ -669,7 +623,7 @@ def test_the_readmes_uv_column_is_uv_spellings() -> None:
 
 
 @needs_uv
-def test_every_translated_option_is_accepted_by_real_uv(uv: Uv, index: UvIndex) -> None:
+def test_every_translated_option_is_accepted_by_real_uv(uv: Uv, index: PypiServer) -> None:
     """All allowed options but --prefer-binary at once, as the payload gives them: uv
     takes their translation and installs from the local index."""
     uv(["--index-url", index.url, f"--extra-index-url={index.url}", "--trusted-host",
@@ -851,7 +805,7 @@ def test_pips_transport_settings_carry_over_unless_uvs_are_set() -> None:
 
 @needs_uv
 def test_uv_reads_no_configuration_file(
-    uv: Uv, index: UvIndex, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    uv: Uv, index: PypiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A uv.toml where uv would look (the user's, the working directory's, a project's
     pyproject.toml) and one named by UV_CONFIG_FILE, each turning the index off, moving the
@@ -941,7 +895,7 @@ def test_a_run_installs_its_extras_with_uv_into_the_workers_interpreter(
             {"version": flashextra.VERSION, "file": flashextra.__file__}))
         complete()
     """)
-    with UvIndex([wheel]) as index:
+    with PypiServer([wheel]) as index:
         layout.write_payload(extra_pip=["--index-url", index.url, "flashextra==1.0"])
         with open(layout.root / "stdout.bin", "ab") as out:
             outcome = run_attempt(layout.settings(), runner_env, out_fd=out.fileno(),
