@@ -187,12 +187,10 @@ def quiet_logs() -> Iterator[None]:
 
 
 def timed_install(python: Path, env: dict[str, str], url: str, log: Path) -> float:
-    with log.open("ab") as out:
-        started = time.perf_counter()
-        install(["--index-url", url, APP], env=env, deadline=Deadline.after(900),
-                interrupt=InterruptFlag(), python=str(python), tries=1,
-                out_fd=out.fileno())
-        return time.perf_counter() - started
+    started = time.perf_counter()
+    install(["--index-url", url, APP], env=env, deadline=Deadline.after(900),
+            interrupt=InterruptFlag(), python=str(python), tries=1, output_log=log)
+    return time.perf_counter() - started
 
 
 def main() -> None:

@@ -65,13 +65,16 @@ Per path and runner, medians of ``--rounds`` rounds (after ``--warmup`` discarde
 with the ratio ours/reference. A run counts only when it exited 0 with an ``ok`` marker
 and its path's evidence (worker started, DONE uploaded, the extras imported at 1.0, the
 models in ``preload_result.json``); the table says how many did. Prints an aligned table
-and one JSON line.
+and one JSON line. ``--timeline`` also prints, for each counted run, the Hub requests (the
+server's request log) and ours' log events in milliseconds from the spawn: where the time
+of an attempt goes, request by request and state by state.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import importlib.metadata
 import importlib.util
 import json
@@ -93,6 +96,7 @@ from types import ModuleType
 from typing import Any
 
 from fsm.testing import LocalHubServer
+from fsm.testing.hubserver import RequestRecord
 
 HERE = Path(__file__).resolve().parent
 PROJECT_ROOT = HERE.parent
@@ -167,6 +171,7 @@ class Run:
     requests_all: dict[str, int] = field(default_factory=dict)
     extras: dict[str, str] | None = None
     installer: str | None = None  # ours: the installer it chose, from its log
+    timeline: list[str] = field(default_factory=list)  # --timeline: where the time went
 
     @property
     def runner_cpu_s(self) -> float:
@@ -296,6 +301,27 @@ def _installer(log: Path) -> str | None:
     return None
 
 
+def _timeline(records: list[RequestRecord], started: float, worker_at: float | None,
+              exit_s: float, stderr: Path) -> list[str]:
+    """Every Hub request (kind, method, path, duration) and, for ours, every log event, in
+    milliseconds from the spawn: where an attempt's time goes, in order."""
+    offset = time.time() - time.monotonic()  # the log's wall clock onto the monotonic one
+    rows: list[tuple[float, str]] = [
+        (r.at - started, f"{r.kind or 'other':8} {r.method:4} {r.path[:90]} "
+                         f"({1000 * ((r.ended_at or r.at) - r.at):.1f} ms)")
+        for r in records]
+    if worker_at is not None:
+        rows.append((worker_at - started, "-------- the worker's first instruction"))
+    rows.append((exit_s, "-------- the runner exited"))
+    for line in stderr.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            event = json.loads(line)
+            stamp = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+            what = event.get("msg", "?") + (f" -> {event['to']}" if "to" in event else "")
+            rows.append((stamp.timestamp() - offset - started, f"log      {what}"))
+    return [f"{1000 * at:8.1f} ms  {text}" for at, text in sorted(rows)]
+
+
 def _cpu_children() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -384,6 +410,9 @@ def run_one(setup: Setup, runner: str, path: str, rnd: int) -> Run:
         run.requests_pre = {k: pre[k] for k in (*KINDS, "other")}
         if runner == "ours" and path == "extras":
             run.installer = _installer(run_dir / "stderr.txt")
+        if args.timeline:
+            run.timeline = _timeline(records, started, worker_at, run.start_to_exit_s,
+                                     run_dir / "stderr.txt")
         run.why = _check(run, run_dir, hub, prefix)
         run.ok = not run.why
     if not run.ok:
@@ -524,6 +553,9 @@ def main() -> None:
                              "by the warm-up, as an image's installed packages are compiled; "
                              "inherit: the caller's settings [cached]")
     parser.add_argument("--keep", action="store_true", help="keep every run's directory")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print each counted run's Hub requests and log events, in ms "
+                             "from the spawn (the server's request log, timestamped)")
     args = parser.parse_args()
     paths = [p for p in args.paths.split(",") if p]
     unknown = sorted(set(paths) - set(PATHS))
@@ -562,6 +594,8 @@ def main() -> None:
                               file=sys.stderr, flush=True)
                         if counted:
                             runs[runner].append(run)
+                        if counted and run.timeline:
+                            print("\n".join(run.timeline), file=sys.stderr, flush=True)
                 ours, ref = summarize(runs["ours"]), summarize(runs["reference"])
                 figures[path] = {"ours": ours, "reference": ref, "ratio": ratios(ours, ref)}
     finally:

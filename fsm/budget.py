@@ -122,8 +122,9 @@ class Budget:
                     raise GaveUp(exc, attempt, "refused") from exc
                 if wait >= self.remaining():
                     raise GaveUp(exc, attempt, "deadline") from exc
-                log.warning("retry", what=what, attempt=attempt, delay_s=round(wait, 3),
-                            exc_type=type(exc).__name__)
+                # "try", not "attempt": every event carries the attempt's number (fsm.log)
+                log.warning("retry", what=what, delay_s=round(wait, 3),
+                            exc_type=type(exc).__name__, **{"try": attempt})
                 if not self.wait(wait):
                     why = "interrupted" if self.interrupt.is_set() else "deadline"
                     raise GaveUp(exc, attempt, why) from exc

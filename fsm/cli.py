@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command in ("status", "explain"):
             return _fleet(args)
     except KeyboardInterrupt:
-        _say("interrupted")
+        _last_say("interrupted")
         return 130
     raise AssertionError(command)  # pragma: no cover - argparse restricts the choices
 
@@ -197,15 +197,17 @@ def _run(args: argparse.Namespace) -> int:
     from fsm.context import Settings
     from fsm.runner import run_attempt
 
+    environ = dict(os.environ)  # as given: the worker's environment is built from it
     log.configure()
+    log.quiet_libraries()  # this process's own: no library bars or text among the events
     settings = Settings.resolve(
-        os.environ,
+        environ,
         payload=args.payload,
         store=args.store,
         code_root=args.code_root,
         scratch_dir=args.scratch_dir,
     )
-    outcome = run_attempt(settings, interrupt=interrupt.PROCESS_FLAG, say=_last_say)
+    outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say)
     _last_say(outcome.reason)
     return outcome.exit_code
 

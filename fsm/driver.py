@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
+from fsm import log as log_config
 from fsm import marker, outcome, policy, rules, table
 from fsm.context import Context, Failure
 from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, Interrupted
@@ -62,6 +63,7 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
     while not machine.is_terminal:
         state = machine.state
         ctx.path.append(state)
+        log_config.enter_state(state)  # every event carries it, and its time is counted
         started = time.monotonic()
         if state == table.MARK:
             event = _mark(ctx, handlers.get(state))
@@ -74,14 +76,13 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
                     f"(allowed: {', '.join(machine.allowed())})",
                 )
         machine.fire(event)
-        log.info(
+        log.info(  # run_id and attempt are bound (fsm.log.bind) once LoadPayload knows them
             "state.changed",
-            run_id=ctx.payload.run_id if ctx.payload else None,
-            attempt=ctx.dest.attempt if ctx.dest else None,
             **{"from": state, "_event": event, "to": machine.state},
             seconds=round(time.monotonic() - started, 4),
         )
     ctx.path.append(machine.state)
+    log_config.enter_state(machine.state)
     return machine.state
 
 

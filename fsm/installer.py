@@ -52,6 +52,7 @@ from fsm.pip import (
     _HOST_READING_SETTINGS,
     ARCHIVE_SUFFIXES,
     EXTRA_PIP_OPTIONS,
+    InstallSteps,
     NetworkSignature,
     Tool,
     _bounded,
@@ -74,6 +75,7 @@ __all__ = [
     "find_uv",
     "install",
     "pip_configuration",
+    "read_uv_line",
     "uv_arguments",
     "uv_env",
     "uv_network_signature",
@@ -440,7 +442,7 @@ def install(
     python: str = sys.executable,
     tries: int = 3,
     backoff_s: float = 2.0,
-    out_fd: int = 1,
+    output_log: Path | None = None,
     redactor: Redactor | None = None,
 ) -> InstallerName | None:
     """Install ``requirements`` (``extra_pip``) into ``python``'s environment with the
@@ -450,6 +452,7 @@ def install(
     (``pip-network``) after ``tries`` network-shaped failures, :class:`FatalError`
     (``pip-failed``) on any other failure or an impossible choice,
     :class:`DeadlineExceeded` and :class:`Interrupted`, the installer stopped in each case.
+    Either one's whole output is kept in ``output_log`` (redacted, appended) when given.
     """
     reqs = list(requirements)
     if not reqs:
@@ -463,7 +466,7 @@ def install(
                                 reason=_bounded(choice.reason, redactor), uv=choice.uv)
     if choice.installer == "pip":
         pip_install(reqs, env=env, deadline=deadline, interrupt=interrupt, python=python,
-                    tries=tries, backoff_s=backoff_s, out_fd=out_fd, redactor=redactor)
+                    tries=tries, backoff_s=backoff_s, output_log=output_log, redactor=redactor)
         return "pip"
     assert choice.uv is not None
     uv_argv = [choice.uv, "pip", "install", "--python", python, "--no-config",
@@ -472,17 +475,43 @@ def install(
         uv_argv += ["--index-strategy", "unsafe-best-match"]  # pip's: the best across indexes
     uv_argv += choice.args
     run_installer(
-        Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence),
+        Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line),
         requirements=len(reqs),
         env=uv_env(env),
         deadline=deadline,
         interrupt=interrupt,
         tries=tries,
         backoff_s=backoff_s,
-        out_fd=out_fd,
+        output_log=output_log,
         redactor=redactor,
     )
     return "uv"
+
+
+# uv's console at its default verbosity: one summary line per phase, as it ends.
+_UV_STEP = re.compile(r"^(Resolved|Prepared|Uninstalled|Installed|Audited) (\d+) packages?\b")
+_UV_BUILDING = re.compile(r"^\s*Buil(?:ding|t) ")
+
+
+def read_uv_line(line: str, steps: InstallSteps) -> None:
+    """uv's console: ``Resolved N packages`` (then it downloads), ``Prepared N packages``
+    (then it installs), ``Installed N packages`` or ``Audited N packages`` (done)."""
+    if _UV_BUILDING.match(line):
+        steps.phase = "building"
+        return
+    match = _UV_STEP.match(line)
+    if match is None:
+        return
+    step, count = match[1], int(match[2])
+    if step == "Resolved":
+        steps.phase, steps.resolved = "downloading", count
+    elif step == "Prepared":
+        steps.phase, steps.downloaded = "installing", count
+    elif step == "Uninstalled":
+        steps.phase = "installing"
+    else:  # Installed, or Audited: everything was there already
+        steps.phase = "installed"
+        steps.installed = count if step == "Installed" else steps.installed
 
 
 _CAUSE = re.compile(r"^\s*(?:cause|Caused by):\s*(.*?)\s*$")
@@ -490,7 +519,7 @@ _SUBPROCESS_OUTPUT = ("[stderr]", "--- stderr", "[stdout]", "--- stdout")
 
 
 def _uv_evidence(
-    returncode: int | None, console_path: Path, _log_path: Path, _out_fd: int,
+    returncode: int | None, console_path: Path, _log_path: Path, _output_log: Path | None,
     redactor: Redactor,
 ) -> tuple[NetworkSignature | None, str]:
     """A failed uv's network signature and telling line, from its redacted console."""

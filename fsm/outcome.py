@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from fsm import log as log_config
 from fsm import marker, rules, table
 from fsm.budget import Budget
 from fsm.clock import Deadline
@@ -90,6 +91,34 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
         ctx.evidence.setdefault("console_error", exc.strerror)
         return
     ctx.end_artifacts[console_name(ctx)] = tail.decode("utf-8", "replace")
+
+
+def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str) -> None:
+    """The attempt's last log event, ``attempt.outcome``: how it ended, so that a log
+    shipper's last line for the attempt answers the first question without opening the
+    store. The end state, the class and rule, the exit status, where the marker is (or why
+    it was not published, and where the result is kept), the seconds spent in each state,
+    and the one-line reason the process ends with."""
+    record = ctx.evidence.get("marker")
+    if not isinstance(record, dict) and ctx.publisher.record is not None:
+        record = ctx.publisher.record.marker
+    fields: dict[str, Any] = {"end_state": terminal, "exit_code": exit_code}
+    if isinstance(record, dict):
+        fields["class"] = ("succeeded" if record.get("ok") is True
+                           else "retriable" if record.get("retriable") is True else "fatal")
+        fields["rule"] = record.get("rule")
+    elif ctx.failure is not None:
+        fields["class"], fields["rule"] = ctx.failure.rule.verdict, ctx.failure.rule.id
+    published = ctx.publisher.result
+    if published.landed and ctx.dest is not None:
+        fields["marker"] = ctx.dest.path(ctx.dest.marker_name)
+        fields["repo"] = ctx.dest.hf_repo
+    else:
+        fields["marker_unpublished"] = published.error or reason
+        if published.persisted is not None:
+            fields["persisted"] = str(published.persisted)
+    fields["seconds"] = log_config.state_seconds()
+    log.info("attempt.outcome", **fields, reason=reason)
 
 
 def event_for(record: dict[str, Any]) -> str:

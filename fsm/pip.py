@@ -1,10 +1,14 @@
 """InstallExtras' work: ``pip install`` the payload's ``extra_pip``, classified and bounded.
 
 pip runs as ``<python> -m pip install ...`` through :func:`fsm.supervise.supervise`, like
-the worker: in its own process group, its console forwarded to ``out_fd`` and kept in a
-file, stopped (SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) at the deadline or on SIGTERM/SIGINT.
-:func:`run_installer` is that loop, shared with uv (``fsm.installer``, which decides which
-of the two installs a payload's extras: issue 15).
+the worker: in its own process group, stopped (SIGTERM, :data:`STOP_GRACE_S`, SIGKILL) at
+the deadline or on SIGTERM/SIGINT. :func:`run_installer` is that loop, shared with uv
+(``fsm.installer``, which decides which of the two installs a payload's extras: issue 15).
+
+Its output is not the runner's: it is read as it comes for the installer's phase
+(resolving, downloading, building, installing, with the packages counted where the
+installer says), reported as ``extras.progress`` events (:class:`InstallSteps`), and kept
+whole, redacted, in a file (the scratch directory's ``extras_install.log`` in a run).
 
 A failed pip is classified by its output (DESIGN, policy rows ``pip-network`` and
 ``pip-failed``): network-shaped failures are tried again with exponential backoff; any
@@ -16,7 +20,7 @@ fetch error, 503s included, is logged at debug level; TRAPS, "pip"), which reads
 like a real resolution failure. The ``--log`` file is always verbose, so its tail is
 classified together with the console tail, while the console stays readable. (A quirk of
 ``--log``: pip then keeps a failing build's own output out of the console, so after a
-failure the end of the log is copied to ``out_fd`` for whoever reads the container log.)
+failure the end of the log is copied to the kept output.)
 
 What may be installed is decided before pip runs (issue 11): :func:`refused_extra_pip`
 checks ``extra_pip`` against :data:`EXTRA_PIP_OPTIONS`, so pip is never told to read a
@@ -28,14 +32,14 @@ recognises.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import structlog
@@ -45,6 +49,7 @@ from fsm.budget import Budget, GaveUp, backoff
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
+from fsm.log import Progress
 from fsm.redact import Redactor
 from fsm.supervise import supervise
 
@@ -52,6 +57,8 @@ __all__ = [
     "ARCHIVE_SUFFIXES",
     "EXTRA_PIP_OPTIONS",
     "NETWORK_SIGNATURES",
+    "InstallSteps",
+    "LineReader",
     "NetworkSignature",
     "PipOption",
     "Refusal",
@@ -59,6 +66,7 @@ __all__ = [
     "classify_pip_output",
     "install",
     "network_signature",
+    "read_pip_line",
     "refused_extra_pip",
     "run_installer",
 ]
@@ -386,7 +394,7 @@ def install(
     extra_args: Sequence[str] = (),
     tries: int = 3,
     backoff_s: float = 2.0,
-    out_fd: int = 1,
+    output_log: Path | None = None,
     redactor: Redactor | None = None,
 ) -> None:
     """``pip install`` ``requirements`` into ``python``'s environment, or raise.
@@ -397,7 +405,8 @@ def install(
     ``pip-network``) after ``tries`` network-shaped failures, :class:`FatalError` (rule
     ``pip-failed``) on any other failure, :class:`DeadlineExceeded` when ``deadline`` passes
     and :class:`Interrupted` when ``interrupt`` is triggered; pip is stopped in every case.
-    ``redactor`` (the attempt's) redacts every text built from pip's output.
+    ``redactor`` (the attempt's) redacts every text built from pip's output, and its whole
+    output, kept in ``output_log`` (appended to) when given.
     """
     reqs = list(requirements)
     if not reqs:
@@ -415,22 +424,91 @@ def install(
                 *reqs]
 
     run_installer(
-        Tool("pip", "pip install", argv, _evidence),
+        Tool("pip", "pip install", argv, _evidence, read_pip_line),
         requirements=len(reqs),
         env=child_env,
         deadline=deadline,
         interrupt=interrupt,
         tries=tries,
         backoff_s=backoff_s,
-        out_fd=out_fd,
+        output_log=output_log,
         redactor=Redactor() if redactor is None else redactor,
     )
 
 
+# --- what the installer is doing -------------------------------------------------------------
+
+
+@dataclass
+class InstallSteps:
+    """What an installer's console says it is doing, as the ``extras.progress`` events
+    carry it: its phase (``resolving``, ``downloading``, ``building``, ``installing``,
+    ``installed``) and the packages it counted so far."""
+
+    phase: str = "resolving"
+    resolved: int = 0
+    downloaded: int = 0
+    installed: int = 0
+
+    def fields(self) -> dict[str, Any]:
+        return {"phase": self.phase, "resolved": self.resolved, "downloaded": self.downloaded,
+                "installed": self.installed}
+
+
+#: Reads one line of an installer's console into the steps it tells of.
+LineReader = Callable[[str, InstallSteps], None]
+
+_PIP_RESOLVING = re.compile(r"^(?:Collecting|Processing|Obtaining|Requirement already satisfied)\b")
+_PIP_DOWNLOADING = re.compile(r"^\s*(?:Downloading|Using cached)\b")
+_PIP_BUILDING = re.compile(r"^\s*(?:Building wheels? for|Building editable for|Preparing metadata)")
+_PIP_INSTALLING = re.compile(r"^Installing collected packages: (.*)")
+_PIP_INSTALLED = re.compile(r"^Successfully installed (.*)")
+
+
+def read_pip_line(line: str, steps: InstallSteps) -> None:
+    """pip's console: each requirement it collects, each archive it fetches, the list it
+    installs, the list it installed."""
+    if _PIP_RESOLVING.match(line):
+        steps.phase, steps.resolved = "resolving", steps.resolved + 1
+    elif _PIP_DOWNLOADING.match(line):
+        steps.phase, steps.downloaded = "downloading", steps.downloaded + 1
+    elif _PIP_BUILDING.match(line):
+        steps.phase = "building"
+    elif match := _PIP_INSTALLING.match(line):
+        steps.phase = "installing"
+        steps.resolved = max(steps.resolved, len(match[1].split(",")))
+    elif match := _PIP_INSTALLED.match(line):
+        steps.phase, steps.installed = "installed", len(match[1].split())
+
+
+class _LineFeed:
+    """Splits an installer's output, as the pump reads it, into lines for ``on_line`` (a
+    line redrawn after a carriage return counts each time; one over 64 KiB is cut)."""
+
+    _MAX = 64 * 1024
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        self._on_line = on_line
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, rest = re.split(rb"[\r\n]", self._partial + chunk)
+        self._partial = rest[-self._MAX :]
+        for line in lines:
+            if line:
+                self._on_line(line[: self._MAX].decode("utf-8", "replace"))
+
+
+# --- one installer, tried until it succeeds ----------------------------------------------------
+
+
 #: What a failed try left: its network signature (None: not network-shaped) and the line
 #: that best says what failed. Called with the exit status, the console file, the path the
-#: try could log to (``Tool.argv`` got it too), ``out_fd`` and the attempt's redactor.
-Evidence = Callable[[int | None, Path, Path, int, Redactor], tuple[NetworkSignature | None, str]]
+#: try could log to (``Tool.argv`` got it too), the file the output is kept in (None: not
+#: kept) and the attempt's redactor.
+Evidence = Callable[
+    [int | None, Path, Path, Path | None, Redactor], tuple[NetworkSignature | None, str]
+]
 
 
 class Tool(NamedTuple):
@@ -443,6 +521,8 @@ class Tool(NamedTuple):
     #: one try's command line, given a path it may write a log to
     argv: Callable[[Path], list[str]]
     evidence: Evidence
+    #: reads its console's lines into its phase and counts (``extras.progress``)
+    read_line: LineReader
 
 
 def run_installer(
@@ -454,24 +534,35 @@ def run_installer(
     interrupt: InterruptFlag,
     tries: int,
     backoff_s: float,
-    out_fd: int,
+    output_log: Path | None,
     redactor: Redactor,
 ) -> None:
     """Run ``tool`` until it succeeds, as both installers are run: supervised in its own
     process group (:func:`fsm.supervise.supervise`), bounded by ``deadline``, stopped on
     ``interrupt``, a failure classified by ``tool.evidence`` and a network-shaped one tried
     again (``tries`` in all, exponential backoff from ``backoff_s``). ``env`` is the
-    process's environment as it is. Raises as :func:`install` says."""
+    process's environment as it is. Its phase is reported as ``extras.progress`` events,
+    its output kept in ``output_log`` (redacted; None: not kept). Raises as
+    :func:`install` says."""
     log = structlog.get_logger().bind(installer=tool.name)
     budget = Budget(deadline, interrupt)
     what = tool.command
+    progress = Progress("extras", installer=tool.name, requirements=requirements,
+                        **InstallSteps().fields())
     with tempfile.TemporaryDirectory(prefix=f"flash-{tool.name}-") as tmp:
 
         def once(attempt: int) -> None:
             log_path = Path(tmp, f"attempt{attempt}.log")
             argv = tool.argv(log_path)
-            log.info("pip.try", attempt=attempt, tries=tries, requirements=requirements)
+            log.info("pip.try", **{"try": attempt}, tries=tries, requirements=requirements)
             console_path = Path(tmp, f"attempt{attempt}.console")
+            steps = InstallSteps()
+            progress.set(**steps.fields(), **{"try": attempt})
+
+            def read(line: str) -> None:
+                tool.read_line(line, steps)
+                progress.set(**steps.fields())
+
             try:
                 run = supervise(
                     argv,
@@ -482,7 +573,8 @@ def run_installer(
                     stop_by=Deadline.never(),  # the grace is the installer's own, deadline or not
                     interrupt=interrupt,
                     grace_s=STOP_GRACE_S,
-                    out_fd=out_fd,
+                    out_fd=None,  # not the runner's stream: summarised, and kept below
+                    on_output=_LineFeed(read).feed,
                     name=tool.name,
                 )
             except OSError as exc:
@@ -490,6 +582,8 @@ def run_installer(
                     _bounded(f"{what} failed: cannot start {argv[0]}: {exc}", redactor),
                     rule=rules.PIP_FAILED,
                 ) from exc
+            finally:
+                _keep(output_log, console_path, f"{what}, try {attempt} of {tries}", redactor)
             if run.reason == "interrupted":
                 raise Interrupted(interrupt.signum or signal.SIGTERM)
             if run.reason == "deadline":
@@ -497,16 +591,18 @@ def run_installer(
             returncode = run.returncode if run.signal is None else -run.signal
             seconds = round(run.duration_s, 3)
             if returncode == 0:
-                log.info("pip.installed", attempt=attempt, seconds=seconds)
+                log.info("pip.installed", **{"try": attempt}, seconds=seconds,
+                         packages=steps.installed, output=_shown_path(output_log))
                 return
-            sig, line = tool.evidence(returncode, console_path, log_path, out_fd, redactor)
+            sig, line = tool.evidence(returncode, console_path, log_path, output_log, redactor)
             log.warning(
                 "pip.failed",
-                attempt=attempt,
+                **{"try": attempt},
                 failure_class="other" if sig is None else "network",
                 signature=None if sig is None else sig.name,
                 returncode=returncode,
                 seconds=seconds,
+                output=_shown_path(output_log),
             )
             if sig is None:
                 raise FatalError(
@@ -519,12 +615,14 @@ def run_installer(
             if not isinstance(exc, _NetworkFailure):
                 return None  # decided already: a build error is not retried
             wait = backoff(attempt, base_s=backoff_s, max_s=float("inf"), jitter=False)
-            log.info("pip.backoff", attempt=attempt, seconds=wait)
+            log.info("pip.backoff", **{"try": attempt}, seconds=wait)
             return wait
 
         try:
-            budget.retry(once, tries=tries, delay=delay, what=what)
+            with progress.watch():  # silent stretches (a big download) still report
+                budget.retry(once, tries=tries, delay=delay, what=what)
         except GaveUp as gave_up:
+            progress.done(ok=False)
             last = gave_up.last
             if not isinstance(last, _NetworkFailure):
                 raise last from None
@@ -540,6 +638,38 @@ def run_installer(
                 ),
                 rule=rules.PIP_NETWORK,
             ) from None
+        except BaseException:
+            progress.done(ok=False)
+            raise
+        progress.done()
+
+
+def _keep(output_log: Path | None, console_path: Path, title: str, redactor: Redactor) -> None:
+    """Append one try's console, redacted, to ``output_log`` (when kept; never raises)."""
+    if output_log is None:
+        return
+    try:
+        data = console_path.read_bytes()
+    except FileNotFoundError:
+        data = b""  # the installer never started
+    except OSError as exc:
+        data = f"(its output could not be read: {exc.strerror})\n".encode()
+    if data and not data.endswith(b"\n"):
+        data += b"\n"
+    _append(output_log, f"--- flash-bootstrap: {title} ---\n".encode() + redactor.bytes(data))
+
+
+def _append(path: Path, data: bytes) -> None:
+    try:
+        with path.open("ab") as out:
+            out.write(data)
+    except OSError as exc:
+        structlog.get_logger().warning("pip.output_not_kept", path=str(path),
+                                       error=exc.strerror)
+
+
+def _shown_path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 class _NetworkFailure(Exception):
@@ -552,16 +682,19 @@ class _NetworkFailure(Exception):
 
 
 def _evidence(
-    returncode: int | None, console_path: Path, log_path: Path, out_fd: int, redactor: Redactor
+    returncode: int | None, console_path: Path, log_path: Path, output_log: Path | None,
+    redactor: Redactor,
 ) -> tuple[NetworkSignature | None, str]:
     """A failed run's network signature (None: not network-shaped) and its telling line,
-    from the redacted ends of pip's console and log; copies the log's end to ``out_fd``."""
+    from the redacted ends of pip's console and log; copies the log's end to the kept
+    output (``output_log``)."""
     console, log_text = _tail_text(console_path, redactor), _tail_text(log_path, redactor)
     # pip's verbose log without timestamps, cut before pip's own traceback
     log_lines = [_LOG_TIMESTAMP.sub("", line, count=1) for line in log_text.splitlines()]
     if "Exception information:" in log_lines:
         del log_lines[log_lines.index("Exception information:") :]
-    _report_log(out_fd, log_lines)
+    if output_log is not None:
+        _report_log(output_log, log_lines)
     line = _last_error_line(console, log_lines) or f"pip exited with status {returncode}"
     return network_signature(console + "\n" + log_text), line
 
@@ -612,8 +745,8 @@ def _subprocess_cause(lines: Sequence[str]) -> str:
     return cause
 
 
-def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
-    """Show the end of pip's verbose log on the console: it holds what pip's console omits
+def _report_log(output_log: Path, log_lines: Sequence[str]) -> None:
+    """Keep the end of pip's verbose log with its output: it holds what pip's console omits
     at its default verbosity (failed index fetches, a failed build's own output).
     ``log_lines`` are redacted already: here they are only cut."""
     telling = [line for line in log_lines if not _LOG_CHATTER.match(line)]
@@ -621,9 +754,8 @@ def _report_log(out_fd: int, log_lines: Sequence[str]) -> None:
     if not tail:
         return
     banner = "[flash-bootstrap] pip failed; the end of its verbose log:"
-    text = "\n".join([banner, *("  " + line for line in tail), ""])
-    with contextlib.suppress(OSError), open(out_fd, "wb", closefd=False) as out:
-        out.write(text.encode("utf-8", "replace"))
+    _append(output_log, "\n".join([banner, *("  " + line for line in tail), ""]).encode(
+        "utf-8", "replace"))
 
 
 def _bounded(message: str, redactor: Redactor) -> str:

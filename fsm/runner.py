@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from fsm import driver, policy, rules, table
+from fsm import driver, outcome, policy, rules, table
 from fsm import log as log_config
 from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
@@ -112,7 +112,7 @@ def run_attempt(
             terminal = driver.run(ctx, handlers)
         except AttemptBusy as exc:
             code = EXIT_DEADLINE if exc.ended_by == "deadline" else EXIT_NOT_OWNER
-            return Outcome(code, None, str(exc), ctx)
+            return _said(ctx, code, None, str(exc))
         except Exception as exc:  # a defect outside the (total) driver: still one line
             log.error("runner.internal_error", exc_type=type(exc).__name__)
             return _said(ctx, EXIT_INTERNAL, None, f"internal error: {type(exc).__name__}: {exc}")
@@ -168,7 +168,9 @@ def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
 
 
 def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome:
-    return Outcome(code, terminal, ctx.redactor.line(reason, MAX_REASON_CHARS), ctx)
+    said = Outcome(code, terminal, ctx.redactor.line(reason, MAX_REASON_CHARS), ctx)
+    outcome.announce(ctx, exit_code=code, terminal=terminal, reason=said.reason)  # last event
+    return said
 
 
 @contextmanager

@@ -95,7 +95,8 @@ def supervise(
     interrupt: InterruptFlag,
     grace_s: float = 10.0,
     signal_stop_s: float | None = None,
-    out_fd: int = 1,
+    out_fd: int | None = 1,
+    on_output: Callable[[bytes], None] | None = None,
     tail_sink: Callable[[bytes], None] | None = None,
     tail_interval_s: float = 30.0,
     drain_timeout_s: float = 2.0,
@@ -104,11 +105,13 @@ def supervise(
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
 
-    The console (stdout and stderr, one stream) goes to ``out_fd`` and to ``console_path``
-    (truncated first). On the deadline or an interrupt the group gets SIGTERM, then up to
-    ``grace_s`` (never past ``stop_by``, and after a signal never past ``signal_stop_s``
-    seconds after it: the host is going away) to end, then SIGKILL; on the deadline a cap line is
-    appended to the console. After the leader exits, descendants get ``drain_timeout_s`` to
+    The console (stdout and stderr, one stream) goes to ``out_fd`` (None: nowhere) and to
+    ``console_path`` (truncated first), and each chunk of it to ``on_output`` (called on
+    the pump's thread: keep it quick; what it raises is logged and it is called no more).
+    On the deadline or an interrupt the group gets SIGTERM, then up to ``grace_s`` (never
+    past ``stop_by``, and after a signal never past ``signal_stop_s`` seconds after it: the
+    host is going away) to end, then SIGKILL; on the deadline a cap line is appended to the
+    console. After the leader exits, descendants get ``drain_timeout_s`` to
     release the pipe; then the whole group is killed.
 
     ``on_group`` (keep it trivial) gets the worker's process-group id once it is started,
@@ -146,6 +149,7 @@ def supervise(
             env=env,
             console_fd=console_fd,
             out_fd=out_fd,
+            on_output=on_output,
             waker=waker,
             on_group=on_group,
             name=name,
@@ -166,7 +170,7 @@ def supervise(
             if reason != "exited":
                 line = _cap_line(reason, interrupt, name, after=run.pump.last_byte)
                 _append_console(console_fd, line, name)
-                if run.pump.finished:  # out_fd is free: no interleaving, no blocked writer
+                if run.pump.finished and out_fd is not None:  # out_fd is free: no interleaving
                     with contextlib.suppress(OSError):
                         _write_all(out_fd, memoryview(line))
         finally:
@@ -337,13 +341,16 @@ class _Pump:
     """
 
     def __init__(
-        self, pipe_fd: int, out_fd: int, console_fd: int, waker: _Waker, name: str
+        self, pipe_fd: int, out_fd: int | None, console_fd: int, waker: _Waker, name: str,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> None:
         self.eof = threading.Event()
         self.name = name
         self.last_byte = b""
         self._pipe_fd = pipe_fd
-        self._targets = {"out": out_fd, "console": console_fd}
+        self._targets = {"console": console_fd} if out_fd is None else {
+            "out": out_fd, "console": console_fd}
+        self._on_output = on_output
         self._waker = waker
         self._stop = _Waker()
         self.finished = False
@@ -399,6 +406,13 @@ class _Pump:
                 )
                 del self._targets[name]
         self.last_byte = bytes(chunk[-1:])
+        if self._on_output is not None:
+            try:
+                self._on_output(bytes(chunk))
+            except Exception as exc:
+                structlog.get_logger().error(f"{self.name}.output_reader_failed",
+                                             error=f"{type(exc).__name__}: {exc}")
+                self._on_output = None
 
 
 class _Run:
@@ -411,7 +425,8 @@ class _Run:
         cwd: Path,
         env: Mapping[str, str],
         console_fd: int,
-        out_fd: int,
+        out_fd: int | None,
+        on_output: Callable[[bytes], None] | None,
         waker: _Waker,
         on_group: Callable[[int | None], None] | None,
         name: str,
@@ -439,7 +454,7 @@ class _Run:
         self.pid = self.proc.pid
         self._on_group: Callable[[int | None], None] | None = None
         try:
-            self.pump = _Pump(r, out_fd, console_fd, waker, name)
+            self.pump = _Pump(r, out_fd, console_fd, waker, name, on_output)
             self.exited = _watch_leader(self.pid, waker)
             self._on_group = on_group
             if on_group is not None:

@@ -94,8 +94,11 @@ class Watchdog:
             status = EXIT_DEADLINE if landed else EXIT_UNPUBLISHED
             reason = f"the attempt deadline passed while its marker was being published in {where}"
         log.error("deadline.hard_exit", status=status)
+        reason = ctx.redactor.line(reason, MAX_REASON_CHARS)
+        with contextlib.suppress(Exception):  # the last event: the machine stays where it hung
+            outcome.announce(ctx, exit_code=status, terminal=None, reason=reason)
         with contextlib.suppress(Exception):
-            self._say(ctx.redactor.line(reason, MAX_REASON_CHARS))
+            self._say(reason)
         self._exit(status)
 
     def _publish(self, ctx: Context, where: str) -> marker.Published:

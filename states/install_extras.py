@@ -3,7 +3,8 @@
 The payload's ``extra_pip`` was checked against the allow-list when it was parsed
 (``fsm.pip.refused_extra_pip``). ``fsm.installer`` picks the installer (uv when it is
 there and can do what pip would, else pip; ``FLASH_INSTALLER`` forces one); either one's
-failures are reported through the attempt's redactor.
+failures are reported through the attempt's redactor, and so is its output, kept in the
+scratch directory (:data:`OUTPUT_LOG`) while its phases are reported as events.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ from __future__ import annotations
 from fsm import installer, table
 from fsm.context import Context
 
+#: The installer's whole output, redacted, in the scratch directory (its phases and
+#: counts are ``extras.progress`` events; its output is not the runner's stream).
+OUTPUT_LOG = "extras_install.log"
+
 
 def install_extras(ctx: Context) -> str:
     requirements = ctx.require_payload().extra_pip
     if requirements:
+        (ctx.scratch / OUTPUT_LOG).unlink(missing_ok=True)  # this attempt's output only
         with ctx.interrupts_handled():
             installer.install(
                 requirements,
@@ -22,7 +28,7 @@ def install_extras(ctx: Context) -> str:
                 deadline=ctx.work_deadline,
                 interrupt=ctx.interrupt,
                 python=ctx.python,
-                out_fd=ctx.out_fd,
+                output_log=ctx.scratch / OUTPUT_LOG,
                 backoff_s=ctx.tuning.pip_backoff_s,
                 redactor=ctx.redactor,
             )

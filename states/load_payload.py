@@ -19,6 +19,7 @@ from functools import partial
 
 import structlog
 
+from fsm import log as log_config
 from fsm import marker, payload, rules, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
@@ -55,6 +56,7 @@ def load_payload(ctx: Context) -> str:
             )
         _take_lock(ctx, dest)
         ctx.dest = dest  # from here on this process owns the attempt and may mark it
+        log_config.bind(run_id=ctx.evidence.get("run_id"), attempt=dest.attempt)
         ctx.host = HostProbe(ctx.environ)  # in the background: its answer is evidence
         if problem is not None:
             raise problem

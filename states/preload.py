@@ -7,7 +7,11 @@ warm driver polls: it goes up in one commit with the marker.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,8 @@ import structlog
 from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS
+from fsm.log import Progress
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store, WarmOutcome
 
 RESULT_NAME = "preload_result.json"
 log = structlog.get_logger("states.preload")
@@ -32,9 +37,7 @@ def preload(ctx: Context) -> str:
         cache_dir = Path(hf_home) / "hub"
         for repo_id in p.models:
             try:
-                outcome = ctx.require_store().warm_model(
-                    repo_id, cache_dir, PRELOAD_IGNORE_PATTERNS
-                )
+                outcome = _warm(ctx.require_store(), repo_id, cache_dir)
             except DeadlineExceeded:
                 raise
             except (FlashError, OSError, ValueError) as exc:
@@ -58,6 +61,38 @@ def preload(ctx: Context) -> str:
         names = ", ".join(sorted(result["failed"]))
         raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
     return table.CACHE_WARMED
+
+
+def _warm(store: Store, repo_id: str, cache_dir: Path) -> WarmOutcome:
+    """Warm one model, reporting its progress (``preload.progress``) once the store says
+    what it will fetch: files and bytes in the cache, measured from a monitor thread (the
+    same on both stores and both hub lines, whatever transfers the bytes)."""
+    with ExitStack() as stack:  # on the way out: the last measurement, then the end event
+
+        def on_start(files: int, nbytes: int) -> None:
+            progress = stack.enter_context(
+                Progress("preload", total_files=files, total_bytes=nbytes, model=repo_id))
+            stack.enter_context(progress.watch(partial(_in_cache, cache_dir, repo_id)))
+
+        return store.warm_model(repo_id, cache_dir, PRELOAD_IGNORE_PATTERNS, on_start)
+
+
+def _in_cache(cache_dir: Path, repo_id: str) -> dict[str, int]:
+    """What the cache holds of model ``repo_id`` (the standard layout): its snapshot's
+    files, and their bytes plus those of the blobs still downloading."""
+    folder = cache_dir / ("models--" + repo_id.replace("/", "--"))
+    files = nbytes = 0
+    for top, _dirs, names in os.walk(folder / "snapshots"):
+        for name in names:
+            with contextlib.suppress(OSError):  # a link whose blob is not there (yet)
+                nbytes += os.stat(os.path.join(top, name)).st_size
+                files += 1
+    with contextlib.suppress(FileNotFoundError), os.scandir(folder / "blobs") as blobs:
+        for blob in blobs:  # hf's "<sha>.incomplete", the local store's ".<sha>.<tmp>"
+            if blob.name.endswith(".incomplete") or blob.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):  # renamed while counted
+                    nbytes += blob.stat(follow_symlinks=False).st_size
+    return {"files": files, "bytes": nbytes}
 
 
 def _mount_problem(

@@ -183,6 +183,7 @@ class PypiServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # no delayed-ACK stall between headers and body
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean

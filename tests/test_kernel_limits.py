@@ -316,14 +316,13 @@ def test_pip_install_with_a_40_day_deadline_installs(tmp_path: Path) -> None:
         "PIP_NO_CACHE_DIR": "1",
         **PIP_ISOLATED,
     }
-    with open(tmp_path / "pip.out", "wb") as out:
-        install(
-            ["--no-index", "--target", str(target), str(wheel)],
-            env=env,
-            deadline=Deadline.after(FORTY_DAYS_S),
-            interrupt=InterruptFlag(),
-            out_fd=out.fileno(),
-        )
+    install(
+        ["--no-index", "--target", str(target), str(wheel)],
+        env=env,
+        deadline=Deadline.after(FORTY_DAYS_S),
+        interrupt=InterruptFlag(),
+        output_log=tmp_path / "pip.out",
+    )
     assert (target / "flashdemo.py").is_file()
 
 

@@ -84,19 +84,18 @@ class Pip:
         backoff_s: float = 0.05,
         **env: str,
     ) -> None:
-        with self.console.open("ab") as out:
-            install(
-                requirements,
-                env={**self.env, **env},
-                deadline=deadline or Deadline.after(60),
-                interrupt=interrupt or InterruptFlag(),
-                python=sys.executable,
-                extra_args=["--target", str(self.target), *args],
-                tries=tries,
-                backoff_s=backoff_s,
-                out_fd=out.fileno(),
-                redactor=Redactor([SECRET]),
-            )
+        install(
+            requirements,
+            env={**self.env, **env},
+            deadline=deadline or Deadline.after(60),
+            interrupt=interrupt or InterruptFlag(),
+            python=sys.executable,
+            extra_args=["--target", str(self.target), *args],
+            tries=tries,
+            backoff_s=backoff_s,
+            output_log=self.console,
+            redactor=Redactor([SECRET]),
+        )
 
 
 @pytest.fixture
@@ -148,12 +147,12 @@ def test_no_requirements_runs_nothing(tmp_path: Path) -> None:
 
 
 def test_installs_a_local_wheel_file(pip: Pip, wheel: Path) -> None:
-    """A wheel path installs; pip's output reaches out_fd; env values never reach the log."""
+    """A wheel path installs; pip's output is kept; env values never reach the log."""
     with capture_logs() as logs:
         pip([str(wheel)], "--no-index")
     assert (pip.target / "flashdemo.py").read_text() == 'VERSION = "1.0"\n'
     assert "Successfully installed flashdemo-1.0" in pip.console.read_text()
-    assert [e["attempt"] for e in events(logs, "pip.try")] == [1]
+    assert [e["try"] for e in events(logs, "pip.try")] == [1]
     assert len(events(logs, "pip.installed")) == 1
     assert SECRET not in repr(logs)
 
@@ -177,7 +176,7 @@ def test_unavailable_index_is_tried_tries_times_then_retriable(pip: Pip, index: 
         pip(["flashdemo"], "--index-url", index.url, tries=3, PIP_RETRIES="0")
     assert err.value.rule is rules.PIP_NETWORK
     assert index.hits == 3
-    assert [e["attempt"] for e in events(logs, "pip.try")] == [1, 2, 3]
+    assert [e["try"] for e in events(logs, "pip.try")] == [1, 2, 3]
     assert {e["failure_class"] for e in events(logs, "pip.failed")} == {"network"}
     assert "(network: the package index answered 5xx) after 3 tries" in err.value.message
     assert "No matching distribution found for flashdemo" in err.value.message
@@ -494,7 +493,8 @@ class FakePip:
     def fail(self, console: str, log: str = "", secret: str = LONG_SECRET) -> FatalError:
         (self.dir / "console.txt").write_text(console)
         (self.dir / "log.txt").write_text(log)
-        with self.out.open("wb") as out, pytest.raises(FatalError) as err:
+        self.out.unlink(missing_ok=True)  # what this failure kept, only
+        with pytest.raises(FatalError) as err:
             install(
                 ["flashdemo"],
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -503,7 +503,7 @@ class FakePip:
                 interrupt=InterruptFlag(),
                 python=str(self.python),
                 tries=1,
-                out_fd=out.fileno(),
+                output_log=self.out,
                 redactor=Redactor([secret]),
             )
         return err.value
@@ -540,7 +540,8 @@ def test_a_secret_holding_whitespace_is_redacted_before_the_line_is_collapsed(
 
 
 def test_the_copy_of_pips_log_is_redacted_before_its_lines_are_cut(fake_pip: FakePip) -> None:
-    """The end of pip's verbose log shown on out_fd cuts long lines: never through a secret."""
+    """The end of pip's verbose log kept with its output cuts long lines: never through a
+    secret."""
     log = "".join(
         f"2026-01-01T00:00:00,000 Looking at {'y' * pad}{LONG_SECRET}/simple/\n"
         for pad in range(360, 400, 4)

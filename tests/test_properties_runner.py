@@ -50,7 +50,7 @@ from fsm.errors import (
 )
 from fsm.payload import Destination
 from fsm.runner import Outcome, run_attempt
-from fsm.store.base import Fence, Store, StoreStats, WarmOutcome
+from fsm.store.base import Fence, Store, StoreStats, WarmOutcome, WarmStart
 from fsm.store.local import LocalStore
 
 MARKER = f"{ARM}_attempt0.json"
@@ -421,10 +421,11 @@ class FaultyStore:
         return self.inner.fetch_folder(folder, local_root)
 
     def warm_model(
-        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
+        on_start: WarmStart | None = None,
     ) -> WarmOutcome:  # pragma: no cover - train plans never warm
         self._enter("warm_model", repo_id)
-        return self.inner.warm_model(repo_id, cache_dir, ignore_patterns)
+        return self.inner.warm_model(repo_id, cache_dir, ignore_patterns, on_start)
 
 
 # --- running a plan --------------------------------------------------------------------------

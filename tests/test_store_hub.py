@@ -61,7 +61,7 @@ def test_upload_survives_transient_503s(
     assert (hub_server.repo_dir(hub_dataset) / "run" / "metrics.json").read_bytes() == b"m"
     assert _commits(hub_server) == [503, 503, 200]
     retries = [e for e in events if e["event"] == "store.retry"]
-    assert [(e["status"], e["attempt"], e["path"]) for e in retries] == [
+    assert [(e["status"], e["try"], e["path"]) for e in retries] == [
         (503, 1, "run/metrics.json"), (503, 2, "run/metrics.json")]
 
 

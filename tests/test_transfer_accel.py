@@ -37,10 +37,10 @@ import huggingface_hub.constants as constants
 out = {"accelerator": accelerator,
        "hf_transfer": getattr(constants, "HF_HUB_ENABLE_HF_TRANSFER", None),
        "xet_high_performance": getattr(constants, "HF_XET_HIGH_PERFORMANCE", None)}
-if len(sys.argv) > 1:
+if len(sys.argv) > 1:  # warm a model: the preload, where the large transfers are
     store = HubStore(sys.argv[1], token=os.environ["FLASH_TEST_TOKEN"], endpoint=sys.argv[2],
                      deadline=Deadline.after(60), call_timeout_s=30)
-    out["path"] = str(store.download_file(sys.argv[3], Path(sys.argv[4])))
+    out["outcome"] = store.warm_model(sys.argv[3], Path(sys.argv[4]), [])
 print(json.dumps(out))
 """
 
@@ -62,13 +62,16 @@ def _client(*args: str, token: str = "") -> dict[str, object]:
 def test_hf_transfer_downloads_a_large_file_in_parallel_ranges(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path
 ) -> None:
-    """0.x + hf_transfer: a file over 50 MiB arrives as several concurrent 206 ranged GETs."""
+    """0.x + hf_transfer: a model file over 50 MiB arrives in the preload's cache as several
+    concurrent 206 ranged GETs."""
     data = os.urandom(1 << 20) * 60
-    hub_server.add_file(hub_dataset, "weights.bin", data)
-    got = _client(hub_dataset, hub_server.url, "weights.bin", str(tmp_path / "dl"),
-                  token=hub_token)
-    assert got["accelerator"] == "hf_transfer"
-    assert Path(str(got["path"])).read_bytes() == data
+    hub_server.create_repo("org/big-model", "model")
+    hub_server.add_file("org/big-model", "weights.bin", data, "model")
+    cache = tmp_path / "cache"
+    got = _client(hub_dataset, hub_server.url, "org/big-model", str(cache), token=hub_token)
+    assert (got["accelerator"], got["outcome"]) == ("hf_transfer", "downloaded")
+    [cached] = cache.glob("models--org--big-model/snapshots/*/weights.bin")
+    assert cached.read_bytes() == data
     ranged = [r for r in hub_server.requests
               if r.method == "GET" and r.status == 206 and r.range and r.range != "bytes=0-0"]
     assert len({r.range for r in ranged}) >= 5

@@ -50,7 +50,7 @@ from fsm.installer import (
     uv_network_signature,
 )
 from fsm.interrupt import InterruptFlag
-from fsm.pip import EXTRA_PIP_OPTIONS, MESSAGE_CHARS, STOP_GRACE_S
+from fsm.pip import EXTRA_PIP_OPTIONS, MESSAGE_CHARS, STOP_GRACE_S, InstallSteps
 from fsm.redact import Redactor
 from fsm.runner import run_attempt
 
@@ -180,18 +180,17 @@ class Uv:
         env: Mapping[str, str] | None = None,
         **more_env: str,
     ) -> str | None:
-        with self.console.open("ab") as out:
-            return installer.install(
-                requirements,
-                env={**self.env, **(env or {}), **more_env},
-                deadline=deadline or Deadline.after(60),
-                interrupt=interrupt or InterruptFlag(),
-                python=str(self.python),
-                tries=tries,
-                backoff_s=backoff_s,
-                out_fd=out.fileno(),
-                redactor=Redactor([SECRET]),
-            )
+        return installer.install(
+            requirements,
+            env={**self.env, **(env or {}), **more_env},
+            deadline=deadline or Deadline.after(60),
+            interrupt=interrupt or InterruptFlag(),
+            python=str(self.python),
+            tries=tries,
+            backoff_s=backoff_s,
+            output_log=self.console,
+            redactor=Redactor([SECRET]),
+        )
 
     def installed(self, module: str) -> str:
         return imported_version(self.python, module)
@@ -223,9 +222,42 @@ def test_installs_from_the_local_index_into_the_workers_interpreter(
     assert "/files/flashdemo-1.0-py3-none-any.whl" in index.paths
     chosen = events(logs, "pip.installer")
     assert [(e["installer"], e["uv"]) for e in chosen] == [("uv", UV)]
-    assert [(e["installer"], e["attempt"]) for e in events(logs, "pip.installed")] == [("uv", 1)]
+    assert [(e["installer"], e["try"]) for e in events(logs, "pip.installed")] == [("uv", 1)]
     assert "Installed 1 package" in uv.console.read_text()
     assert SECRET not in repr(logs)
+
+
+@needs_uv
+def test_uvs_phases_are_reported_as_extras_progress_events(uv: Uv, index: PypiServer) -> None:
+    """uv says little (a summary line per phase): the events follow it, from resolving to
+    installed with the packages it counted; its output is kept, not passed on."""
+    with capture_logs() as logs:
+        uv(["--index-url", index.url, "flashdemo==1.0"])
+    reports = events(logs, "extras.progress")
+    assert [(e["report"], e["phase"]) for e in (reports[0], reports[-1])] == [
+        ("start", "resolving"), ("end", "installed")]
+    assert {k: reports[-1][k] for k in ("installer", "resolved", "downloaded", "installed",
+                                        "ok")} == {
+        "installer": "uv", "resolved": 1, "downloaded": 1, "installed": 1, "ok": True}
+    assert "--- flash-bootstrap: uv pip install, try 1 of 3 ---" in uv.console.read_text()
+
+
+def test_uvs_console_reads_as_phases_and_counts() -> None:
+    """The summary lines of uv 0.13 (``tests/test_uv.py`` runs the real one above)."""
+    steps = InstallSteps()
+    seen = []
+    for line in ("Using Python 3.11.7 environment at: /tmp/v", "Resolved 2 packages in 7ms",
+                 "   Building flashx @ file:///tmp/flashx", "      Built flashx @ file:///tmp/x",
+                 "Prepared 2 packages in 4ms", "Uninstalled 1 package in 1ms",
+                 "Installed 2 packages in 2ms", " + flashextra==1.0", " ~ flashx==0.1"):
+        installer.read_uv_line(line, steps)
+        seen.append(steps.phase)
+    assert seen == ["resolving", "downloading", "building", "building", "installing",
+                    "installing", "installed", "installed", "installed"]
+    assert steps.fields() == {"phase": "installed", "resolved": 2, "downloaded": 2,
+                              "installed": 2}
+    installer.read_uv_line("Audited 3 packages in 1ms", nothing := InstallSteps())
+    assert (nothing.phase, nothing.installed) == ("installed", 0)
 
 
 @needs_uv
@@ -858,10 +890,10 @@ def test_uvs_error_is_redacted_before_it_is_cut(
     fake.chmod(0o755)
     monkeypatch.setattr(installer, "find_uv", lambda env: str(fake))
     out = f"error: Failed to fetch: https://h/{'x' * pad}{LONG_SECRET}/simple/\n  cause: boom\n"
-    with open(tmp_path / "out.txt", "wb") as sink, pytest.raises(FatalError) as err:
+    with pytest.raises(FatalError) as err:
         installer.install(["flashdemo"], env={"FLASH_INSTALLER": "uv", "FAKE_UV_OUT": out},
                           deadline=Deadline.after(30), interrupt=InterruptFlag(), tries=1,
-                          out_fd=sink.fileno(), redactor=Redactor([LONG_SECRET]))
+                          output_log=tmp_path / "out.txt", redactor=Redactor([LONG_SECRET]))
     message = err.value.message
     assert message.startswith("uv pip install failed (exit status 2): error: Failed to fetch")
     assert_one_line(message)
@@ -909,7 +941,9 @@ def test_a_run_installs_its_extras_with_uv_into_the_workers_interpreter(
     chosen = events(captured_logs, "pip.installer")
     assert [(e["installer"], e["reason"]) for e in chosen] == [("uv", "uv found")]
     assert [e["installer"] for e in events(captured_logs, "pip.installed")] == ["uv"]
-    assert (layout.root / "stdout.bin").read_bytes().count(b"+ flashextra==1.0") == 1
+    kept = (layout.scratch / "extras_install.log").read_bytes()  # uv's output, not stdout's
+    assert kept.count(b"+ flashextra==1.0") == 1
+    assert b"flashextra" not in (layout.root / "stdout.bin").read_bytes()
 
 
 @needs_uv

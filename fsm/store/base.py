@@ -26,11 +26,14 @@ optional upload (a periodic console tail) lands after the marker (CONTRACT secti
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
 WarmOutcome = Literal["cached", "downloaded"]
+#: Told what a warm is about to fetch, before its first byte: ``(files, bytes)`` of the
+#: model's files the preload keeps (a warm that finds the model cached never calls it).
+WarmStart = Callable[[int, int], None]
 
 #: Files a preload never warms (CONTRACT section 6).
 PRELOAD_IGNORE_PATTERNS: tuple[str, ...] = (
@@ -137,13 +140,16 @@ class Store(Protocol):
         ...
 
     def warm_model(
-        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
+        on_start: WarmStart | None = None,
     ) -> WarmOutcome:
         """Make model ``repo_id`` complete in the Hugging Face cache ``cache_dir``.
 
         Returns ``"cached"`` when it already was (probed with ``local_files_only``),
         ``"downloaded"`` otherwise. The result must be found afterwards by
         ``huggingface_hub.snapshot_download(repo_id, cache_dir=cache_dir,
-        ignore_patterns=ignore_patterns, local_files_only=True)``.
+        ignore_patterns=ignore_patterns, local_files_only=True)``. Before downloading it
+        tells ``on_start`` how many files and bytes it will fetch; the caller measures the
+        progress in the cache itself (the standard layout: ``models--<org>--<name>/``).
         """
         ...

@@ -42,8 +42,8 @@ exception's type name only.
 
 from __future__ import annotations
 
-import email.utils
 import fnmatch
+import functools
 import http.client
 import importlib.metadata
 import importlib.util
@@ -57,11 +57,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
-from urllib.parse import quote
 
 import structlog
 
-from fsm import rules
+from fsm import __version__, rules
 from fsm.budget import Background, Budget, GaveUp, backoff
 from fsm.clock import Deadline, os_timeout
 from fsm.errors import (
@@ -73,7 +72,10 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
+from fsm.log import Progress
 from fsm.store.base import Fence, StoreStats, WarmOutcome
+from fsm.store.hf_cache import ModelCache
+from fsm.store.hub_http import Entry, HubReader, NeedsLfs, Refused
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -86,6 +88,9 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 _T = TypeVar("_T")
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
+#: A model file this large or larger is left to huggingface_hub's download, where the
+#: accelerator takes it (hf_transfer's own threshold is 50 MiB); smaller ones are read here.
+LARGE_FILE = 50 << 20
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 _configured: Accelerator | None = None
@@ -95,8 +100,10 @@ _frozen_lock = threading.Lock()
 # --- fast transfer -------------------------------------------------------------------------
 
 
+@functools.cache
 def _hub_major() -> int | None:
-    """The installed huggingface_hub's major version, read without importing it."""
+    """The installed huggingface_hub's major version, read without importing it (once: a
+    metadata lookup scans every installed distribution)."""
     try:
         return int(importlib.metadata.version("huggingface_hub").split(".")[0])
     except (importlib.metadata.PackageNotFoundError, ValueError):
@@ -152,13 +159,14 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 
 def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
     """The settings of ``environ`` that are the hub's to decide (the rest, secrets
-    included, is not ours; telemetry stays configure_transfer's)."""
+    included, is not ours; telemetry stays configure_transfer's, and progress bars stay
+    off in the runner: its stderr is JSON lines, see ``fsm.log.quiet_libraries``)."""
     major = _hub_major()
     return {
         key: value
         for key, value in (environ or {}).items()
         if key.startswith(("HF_HUB_", "HF_XET_"))
-        and key != "HF_HUB_DISABLE_TELEMETRY"
+        and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS")
         and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
     }
 
@@ -203,6 +211,8 @@ _TRANSPORT_TYPES = frozenset({
     ("httpcore", "NetworkError"),
     ("httpcore", "TimeoutException"),
     ("httpcore", "RemoteProtocolError"),
+    ("socket", "gaierror"),  # a name that does not resolve (the adapter's own reads)
+    ("ssl", "SSLError"),
 })
 
 
@@ -247,6 +257,8 @@ def _retry_after(response: object) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
+    import email.utils
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -353,6 +365,7 @@ class HubStore:
         self._settings = _hub_settings(environ)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
+        self._reads: HubReader | None = None
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -373,7 +386,6 @@ class HubStore:
         items = list(files.items())
         if not items:
             return True  # nothing to land
-        api = self._api()
         size = sum(local.stat().st_size for _, local in items)
         bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
         op = "upload" if len(items) == 1 else "commit"
@@ -381,20 +393,18 @@ class HubStore:
         missing = f"repo {self.repo_id} not found"
 
         def create(parent: str | None) -> None:
-            from huggingface_hub import CommitOperationAdd
-
-            api.create_commit(
-                repo_id=self.repo_id,
-                repo_type="dataset",
-                # Fresh operations on every try: the library refuses to reuse one.
-                operations=[
-                    CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
-                    for path, local in items
-                ],
-                commit_message=message,
-                token=self._token,
-                parent_commit=parent,
-            )
+            if size <= _SMALL_UPLOAD:
+                contents = {path: local.read_bytes() for path, local in items}
+                try:
+                    self._reader().commit("dataset", self.repo_id, contents, message=message,
+                                          parent=parent)
+                    return
+                except Refused as exc:
+                    raise FatalError(f"store {op} {label}: {exc}",
+                                     rule=rules.UNCLASSIFIED) from None
+                except NeedsLfs:
+                    pass  # the library's upload, below
+            self._library_commit(items, message, parent)
 
         if fence is None:
             self._call(op, label, partial(create, None), bound, missing=missing)
@@ -404,7 +414,7 @@ class HubStore:
         # paces it, and a 429 it meets is the caller's signal to back off).
         try:
             for _ in range(2):
-                head = self._head(api, label, fence)
+                head = self._head(label, fence)
                 # Checked after the head was read: a seal after this check comes before the
                 # marker, and the marker moves the head away from ``head``.
                 if fence.sealed:
@@ -423,16 +433,9 @@ class HubStore:
         )
 
     def exists(self, path_in_repo: str) -> bool:
-        # Not HfApi.file_exists: on both hub lines it answers False to a 401 (wrong token).
-        self._api()
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
-        url = hf_hub_url(self.repo_id, path_in_repo, repo_type="dataset", endpoint=self.endpoint)
-
-        def head() -> bool:
-            get_hf_file_metadata(url, token=self._token, timeout=self.call_timeout_s)
-            return True
-
+        # A HEAD of the file (not HfApi.file_exists: it answers False to a 401).
+        head = partial(self._reader().exists, "dataset", self.repo_id, path_in_repo,
+                       revision="main")
         try:
             return self._call("exists", path_in_repo, head, self.call_timeout_s)
         except StoreNotFound:
@@ -441,38 +444,26 @@ class HubStore:
     def list_folder(self, folder: str) -> frozenset[str]:
         folder = folder.strip("/")
         try:
-            paths = self._call("list", f"{folder}/", partial(self._tree, folder),
-                               self.call_timeout_s)
+            entries = self._call("list", f"{folder}/", partial(self._tree, folder),
+                                 self.call_timeout_s)
         except StoreNotFound:
             return frozenset()
-        return frozenset(path.rsplit("/", 1)[-1] for path in paths)
+        return frozenset(entry.path.rsplit("/", 1)[-1] for entry in entries)
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
-        self._api()
-        from huggingface_hub import hf_hub_download
-
-        def download() -> str:
-            return hf_hub_download(
-                self.repo_id,
-                path_in_repo,
-                repo_type="dataset",
-                local_dir=str(dest_dir),
-                token=self._token,
-                endpoint=self.endpoint,
-            )
-
-        return Path(self._call("download", path_in_repo, download, self.transfer_timeout_s))
+        dest = dest_dir / path_in_repo
+        download = partial(self._reader().download, "dataset", self.repo_id, path_in_repo,
+                           dest, revision="main", check=self._check_interrupt)
+        self._call("download", path_in_repo, download, self.transfer_timeout_s)
+        return dest
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
-        api = self._api()
-        from huggingface_hub import hf_hub_download
-
         folder = folder.strip("/")
         label = f"{folder}/"
         # The head first, then the folder's files at that commit: the files counted are
         # the files fetched. Both answers are scoped (the refs, one folder's tree): on a
         # fleet's repo, listing every run's files would cost pages of requests.
-        sha = self._call("head", label, partial(self._main_commit, api), self.call_timeout_s,
+        sha = self._call("head", label, self._main_commit, self.call_timeout_s,
                          missing=f"repo {self.repo_id} not found")
         try:
             wanted = self._call("list", label,
@@ -482,58 +473,133 @@ class HubStore:
             wanted = []
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
+        reader = self._reader()
+        total = sum(entry.size for entry in wanted)
+        with Progress("fetch", total_files=len(wanted), total_bytes=total,
+                      folder=label) as progress:
 
-        def one(path: str) -> str:
-            if self.budget.interrupt.is_set():  # a signal, or a prefetch branch cancelled
-                raise Interrupted(self.budget.interrupt.signum or 15)
-            return hf_hub_download(self.repo_id, path, repo_type="dataset", revision=sha,
-                                   local_dir=str(local_root), token=self._token,
-                                   endpoint=self.endpoint)
+            def one(entry: Entry) -> None:
+                self._check_interrupt()  # a signal, or a prefetch branch cancelled
+                size = reader.download("dataset", self.repo_id, entry.path,
+                                       local_root / entry.path, revision=sha, expect=entry,
+                                       check=self._check_interrupt)
+                progress.advance(files=1, bytes=size)
 
-        def fetch() -> None:
-            with ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="hub-fetch") as pool:
-                list(pool.map(one, wanted))
+            def fetch() -> None:
+                progress.set(files=0, bytes=0)  # a retry fetches every file again
+                workers = min(FETCH_WORKERS, len(wanted))
+                with ThreadPoolExecutor(workers, thread_name_prefix="hub-fetch") as pool:
+                    list(pool.map(one, wanted))
 
-        self._call("fetch", label, fetch, self.transfer_timeout_s)
-        missing = [f for f in wanted if not (local_root / f).is_file()]
+            self._call("fetch", label, fetch, self.transfer_timeout_s)
+        missing = [e.path for e in wanted if not (local_root / e.path).is_file()]
         if missing:
             raise StoreUnavailable(f"store fetch {label}: {len(missing)} file(s) not fetched")
         return len(wanted)
 
     def warm_model(
-        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
+        on_start: Callable[[int, int], None] | None = None,  # fsm.store.base.WarmStart
     ) -> WarmOutcome:
+        """The model's files at the commit ``main`` names, into the Hugging Face cache.
+
+        Its head and tree are read first (two requests): the model is "cached" when the
+        cache's ``refs/main`` names that commit and its snapshot holds every kept file.
+        Otherwise the files under :data:`LARGE_FILE` are fetched by the adapter's reader
+        (checked, several at once) into the cache's layout (``fsm.store.hf_cache``), and
+        larger ones by ``huggingface_hub.hf_hub_download`` into the same cache, where the
+        accelerator (hf_transfer, hf_xet) takes them; ``refs/main`` is written last. When
+        the Hub cannot be asked (it is unavailable), the cache alone decides, as the
+        library's ``local_files_only`` probe does.
+        """
+        label = f"model {repo_id}"
+        missing = f"model {repo_id} not found"
+        reader = self._reader()
+        cache = ModelCache(cache_dir, repo_id)
+        try:
+            commit = self._call("head", label, partial(self._model_commit, repo_id),
+                                self.call_timeout_s, missing=missing)
+            listed = self._call("list", label, partial(
+                reader.tree, "model", repo_id, "", revision=commit, recursive=True),
+                self.call_timeout_s, missing=missing)
+        except StoreUnavailable:
+            if self._cached_offline(repo_id, cache_dir, ignore_patterns):
+                return "cached"
+            raise
+        kept = [entry for entry in listed
+                if not any(fnmatch.fnmatch(entry.path, p) for p in ignore_patterns)]
+        if cache.complete(commit, (entry.path for entry in kept)):
+            return "cached"
+        if on_start is not None:
+            on_start(len(kept), sum(entry.size for entry in kept))
+
+        def one(entry: Entry) -> None:
+            self._check_interrupt()
+            blob_id = entry.sha256 or entry.oid
+            if not cache.blob(blob_id).is_file():
+                reader.download("model", repo_id, entry.path, cache.blob(blob_id),
+                                revision=commit, expect=entry, check=self._check_interrupt)
+            cache.link(commit, entry.path, blob_id)
+
+        small = [entry for entry in kept if entry.size < LARGE_FILE]
+        if small:
+
+            def fetch() -> None:
+                workers = min(FETCH_WORKERS, len(small))
+                with ThreadPoolExecutor(workers, thread_name_prefix="hub-warm") as pool:
+                    list(pool.map(one, small))
+
+            self._call("warm", label, fetch, self.transfer_timeout_s)
+        for entry in kept:
+            if entry.size >= LARGE_FILE:
+                self._call("warm", f"{label}: {entry.path}", partial(
+                    self._library_download, repo_id, entry.path, commit, cache_dir),
+                    self.transfer_timeout_s)
+        cache.set_main(commit)
+        return "downloaded"
+
+    def _model_commit(self, repo_id: str) -> str:
+        sha = self._reader().main_commit("model", repo_id)
+        if sha is None:
+            raise StoreUnavailable(f"store head of model {repo_id}: no main branch named")
+        return sha
+
+    def _library_commit(self, items: Sequence[tuple[str, Path]], message: str,
+                        parent: str | None) -> None:
+        """A commit through huggingface_hub: large files, or those the Hub wants in LFS."""
         api = self._api()
+        from huggingface_hub import CommitOperationAdd
+
+        api.create_commit(
+            repo_id=self.repo_id,
+            repo_type="dataset",
+            # Fresh operations on every try: the library refuses to reuse one.
+            operations=[CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+                        for path, local in items],
+            commit_message=message,
+            token=self._token,
+            parent_commit=parent,
+        )
+
+    def _library_download(self, repo_id: str, path: str, commit: str, cache_dir: Path) -> None:
+        self._api()  # configured before the library's first import
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(repo_id, path, revision=commit, cache_dir=str(cache_dir),
+                        token=self._token, endpoint=self.endpoint)
+
+    def _cached_offline(self, repo_id: str, cache_dir: Path, patterns: Sequence[str]) -> bool:
+        """The library's own offline probe: 1.x/2.x check the snapshot against the tree
+        listing they cached; 0.x accept any snapshot folder."""
+        self._api()
         from huggingface_hub import snapshot_download
 
-        patterns = list(ignore_patterns)
-        label = f"model {repo_id}"
-
-        def snapshot(*, local_files_only: bool = False, endpoint: str | None = None) -> str:
-            return snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=patterns,
-                                     token=self._token, local_files_only=local_files_only,
-                                     endpoint=endpoint)
-
-        def probe() -> str | None:
-            try:
-                return snapshot(local_files_only=True)
-            except Exception as exc:  # not (completely) in the cache
-                if classify(exc).kind in ("retriable", "auth", "rejected"):
-                    raise
-                return None
-
-        snapshot_dir = self._call("probe", label, probe, self.call_timeout_s)
-        if snapshot_dir is not None and (_hub_major() or 0) >= 1:
-            return "cached"  # 1.x/2.x checked the snapshot against its cached tree listing
-        if snapshot_dir is not None:
-            # 0.x returns any snapshot folder, even one an interrupted download left
-            # half-filled: compare it with the repo's listing.
-            _sha, files = self._repo_info(api, "list", label, repo_id, "model")
-            kept = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
-            if all((Path(snapshot_dir) / f).exists() for f in kept):
-                return "cached"
-        self._call("warm", label, lambda: snapshot(endpoint=self.endpoint), self.transfer_timeout_s)
-        return "downloaded"
+        try:
+            snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=list(patterns),
+                              token=self._token, local_files_only=True)
+        except Exception:  # not (completely) in the cache
+            return False
+        return True
 
     # --- internals ------------------------------------------------------------------------
 
@@ -543,64 +609,37 @@ class HubStore:
 
         return HfApi(endpoint=self.endpoint, token=self._token)
 
-    def _repo_info(
-        self, api: HfApi, op: str, label: str, repo_id: str, repo_type: str
-    ) -> tuple[str | None, list[str]]:
-        """A repo's head commit and files (bounded, retried; a 404 is StoreNotFound)."""
+    def _reader(self) -> HubReader:
+        if self._reads is None:
+            token = self._token if isinstance(self._token, str) else None
+            self._reads = HubReader(self.endpoint, token,
+                                    timeout_s=self.call_timeout_s,
+                                    user_agent=f"flash-bootstrap/{__version__}")
+        return self._reads
 
-        def info() -> tuple[str | None, list[str]]:
-            got = api.repo_info(repo_id, repo_type=repo_type, token=self._token)
-            siblings = getattr(got, "siblings", None) or []
-            return (str(got.sha) if got.sha else None), [str(s.rfilename) for s in siblings]
-
-        return self._call(op, label, info, self.call_timeout_s,
-                          missing=f"repo {repo_id} not found")
+    def _check_interrupt(self) -> None:
+        if self.budget.interrupt.is_set():
+            raise Interrupted(self.budget.interrupt.signum or 15)
 
     def _tree(self, folder: str, *, recursive: bool = False, revision: str = "main",
-              ) -> list[str]:
-        """The paths of the files in ``folder`` (below it too when ``recursive``): one
-        call, for ``_call`` to bound and retry.
+              ) -> list[Entry]:
+        """The files in ``folder`` (below it too when ``recursive``): one call, for
+        ``_call`` to bound and retry (the reader does not retry: a throttled store's
+        ``Retry-After`` reaches this adapter's own pacing)."""
+        return self._reader().tree("dataset", self.repo_id, folder, revision=revision,
+                                   recursive=recursive)
 
-        The tree endpoint is asked directly, page by page: ``HfApi.list_repo_tree`` retries
-        429 and 5xx inside the call (five times, with backoff), which would hide the
-        store's ``Retry-After`` from this adapter's own bounded retries and spend a
-        throttled account's quota."""
-        from huggingface_hub.utils import (  # type: ignore[attr-defined]  # both lines have them
-            build_hf_headers,
-            get_session,
-            hf_raise_for_status,
-        )
-
-        headers = build_hf_headers(token=self._token)
-        next_url: str | None = (
-            f"{self.endpoint}/api/datasets/{self.repo_id}/tree/{quote(revision, safe='')}"
-            + (f"/{quote(folder, safe='')}" if folder else "")
-        )
-        params: dict[str, str] | None = {
-            "recursive": "true" if recursive else "false", "expand": "false",
-        }
-        paths: list[str] = []
-        while next_url is not None:
-            response = get_session().get(next_url, params=params, headers=headers,
-                                         timeout=self.call_timeout_s)
-            hf_raise_for_status(response)
-            paths += [entry["path"] for entry in response.json() if entry.get("type") == "file"]
-            next_url = response.links.get("next", {}).get("url")
-            params = None  # the next page's link carries them
-        return paths
-
-    def _main_commit(self, api: HfApi) -> str:
-        got = api.list_repo_refs(self.repo_id, repo_type="dataset", token=self._token)
-        sha = next((str(b.target_commit) for b in got.branches if b.name == "main"), None)
+    def _main_commit(self) -> str:
+        sha = self._reader().main_commit("dataset", self.repo_id)
         if sha is None:
             raise StoreUnavailable(f"store head of {self.repo_id}: no main branch named")
         return sha
 
-    def _head(self, api: HfApi, label: str, fence: Fence) -> str:
+    def _head(self, label: str, fence: Fence) -> str:
         """The commit ``main`` points at, for a fenced commit's parent: one try, and the
         repo's refs only (``repo_info`` would list every file of a fleet's repo)."""
 
-        return self._call("head", label, partial(self._main_commit, api), self.call_timeout_s,
+        return self._call("head", label, self._main_commit, self.call_timeout_s,
                           fence=fence, missing=f"repo {self.repo_id} not found", tries=1)
 
     def _call(
@@ -665,7 +704,7 @@ class HubStore:
                 return None  # the store asks for a longer wait than we would give it
             wait = asked if asked is not None else backoff(
                 attempt, base_s=self.retry_base_s, max_s=self.retry_max_s)
-            log.warning("store.retry", op=op, path=path, attempt=attempt,
+            log.warning("store.retry", op=op, path=path, **{"try": attempt},
                         status=exc.failure.status, error=exc.failure.reason,
                         delay_s=round(wait, 3))
             return wait

@@ -36,7 +36,8 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
-from fsm.store.base import Fence, StoreStats, WarmOutcome
+from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart
+from fsm.store.hf_cache import ModelCache
 
 _CHUNK = 1 << 20
 
@@ -145,7 +146,8 @@ class LocalStore:
         return len(files)
 
     def warm_model(
-        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str]
+        self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
+        on_start: WarmStart | None = None,
     ) -> WarmOutcome:
         self._check_time()
         self._root_readable()
@@ -163,31 +165,20 @@ class LocalStore:
             stat = path.stat()
             digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
         commit = digest.hexdigest()
-        repo_dir = cache_dir / ("models--" + repo_id.replace("/", "--"))
-        snapshot = repo_dir / "snapshots" / commit
-        if (
-            (repo_dir / "refs" / "main").is_file()
-            and all((snapshot / rel).is_file() for rel, _ in files)
-            and (repo_dir / "refs" / "main").read_text().strip() == commit
-        ):
+        cache = ModelCache(cache_dir, repo_id)
+        if cache.complete(commit, (rel for rel, _ in files)):
             return "cached"
-        blobs = repo_dir / "blobs"
-        blobs.mkdir(parents=True, exist_ok=True)
+        if on_start is not None:
+            on_start(len(files), sum(path.stat().st_size for _, path in files))
         for rel, path in files:
             self._check_time()
             if self.interrupt.is_set():
                 raise Interrupted(self.interrupt.signum or 15)
-            blob = blobs / _sha256(path)
-            if not blob.is_file():
-                _atomic_copy(path, blob)
-            link = snapshot / rel
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(os.path.relpath(blob, link.parent))
-        refs = repo_dir / "refs"
-        refs.mkdir(parents=True, exist_ok=True)
-        _atomic_write(refs / "main", commit.encode())
+            blob_id = _sha256(path)
+            if not cache.blob(blob_id).is_file():
+                _atomic_copy(path, cache.blob(blob_id))
+            cache.link(commit, rel, blob_id)
+        cache.set_main(commit)
         return "downloaded"
 
     # --- helpers ----------------------------------------------------------------------
@@ -304,17 +295,6 @@ def _atomic_copy(source: Path, target: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as out, source.open("rb") as src:
             shutil.copyfileobj(src, out, _CHUNK)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -163,6 +163,8 @@ class RequestRecord:
     kind: RequestKind | None = None
     #: The quota that answered it ``429`` (``"commits"`` or ``"requests"``), else None.
     throttled: QuotaName | None = None
+    #: Whether it carried an ``Authorization`` header (its value is never recorded).
+    authorization: bool = False
 
     def __post_init__(self) -> None:
         if self.kind is None:
@@ -382,6 +384,8 @@ class LocalHubServer:
         self._log_file = Path(log_file) if log_file is not None else None
         self._quota = Quota() if quota is None else quota
         self._network = Network() if network is None else network
+        self._content_origin: str | None = None
+        self._upload_modes: list[tuple[re.Pattern[str], str]] = []
         # Admission times (monotonic) of the requests counted in the current window.
         self._admitted: dict[QuotaName, deque[float]] = {"commits": deque(), "requests": deque()}
 
@@ -529,6 +533,19 @@ class LocalHubServer:
     def network(self) -> Network:
         """The network conditions in force (``Network()``, none, by default)."""
         return self._network
+
+    def answer_preupload(self, path_regex: str, mode: Literal["lfs", "ignored"]) -> None:
+        """From now on, ``preupload`` answers ``uploadMode: lfs`` (or ``shouldIgnore:
+        true``, a ``.gitignore`` match) for the paths ``path_regex`` matches, as the Hub
+        does for a repo's LFS patterns; the server implements no LFS transfer itself."""
+        self._upload_modes.append((re.compile(path_regex), mode))
+
+    def redirect_content(self, origin: str | None) -> None:
+        """Answer a file's resolve (``GET``/``HEAD``) with ``302`` to the same path at
+        ``origin`` (another server: a CDN), as the Hub does for LFS files, with the
+        ``X-Linked-Etag`` (the content's sha256) and ``X-Linked-Size`` it sends then.
+        None: serve the content itself again."""
+        self._content_origin = origin.rstrip("/") if origin else None
 
     def set_network(
         self, bandwidth_bps: float | None = None, latency_s: float = 0.0
@@ -725,6 +742,10 @@ class _HttpError(Exception):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body leave in separate writes: with Nagle's algorithm on, the body waits
+    # for the client's delayed ACK of the headers (about 40 ms on Linux), a stall the
+    # Hub's own front end does not have.
+    disable_nagle_algorithm = True
     server: _Server
     _record: RequestRecord
     _body: bytes
@@ -753,7 +774,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         hub = self.server.hub
         split = urlsplit(self.path)
-        record = RequestRecord(self.command, split.path, split.query, self.headers.get("Range"))
+        record = RequestRecord(self.command, split.path, split.query, self.headers.get("Range"),
+                               authorization="Authorization" in self.headers)
         self._record = record
         try:
             self._body = self._read_body()
@@ -929,6 +951,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(404, "Entry not found", "EntryNotFound")
         size = target.stat().st_size
         etag = hub.etag(target)
+        if hub._content_origin is not None:
+            self._start(302, {
+                "Location": hub._content_origin + self.path,
+                "X-Repo-Commit": hub._commit_of(repo),
+                "ETag": f'"{etag}"',
+                "X-Linked-Etag": f'"{hashlib.sha256(target.read_bytes()).hexdigest()}"',
+                "X-Linked-Size": str(size),
+                "Content-Length": "0",
+            })
+            return
         headers = {
             "X-Repo-Commit": hub._commit_of(repo),
             "ETag": f'"{etag}"',
@@ -1007,8 +1039,9 @@ class _Handler(BaseHTTPRequestHandler):
                     oid = hub.etag(existing)
             except ValueError:
                 raise _HttpError(400, "invalid path") from None
-            answer.append({"path": path, "uploadMode": "regular", "shouldIgnore": False,
-                           "oid": oid})
+            modes = {mode for pattern, mode in hub._upload_modes if pattern.search(path)}
+            answer.append({"path": path, "uploadMode": "lfs" if "lfs" in modes else "regular",
+                           "shouldIgnore": "ignored" in modes, "oid": oid})
         self._send_json(200, {"files": answer, "commitOid": hub._commit_of(repo)})
 
     def _commit(self, repo: Path, type_plural: str, repo_id: str) -> None:

@@ -1,0 +1,76 @@
+"""The Hugging Face cache layout, as the stores write it when they warm a model.
+
+``huggingface_hub`` keeps a repo under ``<cache>/models--<org>--<name>/``::
+
+    blobs/<blob id>                      the content, once (git blob id, or LFS sha256)
+    snapshots/<commit>/<path>            relative symlinks into blobs/
+    refs/main                            the commit ``main`` named when it was fetched
+
+and ``snapshot_download(..., local_files_only=True)`` finds a warmed model by
+``refs/main`` and the snapshot's files. A blob is named by the id the Hub sends as the
+file's ETag, so a later online ``snapshot_download`` of the same commit finds every blob
+already there and downloads nothing.
+
+Writes are atomic (a temporary name, then a rename), and ``refs/main`` is written last: a
+warm stopped half-way leaves no reference to an incomplete snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["ModelCache"]
+
+
+class ModelCache:
+    """One model repo's folder in a Hugging Face cache directory."""
+
+    def __init__(self, cache_dir: Path, repo_id: str) -> None:
+        self.folder = cache_dir / ("models--" + repo_id.replace("/", "--"))
+
+    def snapshot(self, commit: str) -> Path:
+        return self.folder / "snapshots" / commit
+
+    def complete(self, commit: str, paths: Iterable[str]) -> bool:
+        """Whether ``refs/main`` names ``commit`` and its snapshot has every file in
+        ``paths`` (links followed: a link to a missing blob does not count)."""
+        ref = self.folder / "refs" / "main"
+        try:
+            if ref.read_text().strip() != commit:
+                return False
+        except OSError:
+            return False
+        snapshot = self.snapshot(commit)
+        return all((snapshot / path).is_file() for path in paths)
+
+    def blob(self, blob_id: str) -> Path:
+        """Where blob ``blob_id`` lives (its folder exists once this returns)."""
+        blobs = self.folder / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        return blobs / blob_id
+
+    def link(self, commit: str, path: str, blob_id: str) -> None:
+        """``snapshots/<commit>/<path>`` as a relative link to the blob (replaced if there)."""
+        link = self.snapshot(commit) / path
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = os.path.relpath(self.folder / "blobs" / blob_id, link.parent)
+        temp = link.with_name(f".{link.name}.{os.getpid()}.link")
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(target)
+        os.replace(temp, link)
+
+    def set_main(self, commit: str) -> None:
+        """``refs/main`` names ``commit``: the last write of a warm."""
+        refs = self.folder / "refs"
+        refs.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=refs, prefix=".main.")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(commit)
+            os.replace(temp, refs / "main")
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise

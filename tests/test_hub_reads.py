@@ -1,0 +1,357 @@
+"""The Hub adapter's reads (``fsm.store.hub_http``): one GET per file, checked, the token
+kept to the Hub's own origin, and the library left unimported until a commit needs it.
+
+The reads are plain HTTP, so these tests check what the library used to guarantee and
+what the reader adds: redirects to a content host (the Hub's LFS answer) followed without
+the token, every file checked against the store's digest (a corrupted transfer is retried,
+never kept), a keep-alive connection the server dropped sent again once, and no
+``huggingface_hub`` in the runner's process before its worker starts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import Events, make_store
+
+from fsm.errors import FatalError, FlashError, StoreUnavailable
+from fsm.store import PRELOAD_IGNORE_PATTERNS
+from fsm.store import hub as hub_module
+from fsm.testing import LocalHubServer
+
+pytestmark = pytest.mark.hub
+
+CODE = {
+    "code/flash/__init__.py": b"",
+    "code/flash/engine/__init__.py": b"",
+    "code/flash/engine/worker/__init__.py": b"",
+    "code/flash/engine/worker/__main__.py": b"print('hello')\n",
+    "code/flash/lib/weights.bin": bytes(range(256)) * 64,
+}
+
+
+def _fill(server: LocalHubServer, repo: str, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        server.add_file(repo, path, data)
+
+
+def _resolves(server: LocalHubServer) -> list[str]:
+    return [f"{r.method} {r.path.rsplit('/', 1)[-1]}" for r in server.requests
+            if "/resolve/" in r.path]
+
+
+def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """No HEAD before a GET, no request for an empty file (its digest is known), no
+    library cache folder in the code root: the tree is exactly the repo's."""
+    _fill(hub_server, hub_dataset, CODE)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    hub_server.clear_requests()
+    dest = tmp_path / "dest"
+    assert store.fetch_folder("code", dest) == len(CODE)
+    for path, data in CODE.items():
+        assert (dest / path).read_bytes() == data
+    assert sorted(_resolves(hub_server)) == ["GET __main__.py", "GET weights.bin"]
+    assert sorted(p.relative_to(dest).as_posix()
+                  for p in dest.rglob("*") if p.is_file()) == sorted(CODE)
+
+
+def test_content_on_another_host_is_fetched_without_the_token(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """The Hub answers an LFS file with a redirect to a content host: the reader follows it,
+    checks the bytes against the ``X-Linked-Etag`` sha256, and never sends the token
+    there (the CDN's records show no Authorization header; the Hub's always do)."""
+    _fill(hub_server, hub_dataset, CODE)
+    with LocalHubServer(hub_server.root) as cdn:  # same content, another origin, no token
+        hub_server.redirect_content(cdn.url)
+        store = make_store(hub_server, hub_dataset, hub_token)
+        spec = store.download_file("code/flash/lib/weights.bin", tmp_path / "one")
+        assert spec.read_bytes() == CODE["code/flash/lib/weights.bin"]
+        assert store.fetch_folder("code", tmp_path / "all") == len(CODE)
+        cdn_requests = list(cdn.requests)
+    assert cdn_requests and not any(r.authorization for r in cdn_requests)
+    assert all(r.authorization for r in hub_server.requests)
+    assert (tmp_path / "all/code/flash/engine/worker/__main__.py").read_bytes() == \
+        CODE["code/flash/engine/worker/__main__.py"]
+
+
+def test_bytes_that_are_not_the_stores_are_retried_and_never_kept(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A content host serving other bytes than the Hub's digest names: each try is a
+    retriable mismatch, the call ends in StoreUnavailable, and neither the file nor a
+    partial download is left in the destination."""
+    _fill(hub_server, hub_dataset, CODE)
+    corrupt = tmp_path / "cdn-root"
+    with LocalHubServer(corrupt) as cdn:
+        cdn.create_repo(hub_dataset)
+        cdn.add_file(hub_dataset, "code/flash/lib/weights.bin", b"\0" * len(
+            CODE["code/flash/lib/weights.bin"]))
+        hub_server.redirect_content(cdn.url)
+        store = make_store(hub_server, hub_dataset, hub_token, max_attempts=2)
+        dest = tmp_path / "dest"
+        with pytest.raises(StoreUnavailable, match="ContentMismatch after 2 attempts"):
+            store.download_file("code/flash/lib/weights.bin", dest)
+    assert not any(p.is_file() for p in dest.rglob("*"))
+    assert [e["error"] for e in events if e["event"] == "store.retry"] == ["ContentMismatch"]
+
+
+def test_a_dropped_keep_alive_connection_is_sent_again_once(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
+) -> None:
+    """A server that closes a kept-alive connection between two requests (an idle timeout)
+    costs a resend on a fresh connection, not a failed try."""
+    _fill(hub_server, hub_dataset, CODE)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    assert store.list_folder("code") == frozenset()  # opens the kept-alive connection
+    hub_server.drop("GET", r"/tree/", times=1)
+    assert store.list_folder("code/flash/engine/worker") == {"__init__.py", "__main__.py"}
+    assert not [e for e in events if e["event"] == "store.retry"]
+
+
+def test_a_plain_attempt_never_imports_huggingface_hub(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """Through the runner process, ``-X importtime`` listing every module it imports: a
+    training attempt reads its code and commits its marker without huggingface_hub (its
+    import, 80 to 130 ms, is for large transfers only)."""
+    _fill(hub_server, hub_dataset, CODE)
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps({
+        "hf_repo": hub_dataset, "hf_prefix": "sft/r1", "flash_arm": "lambda", "attempt": 0,
+        "run_id": "reads-1", "max_wall_s": 120, "phase": "sft", "seed": 0,
+        "job_spec_json": json.dumps({"hf_prefix": "sft/r1"}), "env": {"HF_TOKEN": hub_token},
+    }))
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "fsm", "run", "--payload", str(payload),
+         "--store", hub_server.url, "--code-root", str(tmp_path / "runcode"),
+         "--scratch-dir", str(tmp_path / "scratch")],
+        capture_output=True, text=True, timeout=120, check=False)
+    imported = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert any("fsm.store.hub_http" in line for line in imported), done.stderr[-3000:]
+    assert not [line for line in imported if "huggingface_hub" in line]
+    marker = hub_server.repo_dir(hub_dataset) / "sft/r1/lambda_attempt0.json"
+    assert json.loads(marker.read_text())["attempt"] == 0
+
+
+class _ForwardProxy:
+    """A plain-HTTP forward proxy on 127.0.0.1 (absolute URLs in, the target's answer
+    out) that records each request's target and whether it carried Proxy-Authorization."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bool, bool]] = []  # (url, proxy auth, hub auth)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                proxy.seen.append((self.path, "Proxy-Authorization" in self.headers,
+                                   "Authorization" in self.headers))
+                target = urlsplit(self.path)
+                upstream = http.client.HTTPConnection(target.hostname or "", target.port)
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("proxy-authorization", "connection")}
+                upstream.request(self.command, target.path + (
+                    f"?{target.query}" if target.query else ""), headers=headers)
+                answer = upstream.getresponse()
+                body = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("connection", "transfer-encoding", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                upstream.close()
+
+            def do_HEAD(self) -> None:
+                self.do_GET()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_reads_go_through_the_environments_proxy_with_its_credentials(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HTTP_PROXY`` (credentials in its URL) is honoured as the library honours it: every
+    read goes through the proxy with ``Proxy-Authorization``; ``NO_PROXY`` naming the
+    host sends them direct."""
+    _fill(hub_server, hub_dataset, CODE)
+    proxy = _ForwardProxy()
+    try:
+        for key in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTPS_PROXY",
+                    "ALL_PROXY", "NO_PROXY"):
+            monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://u%40x:p@"))
+        store = make_store(hub_server, hub_dataset, hub_token)
+        assert store.fetch_folder("code", tmp_path / "via") == len(CODE)
+        assert proxy.seen and all(auth and hub for _, auth, hub in proxy.seen)
+        assert all(url.startswith(hub_server.url) for url, _, _ in proxy.seen)
+        through = len(proxy.seen)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        store = make_store(hub_server, hub_dataset, hub_token)
+        assert store.fetch_folder("code", tmp_path / "direct") == len(CODE)
+        assert len(proxy.seen) == through
+    finally:
+        proxy.close()
+
+
+# --- warming a model: the reader for small files, the library for large ones --------------
+
+MODEL = "org/tiny-model"
+MODEL_FILES = {
+    "config.json": b'{"model_type": "tiny"}',
+    "tokenizer.json": b'{"vocab": [1, 2, 3]}',
+    "model.safetensors": bytes(range(256)) * 256,
+    "original/consolidated.pth": b"never fetched",
+}
+KEPT = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def _model(server: LocalHubServer) -> None:
+    server.create_repo(MODEL, "model")
+    for path, data in MODEL_FILES.items():
+        server.add_file(MODEL, path, data, "model")
+
+
+def _snapshot(cache: Path, **kw: Any) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(MODEL, cache_dir=str(cache),
+                                  ignore_patterns=list(PRELOAD_IGNORE_PATTERNS), **kw))
+
+
+def test_a_warmed_model_is_the_librarys_cache_and_an_online_snapshot_fetches_nothing(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Files under the large-file threshold come through the reader, the one above it
+    through huggingface_hub (the accelerator's path), into one cache: the library finds
+    the snapshot offline, and an online snapshot_download of it afterwards downloads no
+    file (every blob is named as the library names it)."""
+    monkeypatch.setattr(hub_module, "LARGE_FILE", 40_000)  # model.safetensors is 64 KiB
+    _model(hub_server)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    cache = tmp_path / "cache"
+    hub_server.clear_requests()
+    assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "downloaded"
+    gets = sorted(r.path.rsplit("/", 1)[-1] for r in hub_server.requests
+                  if r.method == "GET" and "/resolve/" in r.path)
+    assert gets == ["config.json", "model.safetensors", "tokenizer.json"]
+    heads = [r.path.rsplit("/", 1)[-1] for r in hub_server.requests if r.method == "HEAD"]
+    assert heads == ["model.safetensors"]  # only the library asks first
+    snapshot = _snapshot(cache, local_files_only=True)
+    assert {p: (snapshot / p).read_bytes() for p in KEPT} == {p: MODEL_FILES[p] for p in KEPT}
+    assert not (snapshot / "original").exists()
+
+    hub_server.clear_requests()
+    assert _snapshot(cache, token=hub_token, endpoint=hub_server.url) == snapshot
+    assert not [r for r in hub_server.requests if r.method == "GET" and "/resolve/" in r.path]
+    assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "cached"
+
+
+def test_with_the_hub_down_a_cached_model_is_still_cached_and_a_new_one_is_not(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """The head cannot be read: the cache alone decides, as the library's offline probe
+    does; a model the cache does not hold ends in StoreUnavailable (retriable)."""
+    _model(hub_server)
+    store = make_store(hub_server, hub_dataset, hub_token, max_attempts=2)
+    cache = tmp_path / "cache"
+    assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "downloaded"
+    hub_server.fail("GET", r"/refs", status=503, times=100)
+    assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "cached"
+    with pytest.raises(StoreUnavailable):
+        store.warm_model(MODEL, tmp_path / "empty", list(PRELOAD_IGNORE_PATTERNS))
+
+
+def test_a_warm_stopped_half_way_leaves_no_reference_to_its_snapshot(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """refs/main is written last: a warm whose last file fails leaves the cache unfound
+    by the library, and the next warm completes it."""
+    _model(hub_server)
+    hub_server.fail("GET", r"/resolve/.*/tokenizer\.json$", status=503, times=100)
+    store = make_store(hub_server, hub_dataset, hub_token, max_attempts=2)
+    cache = tmp_path / "cache"
+    with pytest.raises(StoreUnavailable):
+        store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS))
+    assert not list(cache.glob("models--org--tiny-model/refs/main"))
+    hub_server.clear_faults()
+    assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "downloaded"
+    assert (_snapshot(cache, local_files_only=True) / "tokenizer.json").read_bytes() == \
+        MODEL_FILES["tokenizer.json"]
+
+
+# --- commits: small regular files inline, anything else through the library ---------------
+
+
+def test_a_commit_is_one_preupload_and_one_commit_and_a_repeat_is_none(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """Two files land in one commit; committing the same content again asks the Hub and
+    commits nothing (the library skips a no-op commit the same way)."""
+    (tmp_path / "m.json").write_text('{"ok": true}')
+    (tmp_path / "c.txt").write_text("tail\n")
+    store = make_store(hub_server, hub_dataset, hub_token)
+    files = {"run/m.json": tmp_path / "m.json", "run/c.txt": tmp_path / "c.txt"}
+    hub_server.clear_requests()
+    assert store.commit(files, message="marker") is True
+    assert [r.path.rsplit("/", 2)[-2] for r in hub_server.requests] == ["preupload", "commit"]
+    repo = hub_server.repo_dir(hub_dataset)
+    assert (repo / "run/m.json").read_text() == '{"ok": true}'
+    hub_server.clear_requests()
+    assert store.commit(files, message="marker again") is True
+    assert [r.path.rsplit("/", 2)[-2] for r in hub_server.requests] == ["preupload"]
+
+
+def test_a_file_the_hub_wants_in_lfs_goes_through_the_library(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """The Hub answers ``lfs`` for a path: the commit is handed to huggingface_hub (its own
+    preupload follows ours), whose LFS or Xet upload, which this server does not
+    implement, is what fails."""
+    hub_server.answer_preupload(r"\.bin$", "lfs")
+    (tmp_path / "w.bin").write_bytes(b"\1" * 1000)
+    store = make_store(hub_server, hub_dataset, hub_token, max_attempts=1)
+    with pytest.raises(FlashError):
+        store.commit({"run/w.bin": tmp_path / "w.bin"}, message="weights")
+    assert len([r for r in hub_server.requests if "/preupload/" in r.path]) == 2
+    assert not (hub_server.repo_dir(hub_dataset) / "run/w.bin").exists()
+
+
+def test_a_file_the_repo_ignores_is_a_clear_refusal_not_a_silent_no_op(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """A marker path matched by the repo's .gitignore would never land: the commit fails
+    saying so (fatal, not retried), instead of returning as if it had landed."""
+    hub_server.answer_preupload(r"attempt0\.json$", "ignored")
+    (tmp_path / "m.json").write_text("{}")
+    store = make_store(hub_server, hub_dataset, hub_token)
+    with pytest.raises(FatalError, match=r"ignored by the repo's \.gitignore"):
+        store.commit({"run/lambda_attempt0.json": tmp_path / "m.json"}, message="marker")
+    assert [r.path.rsplit("/", 2)[-2] for r in hub_server.requests] == ["preupload"]
