@@ -33,8 +33,8 @@ Every run has a directory of its own and a fresh Hub server (the same repo conte
 every run: code tree of ``--code-files`` files, models, spilled spec), a fresh ``HF_HOME``
 and ``XDG_CACHE_HOME`` (pip's and uv's caches start cold, as on a fresh host), and an empty
 ``XDG_CONFIG_HOME`` and ``XDG_CONFIG_DIRS`` (a developer's pip.conf, its mirrors and
-constraints, configures neither runner's pip; ``/etc/pip.conf`` is still read, and its mere
-presence makes ours choose pip over uv on ``auto``). The child environment drops the
+constraints, configures neither runner's pip; ``/etc/pip.conf`` is still read: one that
+sets more than transport options makes ours choose pip over uv on ``auto``). The child environment drops the
 caller's ``HF_*``, ``FLASH_*``, ``PIP_*``, ``UV_*`` and ``PYTHONPATH`` and sets
 ``HF_ENDPOINT`` to the server (the reference reaches the Hub only through it; ours is given
 ``--store <url>`` too). ``--bytecode cached`` (the default) gives the children one

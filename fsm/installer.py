@@ -21,8 +21,9 @@ What ``auto`` checks before it picks uv:
 * pip is not configured in a way uv would ignore (:func:`pip_configuration`): uv reads
   neither pip's configuration files nor its ``PIP_*`` settings, so an image whose pip.conf
   names a mirror, or a payload that sets ``PIP_TARGET`` or ``PIP_INDEX_URL``, keeps pip.
-  (pip's transport settings carry over: ``PIP_RETRIES``, ``PIP_TIMEOUT`` and ``PIP_CERT``
-  become ``UV_HTTP_RETRIES``, ``UV_HTTP_TIMEOUT`` and ``SSL_CERT_FILE`` unless those are set.)
+  (pip's transport settings carry over, from the environment or a pip.conf that sets
+  nothing else (:func:`pip_file_settings`): ``retries``, ``timeout`` and ``cert`` become
+  ``UV_HTTP_RETRIES``, ``UV_HTTP_TIMEOUT`` and ``SSL_CERT_FILE`` unless those are set.)
 
 ``FLASH_INSTALLER=uv`` skips the second check (uv's own ``UV_*`` settings are the
 operator's to give) and turns a failed first one into a fatal ``pip-failed`` naming the
@@ -32,6 +33,7 @@ its settings that read host files are dropped like pip's (:func:`uv_env`).
 
 from __future__ import annotations
 
+import configparser
 import importlib
 import math
 import os
@@ -360,9 +362,28 @@ def pip_configuration(env: Mapping[str, str], python: str) -> list[str]:
     """What configures pip here that uv would not read: ``PIP_*`` settings that change what
     is installed or where (``PIP_TARGET``, ``PIP_INDEX_URL``, ...; not the transport and
     cosmetic ones, nor those pip is not given anyway), and the configuration files pip
-    would load (XDG and /etc, the user's, the interpreter's prefix)."""
+    would load (XDG and /etc, the user's, the interpreter's prefix) that set any such
+    option, or cannot be read."""
     ignored = {k.upper() for k in _HOST_READING_SETTINGS | _PIP_NEUTRAL_SETTINGS}
     found = sorted(k for k in env if k.startswith("PIP_") and k not in ignored)
+    files = [str(path) for path, settings in _pip_files(env, python).items()
+             if settings is None or set(settings) - ignored]
+    return found + files
+
+
+def pip_file_settings(env: Mapping[str, str], python: str) -> dict[str, str]:
+    """The transport and cosmetic settings pip's configuration files give (an image's
+    ``cert``, ``timeout``, ``retries``), as ``PIP_*`` names, the later file winning as in
+    pip: what :func:`uv_env` carries over to uv."""
+    merged: dict[str, str] = {}
+    for settings in _pip_files(env, python).values():
+        merged.update({k: v for k, v in (settings or {}).items() if k in _PIP_NEUTRAL_SETTINGS})
+    return merged
+
+
+def _pip_files(env: Mapping[str, str], python: str) -> dict[Path, dict[str, str] | None]:
+    """pip's configuration files that exist here, in pip's order, each with its options
+    as ``PIP_*`` names (None: it cannot be read or parsed)."""
     xdg_dirs = env.get("XDG_CONFIG_DIRS") or "/etc/xdg"
     files = [Path(d, "pip", "pip.conf") for d in xdg_dirs.split(":") if d]
     files.append(_GLOBAL_PIP_CONFIG)
@@ -373,7 +394,19 @@ def pip_configuration(env: Mapping[str, str], python: str) -> list[str]:
     if config_home:
         files.append(Path(config_home, "pip", "pip.conf"))
     files.append(Path(python).parent.parent / "pip.conf")
-    return found + [str(path) for path in files if path.is_file()]
+    found: dict[Path, dict[str, str] | None] = {}
+    for path in files:
+        if not path.is_file():
+            continue
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (OSError, UnicodeError, configparser.Error):
+            found[path] = None
+            continue
+        found[path] = {"PIP_" + key.upper().replace("-", "_"): value
+                       for section in parser.sections() for key, value in parser[section].items()}
+    return found
 
 
 # --- the choice -----------------------------------------------------------------------------------
@@ -477,7 +510,9 @@ def install(
     run_installer(
         Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line),
         requirements=len(reqs),
-        env=uv_env(env),
+        # An image's pip.conf (its CA bundle, timeout, retries) carries over, the
+        # environment's own settings first.
+        env=uv_env({**pip_file_settings(env, python), **env}),
         deadline=deadline,
         interrupt=interrupt,
         tries=tries,

@@ -741,6 +741,30 @@ def test_a_pip_configuration_file_keeps_pip_under_auto(
 
 
 @needs_uv
+def test_a_pip_configuration_file_of_transport_settings_carries_over_to_uv(
+    no_pip_config: dict[str, str], tmp_path: Path
+) -> None:
+    """An image's pip.conf that only names its CA bundle, timeout and retries does not keep
+    pip: uv gets the same as its own settings (the environment's own win); an unreadable
+    file keeps pip, as one with any other option does."""
+    conf = Path(no_pip_config["XDG_CONFIG_DIRS"], "pip", "pip.conf")
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[global]\ncert = /etc/ssl/corp.pem\ntimeout = 7\n"
+                    "[install]\nretries = 2\nno-cache-dir = true\n")
+    python = str(tmp_path / "python")
+    assert choose(["x"], no_pip_config, python).installer == "uv"
+    carried = installer.uv_env({**installer.pip_file_settings(no_pip_config, python),
+                                **no_pip_config})
+    assert (carried["SSL_CERT_FILE"], carried["UV_HTTP_TIMEOUT"], carried["UV_HTTP_RETRIES"]) \
+        == ("/etc/ssl/corp.pem", "7", "2")
+    own = {**no_pip_config, "SSL_CERT_FILE": "/mine.pem"}
+    assert installer.uv_env({**installer.pip_file_settings(own, python), **own})[
+        "SSL_CERT_FILE"] == "/mine.pem"
+    conf.write_bytes(b"[global\n\xff")
+    assert choose(["x"], no_pip_config, python).installer == "pip"
+
+
+@needs_uv
 def test_forced_uv_uses_uv_whatever_configures_pip(no_pip_config: dict[str, str]) -> None:
     with capture_logs() as logs:
         choice = choose(["x"], {**no_pip_config, "FLASH_INSTALLER": "uv", "PIP_TARGET": "/t"},
