@@ -51,9 +51,11 @@ def _resolves(server: LocalHubServer) -> list[str]:
 
 def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+    events: Events,
 ) -> None:
     """No HEAD before a GET, no request for an empty file (its digest is known), no
-    library cache folder in the code root: the tree is exactly the repo's."""
+    library cache folder in the code root: the tree is exactly the repo's. The fetch
+    reports its progress (``fetch.progress``), start and end, in files and bytes."""
     _fill(hub_server, hub_dataset, CODE)
     store = make_store(hub_server, hub_dataset, hub_token)
     hub_server.clear_requests()
@@ -64,6 +66,11 @@ def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
     assert sorted(_resolves(hub_server)) == ["GET __main__.py", "GET weights.bin"]
     assert sorted(p.relative_to(dest).as_posix()
                   for p in dest.rglob("*") if p.is_file()) == sorted(CODE)
+    progress = [e for e in events if e["event"] == "fetch.progress"]
+    size = sum(len(data) for data in CODE.values())
+    assert [(e["report"], e["files_done"], e["bytes_done"]) for e in progress] == [
+        ("start", 0, 0), ("end", len(CODE), size)]
+    assert (progress[-1]["files_total"], progress[-1]["bytes_total"]) == (len(CODE), size)
 
 
 def test_content_on_another_host_is_fetched_without_the_token(
