@@ -34,10 +34,11 @@ every run: code tree of ``--code-files`` files, models, spilled spec), a fresh `
 and ``XDG_CACHE_HOME`` (pip's and uv's caches start cold, as on a fresh host), and an empty
 ``XDG_CONFIG_HOME`` and ``XDG_CONFIG_DIRS`` (a developer's pip.conf, its mirrors and
 constraints, configures neither runner's pip; ``/etc/pip.conf`` is still read: one that
-sets more than transport options makes ours choose pip over uv on ``auto``). The child environment drops the
-caller's ``HF_*``, ``FLASH_*``, ``PIP_*``, ``UV_*`` and ``PYTHONPATH`` and sets
-``HF_ENDPOINT`` to the server (the reference reaches the Hub only through it; ours is given
-``--store <url>`` too). ``--bytecode cached`` (the default) gives the children one
+sets more than transport options makes ours choose pip over uv on ``auto``). The child
+environment drops the caller's ``HF_*``, ``FLASH_*``, ``PIP_*``, ``UV_*`` and
+``PYTHONPATH`` (``--tree`` sets it for ours) and sets ``HF_ENDPOINT`` to the server (the
+reference reaches the Hub only through it; ours is given ``--store <url>`` too).
+``--bytecode cached`` (the default) gives the children one
 bytecode cache under the work directory (``PYTHONPYCACHEPREFIX``, with
 ``PYTHONDONTWRITEBYTECODE`` dropped), filled by the warm-up round, as the packages of an
 image are compiled at install: without it, in an environment that sets
@@ -67,7 +68,9 @@ and its path's evidence (worker started, DONE uploaded, the extras imported at 1
 models in ``preload_result.json``); the table says how many did. Prints an aligned table
 and one JSON line. ``--timeline`` also prints, for each counted run, the Hub requests (the
 server's request log) and ours' log events in milliseconds from the spawn: where the time
-of an attempt goes, request by request and state by state.
+of an attempt goes, request by request and state by state. ``--tree DIR`` runs ours from
+another checkout (``git worktree add /tmp/before <rev>``) against this one's server, to
+compare before and after on equal terms.
 """
 
 from __future__ import annotations
@@ -369,6 +372,8 @@ def run_one(setup: Setup, runner: str, path: str, rnd: int) -> Run:
         payload_file.write_text(json.dumps(payload))
         python = _overlay_venv(run_dir / "venv") if path == "extras" else Path(sys.executable)
         env = _child_env(run_dir, hub.url, setup)
+        if runner == "ours" and args.tree is not None:
+            env["PYTHONPATH"] = str(args.tree)  # ahead of the installed (editable) runner
         if runner == "ours":
             argv = [str(python), "-m", "fsm", "run", "--payload", str(payload_file),
                     "--store", hub.url, "--code-root", str(run_dir / "runcode"),
@@ -553,6 +558,9 @@ def main() -> None:
                              "by the warm-up, as an image's installed packages are compiled; "
                              "inherit: the caller's settings [cached]")
     parser.add_argument("--keep", action="store_true", help="keep every run's directory")
+    parser.add_argument("--tree", type=Path,
+                        help="run ours from this checkout (e.g. a git worktree of an older "
+                             "commit), against the same server: before and after")
     parser.add_argument("--timeline", action="store_true",
                         help="print each counted run's Hub requests and log events, in ms "
                              "from the spawn (the server's request log, timestamped)")
