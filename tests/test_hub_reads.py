@@ -1,11 +1,12 @@
-"""The Hub adapter's reads (``fsm.store.hub_http``): one GET per file, checked, the token
-kept to the Hub's own origin, and the library left unimported until a commit needs it.
+"""The Hub adapter's own client (``fsm.store.hub_http``) and where the library still works.
 
-The reads are plain HTTP, so these tests check what the library used to guarantee and
-what the reader adds: redirects to a content host (the Hub's LFS answer) followed without
-the token, every file checked against the store's digest (a corrupted transfer is retried,
-never kept), a keep-alive connection the server dropped sent again once, and no
-``huggingface_hub`` in the runner's process before its worker starts.
+The adapter reads and makes small commits over plain HTTP, so these tests check what the
+library used to guarantee and what the client adds: one GET per file, checked against the
+store's digest (a corrupted transfer is retried, never kept); redirects to a content host
+(the Hub's LFS answer) followed without the token; a keep-alive connection the server
+dropped sent again once; proxies from the environment; commits as the library makes them,
+a no-op skipped and a .gitignore'd file refused; and huggingface_hub never imported by a
+plain attempt, but still taking the large transfers: an LFS commit, a large model file.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
 from fsm.store.base import Fence, StoreStats, WarmOutcome
 from fsm.store.hf_cache import ModelCache
-from fsm.store.hub_http import Entry, HubReader, NeedsLfs, Refused
+from fsm.store.hub_http import Entry, HubClient, NeedsLfs, Refused
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -373,7 +373,7 @@ class HubStore:
         self._settings = _hub_settings(environ)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
-        self._reads: HubReader | None = None
+        self._http: HubClient | None = None
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -404,7 +404,7 @@ class HubStore:
             if size <= _SMALL_UPLOAD:
                 contents = {path: local.read_bytes() for path, local in items}
                 try:
-                    self._reader().commit("dataset", self.repo_id, contents, message=message,
+                    self._client().commit("dataset", self.repo_id, contents, message=message,
                                           parent=parent)
                     return
                 except Refused as exc:
@@ -442,7 +442,7 @@ class HubStore:
 
     def exists(self, path_in_repo: str) -> bool:
         # A HEAD of the file (not HfApi.file_exists: it answers False to a 401).
-        head = partial(self._reader().exists, "dataset", self.repo_id, path_in_repo,
+        head = partial(self._client().exists, "dataset", self.repo_id, path_in_repo,
                        revision="main")
         try:
             return self._call("exists", path_in_repo, head, self.call_timeout_s)
@@ -460,7 +460,7 @@ class HubStore:
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         dest = dest_dir / path_in_repo
-        download = partial(self._reader().download, "dataset", self.repo_id, path_in_repo,
+        download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,
                            dest, revision="main", check=self._check_interrupt)
         self._call("download", path_in_repo, download, self.transfer_timeout_s)
         return dest
@@ -481,16 +481,16 @@ class HubStore:
             wanted = []
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
-        reader = self._reader()
+        http = self._client()
         total = sum(entry.size for entry in wanted)
         with Progress("fetch", total_files=len(wanted), total_bytes=total,
                       folder=label) as progress:
 
             def one(entry: Entry) -> None:
                 self._check_interrupt()  # a signal, or a prefetch branch cancelled
-                size = reader.download("dataset", self.repo_id, entry.path,
-                                       local_root / entry.path, revision=sha, expect=entry,
-                                       check=self._check_interrupt)
+                size = http.download("dataset", self.repo_id, entry.path,
+                                     local_root / entry.path, revision=sha, expect=entry,
+                                     check=self._check_interrupt)
                 progress.advance(files=1, bytes=size)
 
             def fetch() -> None:
@@ -513,7 +513,7 @@ class HubStore:
 
         Its head and tree are read first (two requests): the model is "cached" when the
         cache's ``refs/main`` names that commit and its snapshot holds every kept file.
-        Otherwise the files under :data:`LARGE_FILE` are fetched by the adapter's reader
+        Otherwise the files under :data:`LARGE_FILE` are fetched by the adapter's client
         (checked, several at once) into the cache's layout (``fsm.store.hf_cache``), and
         larger ones by ``huggingface_hub.hf_hub_download`` into the same cache, where the
         accelerator (hf_transfer, hf_xet) takes them; ``refs/main`` is written last. When
@@ -522,13 +522,13 @@ class HubStore:
         """
         label = f"model {repo_id}"
         missing = f"model {repo_id} not found"
-        reader = self._reader()
+        http = self._client()
         cache = ModelCache(cache_dir, repo_id)
         try:
             commit = self._call("head", label, partial(self._model_commit, repo_id),
                                 self.call_timeout_s, missing=missing)
             listed = self._call("list", label, partial(
-                reader.tree, "model", repo_id, "", revision=commit, recursive=True),
+                http.tree, "model", repo_id, "", revision=commit, recursive=True),
                 self.call_timeout_s, missing=missing)
         except StoreUnavailable:
             if self._cached_offline(repo_id, cache_dir, ignore_patterns):
@@ -545,8 +545,8 @@ class HubStore:
             self._check_interrupt()
             blob_id = entry.sha256 or entry.oid
             if not cache.blob(blob_id).is_file():
-                reader.download("model", repo_id, entry.path, cache.blob(blob_id),
-                                revision=commit, expect=entry, check=self._check_interrupt)
+                http.download("model", repo_id, entry.path, cache.blob(blob_id),
+                              revision=commit, expect=entry, check=self._check_interrupt)
             cache.link(commit, entry.path, blob_id)
 
         small = [entry for entry in kept if entry.size < LARGE_FILE]
@@ -567,7 +567,7 @@ class HubStore:
         return "downloaded"
 
     def _model_commit(self, repo_id: str) -> str:
-        sha = self._reader().main_commit("model", repo_id)
+        sha = self._client().main_commit("model", repo_id)
         if sha is None:
             raise StoreUnavailable(f"store head of model {repo_id}: no main branch named")
         return sha
@@ -617,13 +617,13 @@ class HubStore:
 
         return HfApi(endpoint=self.endpoint, token=self._token)
 
-    def _reader(self) -> HubReader:
-        if self._reads is None:
+    def _client(self) -> HubClient:
+        if self._http is None:
             token = self._token if isinstance(self._token, str) else None
-            self._reads = HubReader(self.endpoint, token,
+            self._http = HubClient(self.endpoint, token,
                                     timeout_s=self.call_timeout_s,
                                     user_agent=f"flash-bootstrap/{__version__}")
-        return self._reads
+        return self._http
 
     def _check_interrupt(self) -> None:
         if self.budget.interrupt.is_set():
@@ -632,13 +632,13 @@ class HubStore:
     def _tree(self, folder: str, *, recursive: bool = False, revision: str = "main",
               ) -> list[Entry]:
         """The files in ``folder`` (below it too when ``recursive``): one call, for
-        ``_call`` to bound and retry (the reader does not retry: a throttled store's
+        ``_call`` to bound and retry (the client does not retry: a throttled store's
         ``Retry-After`` reaches this adapter's own pacing)."""
-        return self._reader().tree("dataset", self.repo_id, folder, revision=revision,
+        return self._client().tree("dataset", self.repo_id, folder, revision=revision,
                                    recursive=recursive)
 
     def _main_commit(self) -> str:
-        sha = self._reader().main_commit("dataset", self.repo_id)
+        sha = self._client().main_commit("dataset", self.repo_id)
         if sha is None:
             raise StoreUnavailable(f"store head of {self.repo_id}: no main branch named")
         return sha

@@ -1,13 +1,18 @@
-"""The Hub adapter's reads, over plain HTTP: refs, tree listings, existence, file downloads.
+"""The Hub adapter's own client: refs, tree listings, existence, downloads, small commits.
 
-The runner's reads before the worker starts are a handful of GETs (the head commit, one
-folder's tree, its files, a spilled spec). Importing ``huggingface_hub`` for them costs
+Every attempt makes a handful of small calls: the head commit, one folder's tree, its
+files, a spilled spec, the marker's commit. Importing ``huggingface_hub`` for them costs
 more than making them: its HTTP stack alone (httpx2 on 2.x, requests on 0.x) takes 80 to
-130 ms to import, which every attempt would pay before its worker's first instruction.
-So the adapter reads with this module (the standard library's ``http.client``) and leaves
-the library to what needs it: commits, and model snapshots in the Hugging Face cache
-(preload). The library's import then happens while the worker runs
-(:meth:`fsm.store.hub.HubStore.prepare_writes`).
+130 ms to import, which every attempt would pay before its worker's first instruction and
+again before its marker. So the adapter makes them with this module (the standard
+library's ``http.client``), and leaves to the library what its accelerators are for: a
+commit the Hub wants through LFS, and large model files (``fsm.store.hub``).
+
+A commit is what the library makes for regular files: one ``preupload`` (which says how
+each file goes up: a file the Hub wants in LFS is :class:`NeedsLfs`, one the repo ignores
+is :class:`Refused`), then one NDJSON commit with the files base64-encoded inline, and
+``parentCommit`` for a conditional one (412 when the branch moved). Files the repo already
+holds as given are left out, and a commit of nothing is not made.
 
 What it keeps of the library's behaviour:
 
@@ -46,7 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urljoin, urlsplit
 
-__all__ = ["ContentMismatch", "Entry", "HttpStatusError", "HubReader", "NeedsLfs", "Refused",
+__all__ = ["ContentMismatch", "Entry", "HttpStatusError", "HubClient", "NeedsLfs", "Refused",
            "git_blob_id"]
 
 _CHUNK = 1 << 20
@@ -112,8 +117,9 @@ class _Origin:
         return cls(scheme, parts.hostname, parts.port or (443 if scheme == "https" else 80))
 
 
-class HubReader:
-    """GETs and HEADs against one Hub endpoint; thread-safe (a pool of idle connections)."""
+class HubClient:
+    """The Hub's reads and small commits at one endpoint; thread-safe (a pool of idle
+    connections)."""
 
     def __init__(self, endpoint: str, token: str | None, *, timeout_s: float,
                  user_agent: str) -> None:
