@@ -316,6 +316,24 @@ def printed_forms(secret: str) -> list[str]:
     return sorted((f for f in forms if len(f) >= 4), key=len)
 
 
+def hanging_project(root: Path, url: str) -> Path:
+    """A source tree whose build backend blocks on ``url`` (so an installer's grandchild hangs)."""
+    root.mkdir()
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "hangbackend"\nbackend-path = ["."]\n'
+    )
+    (root / "hangbackend.py").write_text(
+        textwrap.dedent(f"""\
+        import urllib.request
+
+        def get_requires_for_build_wheel(config_settings=None):
+            urllib.request.urlopen({url!r}, timeout=60).read()
+            return []
+        """)
+    )
+    return root
+
+
 def closed_port() -> int:
     """A local port nothing listens on (connections to it are refused)."""
     with socket.socket() as s:

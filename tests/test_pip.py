@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import closed_port, survivors
+from conftest import closed_port, hanging_project, survivors
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
@@ -105,24 +104,6 @@ def pip(tmp_path: Path, marker: str) -> Pip:
 
 def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e["event"] == name]
-
-
-def hanging_project(root: Path, url: str) -> Path:
-    """A source tree whose build backend blocks on ``url`` (so a pip grandchild hangs)."""
-    root.mkdir()
-    (root / "pyproject.toml").write_text(
-        '[build-system]\nrequires = []\nbuild-backend = "hangbackend"\nbackend-path = ["."]\n'
-    )
-    (root / "hangbackend.py").write_text(
-        textwrap.dedent(f"""\
-        import urllib.request
-
-        def get_requires_for_build_wheel(config_settings=None):
-            urllib.request.urlopen({url!r}, timeout=60).read()
-            return []
-        """)
-    )
-    return root
 
 
 def assert_one_line(message: str) -> None:

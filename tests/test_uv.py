@@ -21,7 +21,6 @@ import socket
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRAIN_PATH, Layout, closed_port, survivors
+from conftest import TRAIN_PATH, Layout, closed_port, hanging_project, survivors
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
@@ -371,24 +370,6 @@ def test_a_failing_build_is_fatal_and_says_why(uv: Uv, tmp_path: Path) -> None:
 
 
 # --- time and signals ------------------------------------------------------------------------
-
-
-def hanging_project(root: Path, url: str) -> Path:
-    """A source tree whose build backend blocks on ``url`` (so a uv grandchild hangs)."""
-    root.mkdir()
-    (root / "pyproject.toml").write_text(
-        '[build-system]\nrequires = []\nbuild-backend = "hangbackend"\nbackend-path = ["."]\n'
-    )
-    (root / "hangbackend.py").write_text(
-        textwrap.dedent(f"""\
-        import urllib.request
-
-        def get_requires_for_build_wheel(config_settings=None):
-            urllib.request.urlopen({url!r}, timeout=60).read()
-            return []
-        """)
-    )
-    return root
 
 
 @needs_uv
