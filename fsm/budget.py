@@ -149,6 +149,16 @@ class Background(Generic[_T]):
         finally:
             self.done.set()
 
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the call to end; True when it did. In short slices:
+        between them the main thread runs the handler of a signal that another thread
+        caught (``fsm.interrupt``), which one long wait would hold back until its end."""
+        end = time.monotonic() + seconds
+        while not self.done.wait(os_timeout(min(SLICE_S, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                return False
+        return True
+
     def result(self) -> _T:
         """The call's result, or its exception raised here (call once ``done`` is set)."""
         if self._error:

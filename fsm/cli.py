@@ -4,10 +4,12 @@ operator's status and explain.
 Bad input never shows a traceback: it ends with exit status 2 and one line on stderr
 naming the problem.
 
-``run`` points SIGTERM/SIGINT at the process's interrupt flag before anything heavy is
-imported, and leaves with ``os._exit`` once its last line is written: a library's
-lingering non-daemon threads (huggingface_hub's download pool) cannot keep a finished
-runner alive.
+Before anything else, descriptors 0, 1 and 2 that are closed are opened on ``/dev/null``
+(``fsm.outlet``): no file opened later takes their number. ``run`` then points SIGTERM/SIGINT
+at the process's interrupt flag before anything heavy is imported, writes its stdout and
+stderr through outlets that never block or raise, and leaves with ``os._exit`` once its last
+line is written (within a short bound): a library's lingering non-daemon threads
+(huggingface_hub's download pool) cannot keep a finished runner alive.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from __future__ import annotations
 import os
 import sys
 
-from fsm import deferred, interrupt
+from fsm import deferred, exits, interrupt, outlet
 
+outlet.reopen_closed()
 if sys.argv[1:2] == ["run"]:
     # The first thing a runner does: a signal during the imports below is remembered.
     interrupt.install_early()
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 PROG = "flash-bootstrap"
-EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
+EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)
 #: The demo's scenarios (fsm.demo.SCENARIOS; a test keeps the two in step). Named here so
 #: that ``run`` does not pay for importing the demo.
 DEMO_SCENARIOS = (
@@ -131,10 +134,8 @@ def entrypoint() -> NoReturn:
         # own defects end inside run_attempt, where its secrets are known; none are here.)
         _last_say(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
         code = EXIT_INTERNAL
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
+    outlet.leave(code)
+    raise AssertionError("unreachable")  # pragma: no cover - leave() ends the process
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +177,8 @@ def _without_repeated_command(argv: Sequence[str] | None) -> list[str]:
 
 
 def _say(line: str) -> None:
-    print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+    with contextlib.suppress(Exception):  # a closed or broken stderr: the status still counts
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
 
 def _last_say(line: str) -> None:
@@ -198,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     from fsm.runner import run_attempt
 
     environ = dict(os.environ)  # as given: the worker's environment is built from it
+    outlet.install()  # from here on the runner's own output can neither raise nor block it
     log.configure()
     log.quiet_libraries()  # this process's own: no library bars or text among the events
     settings = Settings.resolve(
@@ -207,7 +210,8 @@ def _run(args: argparse.Namespace) -> int:
         code_root=args.code_root,
         scratch_dir=args.scratch_dir,
     )
-    outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say)
+    outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say,
+                          hard_exit=outlet.leave)
     _last_say(outcome.reason)
     return outcome.exit_code
 

@@ -20,6 +20,7 @@ from fsm.clock import Deadline
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
+from fsm.outlet import Outlet
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
 from fsm.rules import Rule
@@ -136,7 +137,8 @@ class Context:
     interrupt: InterruptFlag = field(default_factory=InterruptFlag)
     redactor: Redactor = field(default_factory=Redactor)
     python: str = sys.executable
-    out_fd: int = 1
+    #: Where the worker's console is passed on (the runner's stdout), never blocking it.
+    out: Outlet | None = None
     publisher: Publisher = field(default_factory=Publisher)
     lock: AttemptLock | None = None
     #: Sealed when the final commit starts: no optional upload lands after it.

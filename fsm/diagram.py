@@ -44,7 +44,8 @@ __all__ = [
 FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
-REGENERATE = "python -m fsm.diagram --write diagrams --policy-doc docs/policy.md"
+REGENERATE = ("python -m fsm.diagram --write diagrams --doc docs/policy.md --doc README.md "
+              "--doc docs/contract.md")
 
 
 class DiagramUnavailable(Exception):
@@ -341,22 +342,23 @@ def write_all(directory: Path | str) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fsm.diagram --write diagrams [--policy-doc docs/policy.md]``."""
-    from fsm.policy_doc import refresh_policy_doc
+    """``python -m fsm.diagram --write diagrams [--doc README.md --doc docs/policy.md ...]``."""
+    from fsm.policy_doc import BLOCKS, refresh_doc
 
     parser = argparse.ArgumentParser(
         prog="python -m fsm.diagram", description="Regenerate the committed renderings."
     )
     parser.add_argument("--write", metavar="DIR", type=Path, help="write diagrams/ here")
-    parser.add_argument("--policy-doc", metavar="FILE", type=Path,
-                        help="refresh this page's <!-- policy:begin/end --> block")
+    parser.add_argument("--doc", "--policy-doc", metavar="FILE", type=Path, action="append",
+                        default=[], dest="docs",
+                        help=f"refresh this page's generated blocks ({', '.join(BLOCKS)}); "
+                             "repeat for several pages")
     args = parser.parse_args(argv)
-    if args.write is None and args.policy_doc is None:
-        parser.error("nothing to do: give --write DIR and/or --policy-doc FILE")
+    if args.write is None and not args.docs:
+        parser.error("nothing to do: give --write DIR and/or --doc FILE")
     try:
         changed = write_all(args.write) if args.write is not None else []
-        if args.policy_doc is not None and refresh_policy_doc(args.policy_doc):
-            changed.append(args.policy_doc)
+        changed += [doc for doc in args.docs if refresh_doc(doc)]
     except (DiagramUnavailable, OSError, ValueError) as exc:
         print(f"python -m fsm.diagram: {exc}")
         return 2

@@ -85,6 +85,15 @@ class StoreAuthError(FatalError):
         super().__init__(message, rule=rule)
 
 
+class StoreRefused(FatalError):
+    """The store refused a request for good: no other try, and no rerun of the same
+    payload, can change its answer. ``fix`` says, in a line, what has to change."""
+
+    def __init__(self, message: str, *, fix: str, rule: Rule = rules.STORE_REFUSED) -> None:
+        super().__init__(message, rule=rule)
+        self.fix = fix
+
+
 class StoreNotFound(FatalError):
     """A path the runner needs is not in the store (HTTP 404 on a download)."""
 

@@ -13,6 +13,8 @@ setting the flag is a plain assignment, and listeners must be signal-safe themse
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -50,6 +52,54 @@ class InterruptFlag:
         return unsubscribe
 
 
+# --- waking the main thread -------------------------------------------------------------
+#
+# A signal sent to the process is caught by whichever thread the kernel picks; Python runs
+# the handler later, on the main thread, at its next bytecode. A main thread blocked in a
+# system call is not woken when another thread caught the signal (strace shows its poll
+# restarted, not interrupted), so the handler would wait until that call ends by itself:
+# a SIGTERM could go unseen for as long as the worker runs. With a wakeup descriptor armed
+# (``signal.set_wakeup_fd``), whichever thread catches a signal writes its number there;
+# the main thread's waits on descriptors include it, wake, and run the handler at once.
+# Waits that cannot include a descriptor wait in short slices instead (``fsm.budget``).
+
+_wakeup: tuple[int, int, int] | None = None  # (read end, write end, the fd it replaced)
+
+
+def arm_wakeup() -> None:
+    """Arm the process's wakeup descriptor (main thread only; idempotent)."""
+    global _wakeup
+    if _wakeup is not None:
+        return
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: nothing to wake
+        os.close(r)
+        os.close(w)
+        return
+    _wakeup = (r, w, previous)
+
+
+def disarm_wakeup() -> None:
+    """Put back the wakeup descriptor that was there before :func:`arm_wakeup`."""
+    global _wakeup
+    if _wakeup is None:
+        return
+    r, w, previous = _wakeup
+    _wakeup = None
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(previous)
+    for fd in (r, w):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def wakeup_fd() -> int | None:
+    """The descriptor that turns readable when any thread caught a signal, if armed."""
+    return _wakeup[0] if _wakeup is not None else None
+
+
 #: The process's one flag. ``install_early`` points SIGTERM/SIGINT at it as the first thing
 #: ``flash-bootstrap run`` does, before any heavy import, so a signal during start-up is
 #: remembered (and ends in a retriable marker once the destination is known) instead of
@@ -65,3 +115,4 @@ def install_early(flag: InterruptFlag = PROCESS_FLAG) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+    arm_wakeup()

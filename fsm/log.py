@@ -131,7 +131,11 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
     factory: Any
     if json:
         renderer: Any = structlog.processors.JSONRenderer()
-        factory, _lines = structlog.PrintLoggerFactory(stream), None
+        _lines = None
+        line_logger = _StreamLogger(stream)
+
+        def factory(*_args: Any) -> _StreamLogger:
+            return line_logger
     else:
         renderer = _render_line
         lines = _lines = _Lines(stream, live=_is_terminal(stream))
@@ -254,7 +258,9 @@ class _StderrEvents(io.TextIOBase):
     def write(self, text: str) -> int:
         with self._lock:
             if self._released or self._inside:  # after silence(), or a renderer's own write
-                return self.real.write(text)
+                with suppress(Exception):
+                    self.real.write(text)
+                return len(text)
             self._pending += text
             *lines, self._pending = self._pending.split("\n")
             _, redrawn, drawing = self._pending.rpartition("\r")
@@ -281,7 +287,8 @@ class _StderrEvents(io.TextIOBase):
             self._released = True
 
     def flush(self) -> None:
-        self.real.flush()
+        with suppress(Exception):
+            self.real.flush()
 
     def fileno(self) -> int:
         return self.real.fileno()
@@ -333,8 +340,9 @@ class _Lines:
                 self._bars.pop(key, None)
             else:
                 self._bars[key] = bar
-            self.stream.write(_CLEAR_LINE)
-            self._draw()
+            with suppress(Exception):
+                self.stream.write(_CLEAR_LINE)
+                self._draw()
 
     def close(self) -> None:
         """Clear the bars and draw no more (the process's last line comes next)."""
@@ -360,6 +368,27 @@ def _width(stream: TextIO) -> int:
     return columns if columns > 20 else 100  # a pty nobody sized says 0
 
 
+class _StreamLogger:
+    """structlog's logger for JSON lines: each event is one write of the line and its
+    newline (an outlet counts it as one line), and a stream that fails never raises into
+    the caller (``fsm.outlet``: under ``run`` the stream never blocks either)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def msg(self, message: str) -> None:
+        with suppress(Exception):  # a log line never breaks what it reports
+            write_line = getattr(self._stream, "write_line", None)
+            if write_line is not None:
+                write_line(message)
+            else:
+                self._stream.write(message + "\n")
+                self._stream.flush()
+
+    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
+    exception = msg
+
+
 class _LineLogger:
     """structlog's logger for readable lines (the renderer made the line)."""
 
@@ -367,7 +396,8 @@ class _LineLogger:
         self._lines = lines
 
     def msg(self, message: str) -> None:
-        self._lines.write(message)
+        with suppress(Exception):  # a log line never breaks what it reports
+            self._lines.write(message)
 
     log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
     exception = msg

@@ -27,12 +27,14 @@ from typing import Any, Literal, NamedTuple
 
 import structlog
 
+from fsm import exits
 from fsm.budget import Budget, GaveUp, backoff
 from fsm.errors import (
     DeadlineExceeded,
     FlashError,
     StoreAuthError,
     StoreNotFound,
+    StoreRefused,
     StoreUnavailable,
 )
 from fsm.payload import Destination
@@ -255,12 +257,35 @@ class AttemptLock:
 
 
 class Published:
-    """How publishing went: the marker landed, or why not; where the result is kept."""
+    """How publishing went: the marker landed, or why not; where the result is kept;
+    and, when the store refused it for good, what has to change before any rerun can
+    publish it (``refused``, one line)."""
 
     def __init__(self) -> None:
         self.landed = False
         self.error = ""
         self.persisted: Path | None = None
+        self.refused: str | None = None
+
+    def unpublished(self) -> tuple[int, str]:
+        """The exit status and the words of a marker that did not land: only what is
+        true of the persisted result and of what a rerun of the payload would do."""
+        if self.refused is not None:
+            kept = (f"the result is kept at {self.persisted}, and a rerun publishes it once "
+                    "that is fixed" if self.persisted else
+                    "the result could not be kept next to the payload either")
+            return exits.REFUSED.code, (
+                f"marker NOT published: the store refuses it for good ({self.error}); no "
+                f"rerun of this payload can publish it until this is fixed: {self.refused}; "
+                f"{kept}")
+        if self.persisted is not None:
+            return exits.UNPUBLISHED.code, (
+                f"marker NOT published ({self.error}); the result is persisted at "
+                f"{self.persisted} and running the same payload again publishes it")
+        return exits.UNPERSISTED.code, (
+            f"marker NOT published ({self.error}), and the result could not be persisted "
+            "next to the payload either: running the same payload again runs the attempt "
+            "again")
 
 
 class Publisher:
@@ -318,7 +343,8 @@ class Publisher:
                 result.error = "the marker's store could not be opened"
                 return result
             files = _local_copies(record, dest, scratch_dir)
-            result.landed, result.error = _commit(store, files, dest, budget, tries, base_delay_s)
+            result.landed, result.error, result.refused = _commit(
+                store, files, dest, budget, tries, base_delay_s)
             return result
         finally:
             self.done.set()
@@ -349,14 +375,15 @@ def _commit(
     budget: Budget,
     tries: int,
     base_delay_s: float,
-) -> tuple[bool, str]:
+) -> tuple[bool, str, str | None]:
+    """Commit the files, retried; (landed, why not, what to fix when refused for good)."""
     target = dest.path(dest.marker_name)
 
     def once(_attempt: int) -> None:
         store.commit(files, message=f"Attempt marker {dest.marker_name}")
 
     def delay(attempt: int, exc: Exception) -> float | None:
-        if isinstance(exc, StoreAuthError | StoreNotFound | DeadlineExceeded):
+        if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):
             return None  # another try cannot help
         if isinstance(exc, FlashError | OSError | ValueError):
             wait = backoff(attempt, base_s=base_delay_s, max_s=30.0)
@@ -370,8 +397,22 @@ def _commit(
         budget.retry(once, tries=tries, delay=delay, what=f"marker {target}")
     except GaveUp as gave_up:
         error = str(gave_up.last) or type(gave_up.last).__name__
+        refused = _refused_for_good(gave_up.last, dest)
         log.error("marker.upload_failed", path=target, error=error, tries=gave_up.tries,
-                  ended_by=gave_up.why)
-        return False, error
+                  ended_by=gave_up.why, refused_for_good=refused is not None)
+        return False, error, refused
     log.info("marker.published", path=target, files=len(files))
-    return True, ""
+    return True, "", None
+
+
+def _refused_for_good(exc: BaseException, dest: Destination) -> str | None:
+    """What has to change when the store's answer is one no rerun can change, or None
+    (a store that failed, hung or throttled may take the marker next time)."""
+    if isinstance(exc, StoreRefused):
+        return exc.fix
+    if isinstance(exc, StoreAuthError):
+        return (f"the store refuses the token (HTTP 401/403): give HF_TOKEN a token that may "
+                f"write to {dest.hf_repo}")
+    if isinstance(exc, StoreNotFound):
+        return f"the repo {dest.hf_repo} is not on the store: create it, or fix hf_repo"
+    return None

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from fsm import log as log_config
-from fsm import marker, rules, table
+from fsm import marker, outlet, rules, table
 from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.context import Context, Failure
@@ -41,6 +41,10 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
             evidence[key] = ctx.evidence[key]
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
+    # What the runner's own stdout and stderr could not take (a reader gone or stuck).
+    lost = outlet.evidence(ctx.out)
+    if lost is not None:
+        evidence["output"] = lost
     host = _host_facts(ctx, wait=not watchdog)
     if host is not None:
         evidence["host"] = host

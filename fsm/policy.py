@@ -34,6 +34,7 @@ from fsm.errors import (
     PayloadError,
     StoreAuthError,
     StoreNotFound,
+    StoreRefused,
     StoreUnavailable,
 )
 from fsm.installer import UV_NETWORK_SIGNATURES
@@ -233,6 +234,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
+    (rules.STORE_REFUSED, Claim((StoreRefused,))),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
     (rules.PIP_NETWORK, Claim(signatures=tuple(sig.name for sig in NETWORK_SIGNATURES))),
     (rules.PIP_FAILED, Claim()),

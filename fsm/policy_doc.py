@@ -1,17 +1,19 @@
-"""The generated blocks of the Markdown pages: the policy table of ``docs/policy.md``.
+"""The generated blocks of the Markdown pages: the policy table, the exit statuses.
 
-A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end -->``.
-:func:`refresh_policy_doc` rewrites the ``policy`` block of a page from
-``fsm.policy.render_table()``; ``python -m fsm.diagram --policy-doc docs/policy.md`` calls
-it, and ``tests/test_docs.py`` fails when the committed copy is stale.
+A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end -->``:
+``policy`` holds ``fsm.policy.render_table()``, ``exits`` holds ``fsm.exits.render_table()``.
+:func:`refresh_doc` rewrites every such block a page has; ``python -m fsm.diagram --doc
+README.md --doc docs/policy.md --doc docs/contract.md`` calls it, and the tests fail when a
+committed copy is stale.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["generated_block", "refresh_policy_doc", "replace_block"]
+__all__ = ["BLOCKS", "generated_block", "refresh_doc", "refresh_policy_doc", "replace_block"]
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -35,15 +37,39 @@ def replace_block(text: str, name: str, body: str) -> str:
     return _block(name).sub(lambda m: m["begin"] + body.strip("\n") + "\n" + m["end"], text, 1)
 
 
-def refresh_policy_doc(path: Path | str) -> bool:
-    """Regenerate the ``policy`` block of ``path`` from ``fsm.policy.render_table()``;
-    True when the file changed."""
+def _policy_table() -> str:
     from fsm.policy import render_table
 
+    return render_table()
+
+
+def _exits_table() -> str:
+    from fsm.exits import render_table
+
+    return render_table()
+
+
+#: The generated blocks a page may hold, by name, and what renders each.
+BLOCKS: dict[str, Callable[[], str]] = {"policy": _policy_table, "exits": _exits_table}
+
+
+def refresh_doc(path: Path | str) -> bool:
+    """Regenerate every block of :data:`BLOCKS` that ``path`` holds; True when the file
+    changed (ValueError when it holds none)."""
     doc = Path(path)
     text = doc.read_text(encoding="utf-8")
-    new = replace_block(text, "policy", render_table())
+    names = [name for name in BLOCKS if generated_block(text, name) is not None]
+    if not names:
+        raise ValueError(f"{doc} holds no generated block ({', '.join(BLOCKS)})")
+    new = text
+    for name in names:
+        new = replace_block(new, name, BLOCKS[name]())
     if new != text:
         doc.write_text(new, encoding="utf-8")
         return True
     return False
+
+
+def refresh_policy_doc(path: Path | str) -> bool:
+    """Regenerate the generated blocks of ``path`` (the name ``--policy-doc`` keeps)."""
+    return refresh_doc(path)

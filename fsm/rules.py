@@ -6,23 +6,23 @@ status of the run once its marker is published. Handlers raise typed errors nami
 these objects (``FatalError(..., rule=rules.CODE_MISSING)``); the driver and the runner
 read the event and the exit status off the rule, and no code compares rule ids.
 
-A leaf module (it imports only the table): ``fsm.errors`` gives its typed errors their
-default rules from here, and ``fsm.policy`` orders these rules and says what else each one
-claims (exception types, HTTP statuses, pip signatures).
+A leaf module (it imports only the table and the exit statuses): ``fsm.errors`` gives its
+typed errors their default rules from here, and ``fsm.policy`` orders these rules and says
+what else each one claims (exception types, HTTP statuses, pip signatures).
 """
 
 from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from fsm import table
+from fsm import exits, table
 
 ANY: Final = "*"
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_UNUSABLE: Final = 2
-EXIT_DEADLINE: Final = 124
+EXIT_OK: Final = exits.SUCCEEDED.code
+EXIT_FAILED: Final = exits.FAILED.code
+EXIT_UNUSABLE: Final = exits.UNUSABLE.code
+EXIT_DEADLINE: Final = exits.DEADLINE.code
 
 
 class Rule(NamedTuple):
@@ -70,6 +70,12 @@ HOST_GPU_MISSING: Final = _retriable(
     "missing, failing or hung (a short host, before any install or download)",
 )
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
+STORE_REFUSED: Final = _fatal(
+    "store-refused", ANY,
+    "the store refused a request for good: the token cannot be sent in a header, the "
+    "request is one it never takes (HTTP 4xx but 401, 403, 404 and those worth another "
+    "try: 408, 409, 425, 429), or the repo's `.gitignore` ignores the file",
+)
 STORE_UNAVAILABLE: Final = _retriable(
     "store-unavailable", ANY,
     "store: connection error, timeout, HTTP 408/429/5xx after bounded retries",

@@ -20,7 +20,8 @@ from typing import Any
 
 import structlog
 
-from fsm import driver, outcome, policy, rules, table
+from fsm import driver, exits, outcome, outlet, policy, rules, table
+from fsm import interrupt as interrupts
 from fsm import log as log_config
 from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
@@ -31,10 +32,10 @@ from fsm.rules import Rule
 from fsm.store.base import Store, StoreStats
 from fsm.watchdog import EXIT_DEADLINE, Watchdog
 
-EXIT_UNUSABLE = rules.EXIT_UNUSABLE
-EXIT_UNPUBLISHED = 3
-EXIT_NOT_OWNER = 75  # EX_TEMPFAIL: another runner owns the attempt; nothing was written
-EXIT_INTERNAL = 70  # EX_SOFTWARE: a defect escaped the runner (never expected)
+EXIT_UNUSABLE = exits.UNUSABLE.code
+EXIT_UNPUBLISHED = exits.UNPUBLISHED.code
+EXIT_NOT_OWNER = exits.NOT_OWNER.code  # another runner owns the attempt; nothing written
+EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)
 MAX_REASON_CHARS = 2_000
 
 log = structlog.get_logger("fsm.runner")
@@ -95,12 +96,19 @@ def run_attempt(
 
         handlers = HANDLERS
 
+    # The worker's console goes on to ``out_fd`` through an outlet: never blocking the pump
+    # (so never the worker), never raising. The process's own stdout has one already.
+    out = outlet.STDOUT if out_fd == 1 and outlet.STDOUT is not None else None
+    owned = out is None
+    if out is None:
+        out = outlet.Outlet(out_fd, "stdout", capacity=outlet.STDOUT_CAPACITY,
+                            wait_s=outlet.STDOUT_WAIT_S)
     ctx = Context(
         settings=settings,
         environ=dict(os.environ if environ is None else environ),
         open_store=open_store or store_factory(settings),
         interrupt=interrupt or InterruptFlag(),
-        out_fd=out_fd,
+        out=out,
         python=python,
         started_at=time.time(),
     )
@@ -120,6 +128,8 @@ def run_attempt(
             watchdog.stop()
             if ctx.lock is not None:
                 ctx.lock.release()
+            if owned:
+                out.close(drain_s=outlet.LEAVE_BOUND_S)
     return _outcome(ctx, terminal)
 
 
@@ -144,14 +154,10 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
         reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
         return _said(ctx, rule.exit_status, terminal, reason)
-    kept = (
-        f"the result is persisted at {published.persisted} and running the same payload "
-        "again publishes it"
-        if published.persisted
-        else "the result could not be persisted either"
-    )
-    code = EXIT_UNUSABLE if rule.exit_status == EXIT_UNUSABLE else EXIT_UNPUBLISHED
-    return _said(ctx, code, terminal, f"marker NOT published ({published.error}); {kept}; {reason}")
+    code, unpublished = published.unpublished()
+    if rule.exit_status == EXIT_UNUSABLE:
+        code = EXIT_UNUSABLE  # the payload is what to fix first
+    return _said(ctx, code, terminal, f"{unpublished}; {reason}")
 
 
 def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
@@ -175,13 +181,18 @@ def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome
 
 @contextmanager
 def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set the interrupt flag (as PID 1 nothing else would catch them)."""
+    """SIGTERM and SIGINT set the interrupt flag (as PID 1 nothing else would catch them),
+    and whichever thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
     if not enabled:
         yield
         return
+    armed = interrupts.wakeup_fd() is None
+    interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
     previous = {sig: signal.signal(sig, ctx.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if armed:
+            interrupts.disarm_wakeup()

@@ -39,7 +39,8 @@ from typing import Literal
 import structlog
 
 from fsm.clock import Deadline, os_timeout
-from fsm.interrupt import InterruptFlag
+from fsm.interrupt import InterruptFlag, wakeup_fd
+from fsm.outlet import STDOUT_CAPACITY, Outlet
 
 __all__ = ["TAIL_BYTES", "WorkerExit", "read_tail", "supervise"]
 
@@ -50,6 +51,9 @@ _CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
 _PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
 _KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
 _JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
+_OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buffer
+_OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
+_OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
 ExitReason = Literal["exited", "deadline", "interrupted"]
 
@@ -95,7 +99,7 @@ def supervise(
     interrupt: InterruptFlag,
     grace_s: float = 10.0,
     signal_stop_s: float | None = None,
-    out_fd: int | None = 1,
+    out_fd: int | Outlet | None = 1,
     on_output: Callable[[bytes], None] | None = None,
     tail_sink: Callable[[bytes], None] | None = None,
     tail_interval_s: float = 30.0,
@@ -126,6 +130,11 @@ def supervise(
 
     ``name`` (``"pip"`` for the installer) names the log events and the process in the cap
     line. Raises ``OSError`` when the worker cannot be started or the console file created.
+
+    ``out_fd`` is passed on through an :class:`~fsm.outlet.Outlet` (a descriptor number gets
+    one for the call, drained before this returns, within a bound): a reader of it that is
+    gone or stuck never blocks the pump, so never the worker; what it cannot take is
+    dropped there and counted (the console file keeps everything).
     """
     if tail_interval_s <= 0:
         raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
@@ -134,6 +143,8 @@ def supervise(
     console_fd = os.open(
         console_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
     )
+    out = Outlet(out_fd, "out", capacity=_OUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
+        out_fd, int) else out_fd
     waker = _Waker()
     unsubscribe = interrupt.subscribe(lambda _signum: waker.wake())
     try:
@@ -148,7 +159,7 @@ def supervise(
             cwd=cwd,
             env=env,
             console_fd=console_fd,
-            out_fd=out_fd,
+            out=out,
             on_output=on_output,
             waker=waker,
             on_group=on_group,
@@ -170,9 +181,8 @@ def supervise(
             if reason != "exited":
                 line = _cap_line(reason, interrupt, name, after=run.pump.last_byte)
                 _append_console(console_fd, line, name)
-                if run.pump.finished and out_fd is not None:  # out_fd is free: no interleaving
-                    with contextlib.suppress(OSError):
-                        _write_all(out_fd, memoryview(line))
+                if run.pump.finished and out is not None:  # after the pump's last chunk
+                    out.offer(line)
         finally:
             stop_ticks.set()
             run.close()
@@ -189,6 +199,11 @@ def supervise(
     finally:
         unsubscribe()
         os.close(console_fd)
+        if out is not None and out is not out_fd:  # this call's own: what it holds goes now
+            out.close(drain_s=_OUT_DRAIN_S)
+        if out is not None and out.broken:
+            log.error(f"{name}.console_write_failed", target="out", error=out.broken,
+                      dropped_bytes=out.dropped_bytes)
 
 
 def _wait_and_stop(
@@ -281,6 +296,8 @@ class _Waker:
 
     The fds close when the last reference goes, never earlier: a thread or a listener that
     still holds the waker can never write into an fd number that was closed and reused.
+    ``wait_until`` also wakes when any thread caught a signal (the process's wakeup
+    descriptor, ``fsm.interrupt``): Python then runs the handler on this thread at once.
     """
 
     def __init__(self) -> None:
@@ -288,6 +305,7 @@ class _Waker:
         weakref.finalize(self, _close_fds, self.fd, self._w)
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
+        self._signals: int | None = None  # the wakeup descriptor registered, if any
 
     def wake(self) -> None:
         # One write(2), no lock: safe inside a signal handler. A full pipe is awake already.
@@ -296,16 +314,30 @@ class _Waker:
 
     def wait_until(self, done: Callable[[], bool], until_mono: float) -> bool:
         """Block until ``done()`` or the monotonic time ``until_mono``; returns ``done()``."""
+        signals = self._watch_signals()
         while True:
-            with contextlib.suppress(BlockingIOError):  # drain before looking: no lost wake-up
-                while os.read(self.fd, 4096):
-                    pass
+            for fd in (self.fd,) if signals is None else (self.fd, signals):
+                with contextlib.suppress(OSError):  # drain before looking: no lost wake-up
+                    while os.read(fd, 4096):
+                        pass
             if done():
                 return True
             left = until_mono - time.monotonic()
             if left <= 0:
                 return False
             self._poll.poll(_poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
+
+    def _watch_signals(self) -> int | None:
+        """Poll the process's signal wakeup descriptor too (it may change between waits)."""
+        current = wakeup_fd()
+        if current != self._signals:
+            if self._signals is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poll.unregister(self._signals)
+            if current is not None:
+                self._poll.register(current, select.POLLIN)
+            self._signals = current
+        return current
 
 
 def _poll_ms(seconds: float | None) -> int:
@@ -334,22 +366,23 @@ def _watch_leader(pid: int, waker: _Waker) -> threading.Event:
 
 
 class _Pump:
-    """Copies the console pipe to ``out_fd`` and the console file in 1 MiB chunks.
+    """Copies the console pipe to the console file and ``out`` in 1 MiB chunks.
 
-    Owns the pipe's read end. Write errors drop that target and the pump keeps draining,
-    so the worker never blocks on a full pipe because a destination failed.
+    Owns the pipe's read end. A write error drops the console file and the pump keeps
+    draining; ``out`` is an outlet, which never blocks it and never raises. So the worker
+    never blocks on a full pipe because a destination failed.
     """
 
     def __init__(
-        self, pipe_fd: int, out_fd: int | None, console_fd: int, waker: _Waker, name: str,
+        self, pipe_fd: int, out: Outlet | None, console_fd: int, waker: _Waker, name: str,
         on_output: Callable[[bytes], None] | None = None,
     ) -> None:
         self.eof = threading.Event()
         self.name = name
         self.last_byte = b""
         self._pipe_fd = pipe_fd
-        self._targets = {"console": console_fd} if out_fd is None else {
-            "out": out_fd, "console": console_fd}
+        self._targets = {"console": console_fd}
+        self._out = out
         self._on_output = on_output
         self._waker = waker
         self._stop = _Waker()
@@ -363,7 +396,7 @@ class _Pump:
             return
         self._stop.wake()
         self._thread.join(os_timeout(_JOIN_S))
-        if self._thread.is_alive():  # blocked writing to out_fd: leave it its fds
+        if self._thread.is_alive():  # blocked writing the console file: leave it its fds
             structlog.get_logger().error(f"{self.name}.pump_stuck")
             return
         self.finished = True
@@ -406,9 +439,12 @@ class _Pump:
                 )
                 del self._targets[name]
         self.last_byte = bytes(chunk[-1:])
+        data = bytes(chunk) if self._out is not None or self._on_output is not None else b""
+        if self._out is not None:
+            self._out.offer(data)
         if self._on_output is not None:
             try:
-                self._on_output(bytes(chunk))
+                self._on_output(data)
             except Exception as exc:
                 structlog.get_logger().error(f"{self.name}.output_reader_failed",
                                              error=f"{type(exc).__name__}: {exc}")
@@ -425,7 +461,7 @@ class _Run:
         cwd: Path,
         env: Mapping[str, str],
         console_fd: int,
-        out_fd: int | None,
+        out: Outlet | None,
         on_output: Callable[[bytes], None] | None,
         waker: _Waker,
         on_group: Callable[[int | None], None] | None,
@@ -454,7 +490,7 @@ class _Run:
         self.pid = self.proc.pid
         self._on_group: Callable[[int | None], None] | None = None
         try:
-            self.pump = _Pump(r, out_fd, console_fd, waker, name, on_output)
+            self.pump = _Pump(r, out, console_fd, waker, name, on_output)
             self.exited = _watch_leader(self.pid, waker)
             self._on_group = on_group
             if on_group is not None:

@@ -21,12 +21,11 @@ from collections.abc import Callable
 
 import structlog
 
-from fsm import marker, outcome, rules
+from fsm import exits, marker, outcome, rules
 from fsm.clock import Deadline
 from fsm.context import Context, Failure
 
-EXIT_DEADLINE = 124
-EXIT_UNPUBLISHED = 3
+EXIT_DEADLINE = exits.DEADLINE.code
 MARKER_BOUND_S = 8.0
 MAX_REASON_CHARS = 2_000
 log = structlog.get_logger("fsm.watchdog")
@@ -82,16 +81,13 @@ class Watchdog:
                 f"exceeded in {where}"
             )
             if not published.landed:
-                status = EXIT_UNPUBLISHED
-                reason = (
-                    f"marker NOT published ({published.error}); the result "
-                    f"is persisted at {published.persisted}; {reason}"
-                )
+                status, unpublished = published.unpublished()
+                reason = f"{unpublished}; {reason}"
         else:
             # Mark is publishing: give it the same short bound to finish.
             ctx.publisher.done.wait(MARKER_BOUND_S)
-            landed = ctx.publisher.result.landed
-            status = EXIT_DEADLINE if landed else EXIT_UNPUBLISHED
+            result = ctx.publisher.result
+            status = EXIT_DEADLINE if result.landed else result.unpublished()[0]
             reason = f"the attempt deadline passed while its marker was being published in {where}"
         log.error("deadline.hard_exit", status=status)
         reason = ctx.redactor.line(reason, MAX_REASON_CHARS)

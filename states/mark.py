@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import structlog
 
-from fsm import outcome
+from fsm import marker, outcome
 from fsm.clock import os_timeout
 from fsm.context import Context
 
@@ -28,6 +28,8 @@ def mark(ctx: Context) -> str:
         return outcome.event_for({"ok": False, "retriable": retriable})
     if ctx.replayed is not None:
         record = ctx.replayed
+        # Where it was found is where it stays: a replay that fails leaves it there.
+        publisher.result.persisted = marker.result_path(ctx.settings.payload_path, ctx.dest)
         log.info("marker.replay", ok=record.marker.get("ok"), rule=record.marker.get("rule"))
     else:
         outcome.attach_tail(ctx, ctx.failure)

@@ -52,7 +52,7 @@ def train(ctx: Context) -> str:
                 interrupt=ctx.interrupt,
                 grace_s=tuning.stop_grace_s,
                 signal_stop_s=SIGNAL_STOP_S,
-                out_fd=ctx.out_fd,
+                out_fd=ctx.out,
                 tail_sink=periodic,
                 tail_interval_s=tuning.console_upload_interval_s,
                 on_group=lambda pgid: setattr(ctx, "worker_pgid", pgid),  # for the watchdog

@@ -433,14 +433,15 @@ def test_every_stderr_line_is_json_on_the_hub_store_too(hub: HubLayout, name: st
 def test_an_unpublished_marker_is_in_the_last_event_with_where_the_result_is_kept(
     hub: HubLayout,
 ) -> None:
-    """The store refuses the marker's commit (exit 3): the last event says so, and where."""
+    """The store refuses the marker's commit for good (exit 78): the last event says so,
+    and where the result is kept."""
     hub.write_worker("sys.exit(3)")
     hub.server.fail("POST", r"/commit/", status=403, times=100)  # the marker cannot land
     hub.write_payload()
     proc = hub.cli(*hub.run_args())
-    assert proc.returncode == 3, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 78, proc.stderr.decode()[-3000:]
     events, reason = parse_stderr(proc.stderr)
-    last = assert_told(events, end_state="FailedFatal", exit_code=3, klass="fatal",
+    last = assert_told(events, end_state="FailedFatal", exit_code=78, klass="fatal",
                        rule="worker-failed", published=False)
     assert "403" in last["marker_unpublished"] and "marker NOT published" in reason
     assert Path(last["persisted"]).is_file()

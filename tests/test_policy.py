@@ -19,6 +19,7 @@ from fsm.errors import (
     RetriableError,
     StoreAuthError,
     StoreNotFound,
+    StoreRefused,
     StoreUnavailable,
 )
 from fsm.pip import NETWORK_SIGNATURES
@@ -31,6 +32,7 @@ STABLE_IDS = (
     "payload-invalid",
     "host-gpu-missing",
     "store-auth",
+    "store-refused",
     "store-unavailable",
     "pip-network",
     "pip-failed",
@@ -180,6 +182,7 @@ def test_the_typed_errors_default_to_their_rules() -> None:
     assert StoreUnavailable("x").rule is rules.STORE_UNAVAILABLE
     assert StoreAuthError("x").rule is rules.STORE_AUTH
     assert StoreNotFound("x").rule is rules.STORE_NOT_FOUND
+    assert StoreRefused("x", fix="y").rule is rules.STORE_REFUSED
 
 
 def test_success_is_no_failure_rule_a_typed_error_naming_it_ends_unclassified() -> None:
@@ -375,6 +378,7 @@ def test_a_missing_store_path_is_code_missing_in_fetch_code_and_store_not_found_
 def test_store_errors_keep_their_class_in_every_state(state: str) -> None:
     assert policy.classify(state, StoreUnavailable("down")) is rules.STORE_UNAVAILABLE
     assert policy.classify(state, StoreAuthError("401")) is rules.STORE_AUTH
+    assert policy.classify(state, StoreRefused("431", fix="x")) is rules.STORE_REFUSED
     assert policy.classify(state, PayloadError("bad")) is rules.PAYLOAD_INVALID
 
 

@@ -7,7 +7,7 @@ A small model of the states says which policy rule must decide each plan and whe
 marker's commit lands; the invariants hold for every plan: at most one marker, published
 once, in the last store call, its commit carrying the end-of-attempt artifacts with the
 marker last; the outcome persisted next to the payload either way; the exit status a fact
-about publishing (0/1/124 only when the marker landed, else 3, and running the payload
+about publishing (0/1/124 only when the marker landed, else 3 or 78, and running the payload
 again then publishes the persisted outcome without redoing the work); ``ok`` iff
 Succeeded; ``retriable`` iff FailedRetriable; the marker names the rule the policy gives
 for the fault; a signal that stopped the worker or came before it ran gives retriable
@@ -223,6 +223,7 @@ class Expect:
     state: str
     landed: bool = True  # the marker's commit lands in the store
     marker_tries: int = 1  # commits of the marker Mark makes
+    refused: bool = False  # the store refused the marker for good (no rerun can publish it)
 
     @property
     def ok(self) -> bool:
@@ -254,21 +255,22 @@ def model(plan: Plan) -> tuple[Expect, list[tuple[str, str]]]:
     the publisher), and the store calls made before Mark."""
     calls = _Calls(plan)
     decided = _decide(plan, calls)
-    landed, tries = _marker_commit(plan)
-    return replace(decided, landed=landed, marker_tries=tries), calls.made
+    landed, tries, refused = _marker_commit(plan)
+    return replace(decided, landed=landed, marker_tries=tries, refused=refused), calls.made
 
 
-def _marker_commit(plan: Plan) -> tuple[bool, int]:
-    """Whether Mark's one commit (end-of-attempt artifacts, the marker last) lands, and
-    after how many tries (fsm.marker._commit)."""
+def _marker_commit(plan: Plan) -> tuple[bool, int, bool]:
+    """Whether Mark's one commit (end-of-attempt artifacts, the marker last) lands, after
+    how many tries (fsm.marker._commit), and whether the store refused it for good."""
     fault = next((f for f in plan.faults if f.op == "upload_marker"), None)
     if fault is None or fault.kind == "signal":
-        return True, 1  # a signal during Mark only sets the flag: the outcome stands
+        return True, 1, False  # a signal during Mark only sets the flag: the outcome stands
     if fault.kind == "unavailable":  # retried with backoff; a retry drops the console tail
-        return fault.times < MARKER_TRIES, min(fault.times + 1, MARKER_TRIES)
-    # auth, not-found, deadline: final at once; untyped (crash, http): Mark fails and the
-    # driver keeps the persisted outcome. Either way: exit 3, no marker in the store.
-    return False, 1
+        return fault.times < MARKER_TRIES, min(fault.times + 1, MARKER_TRIES), False
+    # auth, not-found: refused for good, at once (exit 78); deadline: final at once;
+    # untyped (crash, http): Mark fails and the driver keeps the persisted outcome. Those
+    # two: exit 3. Either way no marker in the store.
+    return False, 1, fault.kind in ("auth", "not-found")
 
 
 def _decide(plan: Plan, calls: _Calls) -> Expect:
@@ -561,11 +563,12 @@ def _check_one_marker_written_last(ran: Ran) -> tuple[dict[str, Any], bool]:
     return published, True
 
 
-def expected_exit(marker: dict[str, Any], landed: bool) -> int:
+def expected_exit(marker: dict[str, Any], landed: bool, refused: bool = False) -> int:
     """CONTRACT section 2: 0/1 (124 for the deadline) only when the marker landed; 3 when
-    the outcome was decided and persisted but the marker could not be published."""
+    the outcome was decided and persisted but the marker could not be published; 78 when
+    the store refused it for good."""
     if not landed:
-        return 3
+        return 78 if refused else 3
     return 0 if marker["ok"] else 124 if marker["rule"] == "deadline" else 1
 
 
@@ -583,7 +586,9 @@ def _check_canary_nowhere(ran: Ran) -> None:
         assert CANARY not in ran.outcome.reason
 
 
-def _check_outcome_agrees_with_marker(ran: Ran, marker: dict[str, Any], landed: bool) -> None:
+def _check_outcome_agrees_with_marker(
+    ran: Ran, marker: dict[str, Any], landed: bool, refused: bool
+) -> None:
     outcome = ran.outcome
     assert outcome is not None
     assert outcome.marker == marker
@@ -591,7 +596,7 @@ def _check_outcome_agrees_with_marker(ran: Ran, marker: dict[str, Any], landed: 
     assert marker["retriable"] == (outcome.terminal == table.FAILED_RETRIABLE)
     fatal = not marker["ok"] and not marker["retriable"]
     assert (outcome.terminal == table.FAILED_FATAL) == fatal
-    assert ran.exit_code == expected_exit(marker, landed)
+    assert ran.exit_code == expected_exit(marker, landed, refused)
     assert outcome.context.path[-1] == outcome.terminal
     assert outcome.context.path.count(table.MARK) == 1
 
@@ -649,7 +654,7 @@ def check_plan(plan: Plan) -> None:
     expect, _ = model(plan)
     with attempt(plan) as ran:
         marker, landed = _check_one_marker_written_last(ran)
-        _check_outcome_agrees_with_marker(ran, marker, landed)
+        _check_outcome_agrees_with_marker(ran, marker, landed, expect.refused)
         _check_success_was_confirmed(ran, marker)
         _check_canary_nowhere(ran)
         assert ran.journal.exit_codes == [], "the watchdog fired in a run with no deadline"
@@ -689,7 +694,8 @@ def test_every_fault_plan_ends_with_one_marker_whose_rule_the_policy_gives(plan:
     """The outcome is persisted, then published by one commit with the marker last and the
     runner's last store call; its rule is the policy's for the injected fault; ok iff
     Succeeded; retriable iff FailedRetriable; the exit status is 0/1 only when the marker
-    landed, else 3 (and a rerun publishes the persisted outcome without working again); a
+    landed, else 3, or 78 when the store refused it for good (and a rerun publishes the
+    persisted outcome without working again); a
     signal before the worker ran, or one that stopped it, is retriable unless completion
     was confirmed; an escaped deadline is fatal; success only after DONE and metrics.json
     were confirmed in the store; the token appears in no artifact, marker, log line or
@@ -746,7 +752,7 @@ def test_the_deadline_anywhere_ends_the_attempt_fatally_with_one_deadline_marker
             # The worker never ended (or, on a very slow host, the deadline came before
             # the planned hung call): the state that was working when it came decides.
             assert ran.outcome is not None
-            _check_outcome_agrees_with_marker(ran, marker, landed)
+            _check_outcome_agrees_with_marker(ran, marker, landed, refused=False)
             assert marker["state"] == ran.outcome.context.path[-3]
             if hang_at is None:
                 assert marker["state"] == table.TRAIN

@@ -408,17 +408,20 @@ def test_a_store_answering_503_to_the_code_fetch_is_retriable_and_the_marker_sti
 
 def test_a_wrong_token_is_fatal_store_auth_and_the_marker_stays_local(hub_run: HubRun) -> None:
     """The server refuses the wrong token for every request, the marker upload included:
-    the marker never reaches the repo, so the run exits 3 (decided and persisted, not
-    published) and its last line says so. What is left to check is the runner's local copy
-    in ``<scratch>/<arm>_attempt<N>.json``, its exit status and its one stderr line."""
+    the marker never reaches the repo, and no rerun of the payload can change that, so the
+    run exits 78 (refused for good) and its last line says what to fix. What is left to
+    check is the runner's local copy in ``<scratch>/<arm>_attempt<N>.json``, its exit
+    status and its one stderr line."""
     wrong = f"hf_wrong_{hub_run.token}"
     hub_run.secrets.append(wrong)
     hub_run.write_worker("complete()")
     proc = hub_run.cli(env={"HF_TOKEN": wrong, "FLASH_STOP_GRACE_S": "2"})
-    assert proc.returncode == 3, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 78, proc.stderr.decode()[-3000:]
     last_line = proc.stderr.decode().strip().splitlines()[-1]
     assert "fatal, rule store-auth" in last_line
-    assert "marker NOT published" in last_line
+    assert "marker NOT published: the store refuses it for good" in last_line
+    assert "give HF_TOKEN a token that may write to org/flash-runs" in last_line
+    assert "running the same payload again publishes it" not in last_line
     local = hub_run.local_marker()
     assert local is not None
     assert (local["ok"], local["retriable"], local["rule"], local["state"]) == (
@@ -431,6 +434,70 @@ def test_a_wrong_token_is_fatal_store_auth_and_the_marker_stays_local(hub_run: H
     assert set(statuses) == {401}
     assert _statuses(hub_run.server, "GET", LISTING) == [401]
     assert len([r for r in hub_run.server.requests if "/preupload/" in r.path]) == 1
+
+
+@pytest.mark.parametrize("problem", ["line-break", "oversized"])
+def test_a_token_no_request_can_carry_is_refused_for_good_and_says_what_to_fix(
+    hub_run: HubRun, problem: str
+) -> None:
+    """A token read with its newline is never sent (every call refuses at once); one too
+    large for a header is answered 431. Either way no rerun can publish the marker: exit 78,
+    the last line names the fix and never promises that running again publishes it; the
+    result is kept next to the payload, and a rerun with the token fixed publishes it."""
+    bad = hub_run.token + ("\n" if problem == "line-break" else "x" * 70_000)
+    hub_run.secrets.append(bad)
+    hub_run.write_worker("complete()")
+    proc = hub_run.cli(env={"HF_TOKEN": bad, "FLASH_STOP_GRACE_S": "2"})
+    assert proc.returncode == 78, proc.stderr.decode()[-3000:]
+    last = _last_line(proc.stderr)
+    assert "marker NOT published: the store refuses it for good" in last
+    assert "fatal, rule store-refused" in last
+    assert "running the same payload again publishes it" not in last
+    if problem == "line-break":
+        assert "the token (HF_TOKEN) holds a line break" in last
+        assert hub_run.server.requests == []  # nothing was sent with it
+    else:
+        assert "HTTP 431" in last and "give it the token alone" in last
+    kept = hub_run.payload_path.parent / f".flash-{ARM}_attempt0.result.json"
+    assert f"the result is kept at {kept}" in last
+    assert json.loads(kept.read_text())["marker"]["rule"] == "store-refused"
+    assert hub_run.marker() is None
+    rerun = hub_run.cli()  # the token fixed: the persisted outcome is what gets published
+    assert rerun.returncode == 1, rerun.stderr.decode()[-3000:]
+    marker = hub_run.marker()
+    assert marker is not None and marker["rule"] == "store-refused"
+
+
+def test_a_replay_that_cannot_publish_either_says_the_result_is_still_persisted(
+    hub_run: HubRun,
+) -> None:
+    """The store fails every commit: the first run exits 3, and so does the replay, whose
+    last line says where the result still is (never that it could not be persisted)."""
+    hub_run.write_worker("complete()")
+    hub_run.server.fail("POST", r"/commit/", status=503, times=1000)
+    first = hub_run.cli()
+    assert first.returncode == 3, first.stderr.decode()[-3000:]
+    kept = hub_run.payload_path.parent / f".flash-{ARM}_attempt0.result.json"
+    replay = hub_run.cli()
+    assert replay.returncode == 3, replay.stderr.decode()[-3000:]
+    assert b'"marker.replay"' in replay.stderr
+    last = _last_line(replay.stderr)
+    assert f"the result is persisted at {kept} and running the same payload again" in last
+    assert "could not be persisted" not in last
+
+
+def test_an_outcome_neither_published_nor_persisted_exits_74_and_says_so(hub_run: HubRun) -> None:
+    """The store fails every commit and the result cannot be written next to the payload:
+    exit 74, and the last line says a rerun runs the attempt again (no promise of a replay)."""
+    kept = hub_run.payload_path.parent / f".flash-{ARM}_attempt0.result.json"
+    (kept / "in-the-way").mkdir(parents=True)  # a directory where the result would go
+    hub_run.write_worker("complete()")
+    hub_run.server.fail("POST", r"/commit/", status=503, times=1000)
+    proc = hub_run.cli()
+    assert proc.returncode == 74, proc.stderr.decode()[-3000:]
+    last = _last_line(proc.stderr)
+    assert "could not be persisted next to the payload either" in last
+    assert "running the same payload again runs the attempt again" in last
 
 
 # --- hung store calls ------------------------------------------------------------------------

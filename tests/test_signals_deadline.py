@@ -6,11 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import Layout, read_until
+
+from fsm.runner import run_attempt
 
 
 def _start(layout: Layout, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -129,3 +132,37 @@ def test_a_deadline_already_past_at_start_fails_fatally_without_running_anything
     marker = layout.marker()
     assert marker is not None and marker["rule"] == "deadline"
     assert not (layout.scratch / "ran").exists()
+
+
+def test_a_sigterm_another_thread_catches_still_stops_the_worker_at_once(layout: Layout) -> None:
+    """The kernel hands a process's SIGTERM to any of its threads, and Python runs the
+    handler on the main thread only when that next runs bytecode: the runner's main thread,
+    waiting on the worker, still wakes at once (its signal wakeup descriptor), stops the
+    worker and marks the attempt interrupted."""
+    layout.write_worker("""
+        import signal
+        print("ready", flush=True)
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(60)
+    """)
+    layout.write_payload()
+    release = threading.Event()
+    catcher = threading.Thread(target=release.wait, daemon=True)  # SIGTERM is not blocked here
+    catcher.start()
+    # Blocked in the main thread (and so in every thread it starts): only the catcher can
+    # receive the signal, as any thread can in a real run.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    started = time.monotonic()
+    try:
+        with open(layout.root / "stdout.bin", "ab") as out:
+            outcome = run_attempt(layout.settings(), dict(os.environ), out_fd=out.fileno(),
+                                  handle_signals=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        release.set()
+    elapsed = time.monotonic() - started
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["rule"], marker["worker"]["reason"]) == ("interrupted", "interrupted")
+    assert outcome.exit_code == 1
+    assert elapsed < 20, elapsed  # the worker sleeps 60 s: it was stopped, not waited for

@@ -68,15 +68,15 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import structlog
 
-from fsm import __version__, rules
+from fsm import __version__
 from fsm.budget import Background, Budget, GaveUp, backoff
-from fsm.clock import Deadline, os_timeout
+from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
-    FatalError,
     Interrupted,
     StoreAuthError,
     StoreNotFound,
+    StoreRefused,
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
@@ -286,6 +286,37 @@ def _is_transport(exc: BaseException) -> bool:
     return False
 
 
+#: 4xx answers worth another try: a timeout, a conflict, too early, throttled. Any other 4xx
+#: but 401/403/404 is a refusal no try (and no rerun of the payload) can change.
+_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+
+
+def token_problem(token: str | None) -> str | None:
+    """Why ``token`` cannot be sent as a header value, or None. A Hub token is printable
+    ASCII without spaces; a line break (a token read from a file with its newline), a space,
+    a control or non-ASCII character makes every request fail before it is sent, or sends
+    another header than the one meant."""
+    if not token:
+        return None
+    for char in token:
+        if "\x21" <= char <= "\x7e":
+            continue
+        what = ("a line break" if char in "\r\n" else "a space or a tab" if char in " \t"
+                else "a non-ASCII character" if ord(char) > 0x7e else "a control character")
+        return (f"the token (HF_TOKEN) holds {what}, which an HTTP header cannot carry: "
+                "the token is unusable as given; give HF_TOKEN the token alone")
+    return None
+
+
+def _refusal_fix(status: int | None, repo_id: str) -> str:
+    """What to change after a refusal for good, in one line."""
+    if status == 431:
+        return ("the store refuses the request's headers as too large (HTTP 431): HF_TOKEN "
+                "holds something other than a token; give it the token alone")
+    return (f"the store refuses the request for good (HTTP {status}): check hf_repo "
+            f"({repo_id}), hf_prefix and HF_TOKEN")
+
+
 def classify(exc: BaseException) -> _Failure:
     """How a store call failed, from the exception and its cause chain."""
     chain = list(_chain(exc))
@@ -299,7 +330,7 @@ def classify(exc: BaseException) -> _Failure:
             return _Failure("auth", reason, status)
         if status == 404:
             return _Failure("not_found", reason, status)
-        if status in (408, 429) or status >= 500:
+        if status in _TRANSIENT_4XX or status >= 500:
             return _Failure("retriable", reason, status, _retry_after(response))
         return _Failure("rejected", reason, status)
     for current in chain:
@@ -371,6 +402,8 @@ class HubStore:
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
         self._settings = _hub_settings(environ)
+        #: Why the token cannot be sent at all (every call refuses at once), or None.
+        self._token_problem = token_problem(token)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
         self._http: HubClient | None = None
@@ -408,8 +441,10 @@ class HubStore:
                                           parent=parent)
                     return
                 except Refused as exc:
-                    raise FatalError(f"store {op} {label}: {exc}",
-                                     rule=rules.UNCLASSIFIED) from None
+                    raise StoreRefused(
+                        f"store {op} {label}: {exc}",
+                        fix=f"{exc}: remove the pattern that matches it from the repo's "
+                            ".gitignore") from None
                 except NeedsLfs:
                     pass  # the library's upload, below
             self._library_commit(items, message, parent)
@@ -675,13 +710,15 @@ class HubStore:
         def once(_attempt: int) -> _T:
             if fence is not None and fence.sealed:
                 raise _Sealed(where)
+            if self._token_problem is not None:  # never sent: it would fail, or worse
+                raise StoreRefused(f"{where}: {self._token_problem}", fix=self._token_problem)
             self.stats.count(op=op)
             remaining = self.budget.remaining()
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
             bound = min(bound_s, remaining)
             call = Background(fn, f"hub-{op}")
-            if not call.done.wait(os_timeout(bound)):  # abandoned: it runs on, a daemon
+            if not call.wait(bound):  # abandoned: it runs on, a daemon
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
@@ -701,7 +738,8 @@ class HubStore:
             if failure.kind == "rejected" and conflict and failure.status == 412:
                 raise _Conflict(where)
             if failure.kind == "rejected":
-                raise FatalError(f"{where}: {failure.reason}", rule=rules.UNCLASSIFIED)
+                raise StoreRefused(f"{where}: {failure.reason}",
+                                   fix=_refusal_fix(failure.status, self.repo_id))
             raise _Transient(failure)
 
         def delay(attempt: int, exc: Exception) -> float | None:
