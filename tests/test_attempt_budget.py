@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,8 @@ def test_a_start_that_cannot_be_persisted_does_not_fail_the_attempt(layout: Layo
 
 # --- a wall-clock step, under libfaketime ------------------------------------------------
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+#: Debian's libfaketime (package faketime), for this machine's architecture.
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 STEP_S = 10.0
 
 #: libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC breaks clock_nanosleep on the
@@ -274,12 +276,40 @@ print(wall2 - wall, mono2 - mono, abs(time.time() - wall - (time.monotonic() - m
 '''
 
 
+#: What libfaketime leaves in /dev/shm for a process that a signal ended (named by pid): a
+#: later process under libfaketime with that pid fails to start (its README, "Cleaning up
+#: shared memory").
+FAKETIME_SHM = re.compile(r"(?:sem\.)?faketime_(?:shm|sem)_(\d+)")
+
+
+def _faketime_leftovers() -> dict[Path, int]:
+    found: dict[Path, int] = {}
+    shm = Path("/dev/shm")
+    for entry in shm.iterdir() if shm.is_dir() else ():
+        match = FAKETIME_SHM.fullmatch(entry.name)
+        if match is not None:
+            found[entry] = int(match.group(1))
+    return found
+
+
 @pytest.fixture
-def faketime(tmp_path: Path) -> dict[str, str]:
+def faketime(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The environment that puts a process on a wall clock the test can step (through
-    FAKETIME_TIMESTAMP_FILE) and a true monotonic clock, checked to do exactly that."""
-    if not LIBFAKETIME.exists():
-        pytest.skip(f"libfaketime is not installed ({LIBFAKETIME}; Debian package faketime)")
+    FAKETIME_TIMESTAMP_FILE) and a true monotonic clock, checked to do exactly that.
+    Afterwards what libfaketime left behind for this test's processes is removed."""
+    if LIBFAKETIME is None:
+        pytest.skip("libfaketime is not installed (/usr/lib/<arch>/faketime/libfaketime.so.1; "
+                    "Debian package faketime)")
+    before = set(_faketime_leftovers())
+    try:
+        yield _faketime_env(tmp_path)
+    finally:
+        for entry, pid in _faketime_leftovers().items():
+            if entry not in before and not Path(f"/proc/{pid}").exists():
+                entry.unlink(missing_ok=True)
+
+
+def _faketime_env(tmp_path: Path) -> dict[str, str]:
     site = tmp_path / "faketime-site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
