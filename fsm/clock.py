@@ -1,14 +1,29 @@
 """Time: one deadline for the whole attempt, measured on the monotonic clock.
 
 The payload speaks wall-clock epoch seconds (``deadline_at``); everything inside the
-runner measures against ``time.monotonic`` so a clock step on the host cannot stretch
-or shrink the budget.
+runner measures against ``time.monotonic`` so a clock step on the host cannot shrink the
+budget. The worker, though, is handed an epoch (``FLASH_RUN_DEADLINE_AT``) and reads the
+wall clock. So the attempt's deadline (:meth:`Deadline.for_attempt`, and every deadline
+derived from it with :meth:`Deadline.earlier_by`) follows a *backward* step of the wall
+clock: when the wall clock has moved back by ``s`` seconds relative to the monotonic clock
+since the deadline was fixed, the deadline falls ``min(s, CLOCK_STEP_TOLERANCE_S)`` seconds
+later on the monotonic clock. A worker that finishes by the epoch it was given is then not
+stopped, and the attempt overruns its budget by at most the step. A forward step changes
+nothing: the runner never stops anything before its monotonic deadline. Every other
+deadline (a short bound such as ``Deadline.after(8)``) ignores the wall clock.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+#: The largest backward step of the wall clock that the attempt deadline absorbs.
+CLOCK_STEP_TOLERANCE_S = 60.0
+
+#: How often a long wait on a deadline looks at it again: a deadline that follows the wall
+#: clock can move while it is waited for (a backward step, then a forward one).
+DEADLINE_RECHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -17,6 +32,9 @@ class Deadline:
 
     at: float  # epoch seconds
     _mono_at: float = field(repr=False, compare=False)
+    #: Follows backward wall-clock steps (the attempt's deadline and what derives from it).
+    #: Then ``at - _mono_at`` is the wall clock's lead over the monotonic one when fixed.
+    _follows_wall: bool = field(default=False, repr=False, compare=False)
 
     @classmethod
     def at_epoch(cls, at: float) -> Deadline:
@@ -31,8 +49,18 @@ class Deadline:
         """The deadline at ``mono_at`` on the ``time.monotonic`` clock."""
         return cls(at=time.time() + (mono_at - time.monotonic()), _mono_at=mono_at)
 
+    @classmethod
+    def for_attempt(cls, at: float, *, mono_at: float | None = None) -> Deadline:
+        """The attempt's deadline: epoch ``at``, at ``mono_at`` on the monotonic clock (the
+        anchor persisted at the attempt's first start, same boot), else anchored now. It
+        follows backward wall-clock steps made since that anchor, up to
+        :data:`CLOCK_STEP_TOLERANCE_S` (see the module's docstring)."""
+        if mono_at is None:
+            mono_at = time.monotonic() + (at - time.time())
+        return cls(at=at, _mono_at=mono_at, _follows_wall=True)
+
     def earliest(self, other: Deadline) -> Deadline:
-        return self if self._mono_at <= other._mono_at else other
+        return self if self.mono_at <= other.mono_at else other
 
     @classmethod
     def never(cls) -> Deadline:
@@ -40,19 +68,34 @@ class Deadline:
 
     @property
     def mono_at(self) -> float:
-        """The deadline on the ``time.monotonic`` clock."""
-        return self._mono_at
+        """The deadline on the ``time.monotonic`` clock (now: it moves with a backward
+        wall-clock step when the deadline follows the wall clock)."""
+        if not self._follows_wall:
+            return self._mono_at
+        return self._mono_at + self.step_back(time.time(), time.monotonic())
+
+    def step_back(self, wall: float, mono: float) -> float:
+        """How much later this deadline falls, given readings of the wall (``time.time``)
+        and monotonic clocks taken together: how far the wall clock has stepped back since
+        the deadline was fixed, at most :data:`CLOCK_STEP_TOLERANCE_S`; 0 for a forward
+        step and for a deadline that does not follow the wall clock."""
+        if not self._follows_wall:
+            return 0.0
+        back = (self.at - self._mono_at) - (wall - mono)
+        return min(max(back, 0.0), CLOCK_STEP_TOLERANCE_S)
 
     def remaining(self) -> float:
         """Seconds left; negative once passed."""
-        return self._mono_at - time.monotonic()
+        return self.mono_at - time.monotonic()
 
     def expired(self) -> bool:
         return self.remaining() <= 0
 
     def earlier_by(self, seconds: float) -> Deadline:
-        """The same deadline moved ``seconds`` earlier (the worker's share of the budget)."""
-        return Deadline(at=self.at - seconds, _mono_at=self._mono_at - seconds)
+        """The same deadline moved ``seconds`` earlier (the worker's share of the budget);
+        it follows the wall clock when this one does."""
+        return Deadline(at=self.at - seconds, _mono_at=self._mono_at - seconds,
+                        _follows_wall=self._follows_wall)
 
     def bound(self, seconds: float) -> float:
         """``seconds``, cut so that it never reaches past this deadline (never below 0)."""

@@ -146,6 +146,8 @@ class Context:
     #: Commits and 429s of every store handle of the attempt (the marker's evidence).
     store_stats: StoreStats = field(default_factory=StoreStats)
     # --- learned as the run goes -----------------------------------------------------
+    #: The attempt's first start (epoch): this process's until LoadPayload reads the
+    #: persisted one (``fsm.attempt_start``); the exit reserve is derived from it.
     started_at: float = 0.0
     deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
     tuning: Tuning = field(default_factory=Tuning)

@@ -92,6 +92,12 @@ def result_path(payload_path: Path, dest: Destination) -> Path:
     return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.result.json"
 
 
+def start_path(payload_path: Path, dest: Destination) -> Path:
+    """Where the attempt's first start is persisted (``fsm.attempt_start``): next to the
+    payload, so that a restarted runner continues the attempt's budget."""
+    return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.start.json"
+
+
 def lock_path(payload_path: Path, dest: Destination) -> Path:
     return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.lock"
 

@@ -38,7 +38,7 @@ from typing import Literal
 
 import structlog
 
-from fsm.clock import Deadline, os_timeout
+from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.outlet import STDOUT_CAPACITY, Outlet
 
@@ -220,7 +220,13 @@ def _wait_and_stop(
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group."""
     log = structlog.get_logger()
     exited, eof = run.exited.is_set, run.pump.eof.is_set
-    waker.wait_until(lambda: exited() or interrupt.is_set(), deadline.mono_at)
+    # The deadline is looked at again after every wake: it can move while it is waited for
+    # (the attempt's deadline follows a backward wall-clock step, fsm.clock).
+    while not waker.wait_until(
+        lambda: exited() or interrupt.is_set(),
+        min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S),
+    ) and not deadline.expired():
+        pass
     reason: ExitReason = "exited"
     if not exited():
         reason = "interrupted" if interrupt.is_set() else "deadline"

@@ -8,22 +8,29 @@ runner owns the attempt) leaves without touching anything. Also where a restarte
 container finds that its attempt already ended: a persisted result of exactly this
 attempt of this run is replayed through Mark instead of training again.
 
+The budget belongs to the attempt, not to the process: the attempt's first start is
+persisted next to the payload (``fsm.attempt_start``), and a restarted runner of the same
+attempt continues that budget (the worker gets the same ``FLASH_RUN_DEADLINE_AT``), or
+ends the attempt at once with rule ``deadline`` when it is spent.
+
 Runs even after a signal (the driver lets it): a signal that came during start-up must
 still end in a retriable marker once the destination is known.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import structlog
 
+from fsm import attempt_start, marker, payload, rules, table
 from fsm import log as log_config
-from fsm import marker, payload, rules, table
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
-from fsm.errors import AttemptBusy, Interrupted, PayloadError, RetriableError
+from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError, RetriableError
 from fsm.host import PROBE_S, HostProbe
 from fsm.prefetch import Branch
 from fsm.store.base import Store
@@ -49,10 +56,12 @@ def load_payload(ctx: Context) -> str:
         except PayloadError as exc:
             parsed, problem = None, exc
         if parsed is not None:
-            ctx.deadline = (
-                Deadline.at_epoch(parsed.deadline_at)
+            # This process's budget bounds the wait for the lock; once the lock is held,
+            # the attempt's own start fixes the deadline (_own_budget).
+            ctx.deadline = Deadline.for_attempt(
+                parsed.deadline_at
                 if parsed.deadline_at is not None
-                else Deadline.at_epoch(ctx.started_at + parsed.max_wall_s)
+                else ctx.started_at + parsed.max_wall_s
             )
         _take_lock(ctx, dest)
         ctx.dest = dest  # from here on this process owns the attempt and may mark it
@@ -62,19 +71,24 @@ def load_payload(ctx: Context) -> str:
             raise problem
         assert parsed is not None
         ctx.tuning = Tuning.from_env({**ctx.environ, **parsed.env})
+        ident = marker.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
+        recorded = marker.load_persisted(marker.result_path(ctx.settings.payload_path, dest), ident)
+        spent: str | None = None
+        if recorded is not None:
+            # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
+            ctx.deadline = Deadline.after(REPLAY_BOUND_S)
+        else:
+            spent = _own_budget(ctx, parsed, dest, ident)
         # An unusable store setting (FLASH_STORE in the payload's env) is the payload's
         # fault: it raises PayloadError before the payload counts as loaded.
         ctx.store = ctx.store_until(ctx.work_deadline)
         ctx.payload = parsed
         ctx.scratch.mkdir(parents=True, exist_ok=True)
-
-        ident = marker.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
-        recorded = marker.load_persisted(marker.result_path(ctx.settings.payload_path, dest), ident)
         if recorded is not None:
             ctx.replayed = recorded
-            # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
-            ctx.deadline = Deadline.after(REPLAY_BOUND_S)
             return table.RESULT_REPLAYED
+        if spent is not None:
+            raise DeadlineExceeded(spent)
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
         if parsed.expect_gpus is not None:
@@ -98,6 +112,43 @@ def _start_downloads(ctx: Context, p: payload.Payload) -> None:
         flag = Branch.follow(ctx.interrupt)
         store = ctx.branch_store(flag)
         ctx.prefetch[name] = Branch(name, partial(work, store), flag)
+
+
+def _own_budget(
+    ctx: Context, p: payload.Payload, dest: payload.Destination, ident: dict[str, Any]
+) -> str | None:
+    """Fix the attempt's deadline from the attempt's first start (persisted next to the
+    payload by the runner that started it, else this runner's, persisted now), and say why
+    the attempt must end at once when a restart finds its budget spent."""
+    boot = attempt_start.boot_id()
+    path = marker.start_path(ctx.settings.payload_path, dest)
+    start, continued = attempt_start.begin(path, ident, ctx.started_at, boot)
+    at = p.deadline_at if p.deadline_at is not None else start.started_at + p.max_wall_s
+    deadline = start.deadline(at, boot)
+    ctx.started_at = start.started_at  # the exit reserve is derived from the whole budget
+    ctx.deadline = deadline
+    if not continued:
+        return None
+    spent_s, left_s = start.spent_s(boot), deadline.remaining()
+    log.info("attempt.continued", started_at=round(start.started_at, 3),
+             spent_s=round(spent_s, 3), left_s=round(max(0.0, left_s), 3),
+             deadline_at=round(at, 3), same_boot=start.same_boot(boot))
+    first = (f"the deadline fixed at the attempt's first start "
+             f"({_utc(start.started_at)}, {at - start.started_at:.0f}s budget)")
+    if deadline.expired():
+        # Only the marker is left to do: a short bound of its own (as a replay has), not a
+        # deadline that has passed (the watchdog would fire at it at once).
+        ctx.deadline = Deadline.after(REPLAY_BOUND_S)
+        return (f"run wall deadline exceeded: {first} passed before this restart "
+                f"({spent_s:.1f}s after that start)")
+    if ctx.work_deadline.expired():
+        return (f"run wall deadline exceeded: {first} left only the exit reserve "
+                f"({left_s:.1f}s) when this restart came ({spent_s:.1f}s after that start)")
+    return None
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def _take_lock(ctx: Context, dest: payload.Destination) -> None:
