@@ -222,6 +222,7 @@ class _Shared:
     code_dir: Path
     redact: Callable[[str], str]
     native: bool  # try --native first; cleared when py-spy refuses it as an option
+    native_refused: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -261,10 +262,7 @@ def _capture(
     )
     width = parallel if parallel is not None else min(_PARALLEL_MAX, os.cpu_count() or 1)
     results = _run_all(order, shared, max(1, width))
-    taken = [
-        r if r is not None else _unfinished(pid, shared) for pid, r in zip(order, results,
-                                                                             strict=True)
-    ]
+    taken = [r or _unfinished(pid, shared) for pid, r in zip(order, results, strict=True)]
     lead = taken[0] if order and order[0] == leader else None
     where = lead.where if lead else None
     seconds = time.monotonic() - started
@@ -315,12 +313,15 @@ def _take(pid: int, shared: _Shared) -> _Taken:
     t0 = time.monotonic()
     proc = _Proc(pid)
     tried: list[str] = []  # what py-spy said, for the section
+    least = _MIN_TRY_S + _REAP_S + _PROC_S
     if shared.exe is None:
         why = "py-spy: not installed"
-    elif shared.end - t0 < _MIN_TRY_S + _REAP_S + _PROC_S:
+    elif shared.end - t0 < least:
         why = "py-spy: not tried, the capture's time was spent"
+    elif shared.per_process_s < least:
+        why = f"py-spy: not tried, less than {least:g} s a process"
     else:
-        dump, why = _py_spy(pid, shared, t0, tried)
+        dump, why = _py_spy(shared.exe, pid, shared, t0, tried)
         if dump is not None:
             return _from_dump(proc, dump, why, tried, shared, t0)
     body = _proc_body(proc)
@@ -407,18 +408,21 @@ _TARGET_SPECIFIC = {
 }
 
 
-def _py_spy(pid: int, shared: _Shared, t0: float, tried: list[str]) -> tuple[_Dump | None, str]:
+def _py_spy(
+    exe: str, pid: int, shared: _Shared, t0: float, tried: list[str]
+) -> tuple[_Dump | None, str]:
     """py-spy on ``pid`` within its bounds: --native first, then plain. Returns the dump and
-    why it is not a native one, or None and why py-spy gave nothing."""
-    assert shared.exe is not None
+    why it is not a native one ("" when it is, or when native was not asked for), or None
+    and why py-spy gave nothing."""
     stop_at = min(t0 + shared.per_process_s, shared.end) - _REAP_S - _PROC_S
     why = ""
     for native in (True, False):
         if native and not shared.native:
+            why = "--native: refused by this py-spy" if shared.native_refused else ""
             continue
         until = t0 + (stop_at - t0) * _NATIVE_SHARE if native else stop_at
         began = time.monotonic()
-        ran = _run_py_spy(shared.exe, pid, native, until)
+        ran = _run_py_spy(exe, pid, native, until)
         flag: Method = "py-spy --native" if native else "py-spy"
         if not ran.timed_out and ran.returncode == 0:
             threads = _parse(ran.stdout)
@@ -433,7 +437,7 @@ def _py_spy(pid: int, shared: _Shared, t0: float, tried: list[str]) -> tuple[_Du
             return None, f"py-spy: {reason}"
         if ran.returncode == 2:  # a usage error (clap): this py-spy has no --native
             with shared.lock:
-                shared.native = False
+                shared.native, shared.native_refused = False, True
         why = f"--native: {reason}"
     return None, why or "py-spy: not tried"
 

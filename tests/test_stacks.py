@@ -429,6 +429,20 @@ def test_a_process_whose_capture_never_ends_is_named_unfinished_at_the_budget(
         release.set()
 
 
+@needs_py_spy
+def test_too_little_time_a_process_means_no_py_spy_and_no_processes_means_a_header(
+    tmp_path: Path,
+) -> None:
+    """Under a second a process, py-spy is not started (it could only be killed); an empty
+    group gives the file's header and nothing else, at once."""
+    with worker_group(tmp_path) as group:
+        stacks = group.capture(per_process_s=0.5)
+    assert [p.why for p in stacks.processes] == ["py-spy: not tried, less than 1 s a process"] * 2
+    empty = capture([], leader=1, code_dir=tmp_path, redact=str)
+    assert empty.processes == () and empty.where is None
+    assert "0 processes, leader 1" in empty.text and "== process" not in empty.text
+
+
 # --- secrets --------------------------------------------------------------------------------------
 
 
