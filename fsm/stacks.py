@@ -120,9 +120,11 @@ class Stacks:
     ``text`` is the whole ``stacks_<phase>.txt`` (redacted): a short header, then one
     section per process. ``where`` is the innermost Python frame of the leader's main
     thread as ``function (path:line)``, the path relative to ``code_dir`` when inside it
-    (CONTRACT section 7); ``where_in_code`` is the innermost frame of that thread that is
-    inside ``code_dir`` (the worker's own line that led there, when ``where`` is in a
-    library). Both are None when unknown (no py-spy stacks for the leader).
+    (CONTRACT section 7). C frames (``--native``) are skipped for it: they name addresses
+    and libraries, no line, and differ from host to host. ``where_in_code`` is the innermost
+    frame of that thread that is inside ``code_dir``: the worker's own line that led there,
+    when ``where`` is in a library (``Condition.wait`` in threading.py for every wait on an
+    Event). Both are None when unknown (no py-spy stacks for the leader).
     """
 
     text: str
