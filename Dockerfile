@@ -30,7 +30,11 @@ ARG CONSTRAINTS=constraints/runtime.txt
 # The `fast` extra brings uv (pinned in CONSTRAINTS): its wheel puts the `uv` binary next to
 # `python3`, where the runner looks first, and a payload's `extra_pip` is then installed with
 # `uv pip install --python <python3>` (README, "Extra packages"; FLASH_INSTALLER=pip opts out).
-# `uv --version` fails the build if the binary did not land on PATH.
+# `uv --version` fails the build if the binary did not land on PATH. The extra brings py-spy
+# the same way (pinned too): it takes the worker's stacks before a stall or deadline stop
+# (fsm/stacks.py), and `py-spy --version` fails the build if its binary did not land either.
+# (It attaches with ptrace: root in the container, which Docker's default seccomp profile
+# allows on kernels >= 4.8; without it each process gets the /proc fallback.)
 RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
     python3 -m pip install --no-cache-dir --no-input --disable-pip-version-check \
         --root-user-action=ignore \
@@ -43,7 +47,8 @@ RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
         lines = record.read_text().splitlines(keepends=True); \
         record.write_text("".join(x for x in lines if not x.startswith("fsm/testing/")))' \
     && flash-bootstrap policy > /dev/null \
-    && uv --version
+    && uv --version \
+    && py-spy --version
 
 # CONTRACT section 1: /root/flash is the host bind mount holding payload.json and the
 # restart-safe attempt state; `-w /root/flash` on the docker run line says the same.
