@@ -49,10 +49,27 @@ def backoff(attempt: int, *, base_s: float, max_s: float, jitter: bool = True) -
     return wait * random.uniform(0.5, 1.0) if jitter else wait
 
 
+#: A try of a split budget never gets less than this (unless less is left in all).
+MIN_TRY_S = 1.0
+
+
 class Budget:
+    """The time a piece of work may take: until ``deadline``, watching ``interrupt``.
+
+    ``stops`` (the default): a signal ends the budget's waits and retries at once. A budget
+    that outlives a signal (the end of the attempt: its verification, its marker) has
+    ``stops`` off and ``signal_s`` set instead: after a signal it ends ``signal_s`` seconds
+    after it (Docker's stop timeout is close), and until then its tries go on.
+
+    ``split``: the budget is meant for that many tries of one call (the end of the
+    attempt), so :meth:`try_bound` gives each of the first ``split`` tries an even share of
+    what is left: a hung connection is abandoned for a fresh one while there is still time
+    for another answer, instead of one try taking all of it.
+    """
+
     # A plain class, not a dataclass: a dataclass costs its code generation at import, and
     # every millisecond before the worker starts is paid on every attempt.
-    __slots__ = ("clock", "deadline", "interrupt", "sleep")
+    __slots__ = ("clock", "deadline", "interrupt", "signal_s", "sleep", "split", "stops")
 
     def __init__(
         self,
@@ -61,37 +78,71 @@ class Budget:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        split: int = 1,
+        stops: bool = True,
+        signal_s: float | None = None,
     ) -> None:
         self.deadline = deadline
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
         self.clock = clock
         self.sleep = sleep
+        self.split = max(1, split)
+        self.stops = stops
+        self.signal_s = signal_s
 
     def remaining(self) -> float:
-        """Seconds left; negative once the deadline passed."""
-        return self.deadline.mono_at - self.clock()
+        """Seconds left; negative once the deadline passed (or, with ``signal_s``, once
+        that long has passed since a signal)."""
+        now = self.clock()
+        left = self.deadline.mono_at - now
+        at = self.interrupt.at_mono
+        if self.signal_s is not None and at is not None:
+            left = min(left, at + self.signal_s - now)
+        return left
 
     def expired(self) -> bool:
         return self.remaining() <= 0
 
+    def stopped(self) -> bool:
+        """Whether a signal ended this budget's waits (only when it ``stops``)."""
+        return self.stops and self.interrupt.is_set()
+
     def until(self, deadline: Deadline) -> Budget:
         """The same budget, ending at ``deadline`` (or at its own deadline, if earlier)."""
         return Budget(self.deadline.earliest(deadline), self.interrupt, clock=self.clock,
-                      sleep=self.sleep)
+                      sleep=self.sleep, split=self.split, stops=self.stops,
+                      signal_s=self.signal_s)
+
+    def try_bound(self, bound_s: float, attempt: int) -> float:
+        """How long try ``attempt`` (1-based) of a call may take: at most ``bound_s``, and
+        in a split budget an even share of what is left among the tries still planned
+        (the last planned one, and any after it, get all of it), never under
+        :data:`MIN_TRY_S` while that much is left."""
+        left = max(0.0, self.remaining())
+        share = left / max(1, self.split - attempt + 1)
+        return min(bound_s, left, max(share, MIN_TRY_S))
+
+    def capped_backoff(self, wait: float) -> float:
+        """A backoff ``wait`` as this budget allows it: in a split budget no wait takes
+        more than half of one planned try's share of what is left (the tries matter more)."""
+        if self.split == 1:
+            return wait
+        return min(wait, max(0.0, self.remaining()) / (2 * self.split))
 
     def wait(self, seconds: float) -> bool:
         """Sleep ``seconds``, in slices that watch the flag; True when the whole wait
-        passed, False when a signal or the deadline ended it first."""
+        passed, False when a signal (if the budget ``stops``) or its end came first."""
         end = self.clock() + seconds
         while True:
-            if self.interrupt.is_set():
+            if self.stopped():
                 return False
             now = self.clock()
             if now >= end:
                 return True
-            if now >= self.deadline.mono_at:
+            left = self.remaining()
+            if left <= 0:
                 return False
-            self.sleep(os_timeout(min(end - now, self.deadline.mono_at - now, SLICE_S)))
+            self.sleep(os_timeout(min(end - now, left, SLICE_S)))
 
     def retry(
         self,
@@ -126,7 +177,7 @@ class Budget:
                 log.warning("retry", what=what, delay_s=round(wait, 3),
                             exc_type=type(exc).__name__, **{"try": attempt})
                 if not self.wait(wait):
-                    why = "interrupted" if self.interrupt.is_set() else "deadline"
+                    why = "interrupted" if self.stopped() else "deadline"
                     raise GaveUp(exc, attempt, why) from exc
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 

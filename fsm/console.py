@@ -40,7 +40,7 @@ def _commit_tail(ctx: Context, text: str) -> bool:
             f.write(text)
         # Fenced: once Mark seals the fence no periodic tail lands, not even one that is
         # in flight now (the marker's commit outdates it at the store).
-        return ctx.exit_store().commit(
+        return ctx.tail_store().commit(
             {ctx.require_payload().dest.path(console_name(ctx)): Path(tmp)},
             message=f"Console tail {console_name(ctx)}",
             fence=ctx.fence,

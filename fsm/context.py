@@ -44,8 +44,68 @@ _SIGNAL_POLL_S = 0.05
 SIGNAL_STOP_S = 4.0
 SIGNAL_VERIFY_S = 6.0
 SIGNAL_MARK_S = 8.0
-#: Mark's least bound when the attempt deadline itself has passed.
-MIN_PUBLISH_S = 10.0
+
+# --- the end of the attempt (docs/lifecycle.md, "The end of the attempt") ------------------
+#: The end of the attempt (VerifyRemote, then Mark) never gets less than this, even when it
+#: begins at or after the attempt deadline: the marker's time is not cut below it.
+END_MIN_S = 10.0
+#: VerifyRemote takes at most this share of the end; Mark keeps the rest.
+VERIFY_SHARE = 0.5
+#: Every store call of the end is sized so that this many tries fit in what is left.
+END_TRIES = 3
+#: How long past a bound of the end the deadline watchdog waits before it takes over.
+END_GRACE_S = 1.0
+
+
+class End:
+    """The end of the attempt's own budget, fixed when it begins (VerifyRemote, or Mark
+    when the attempt ends without verifying): it lasts until the attempt deadline, but at
+    least :data:`END_MIN_S`; VerifyRemote gets the first :data:`VERIFY_SHARE` of it and
+    Mark keeps the rest, so a worker that runs to its deadline is still verified and
+    marked. After a signal verification ends :data:`SIGNAL_VERIFY_S` after it, and the
+    marker's tries :data:`SIGNAL_MARK_S` after it. Each budget is split into
+    :data:`END_TRIES` tries (``Budget.try_bound``)."""
+
+    __slots__ = ("_deadline", "_interrupt", "began", "marking_since")
+
+    def __init__(self, deadline: Deadline, interrupt: InterruptFlag) -> None:
+        self.began = time.monotonic()
+        #: When Mark began (None: not yet): from then on its bound is the one that counts.
+        self.marking_since: float | None = None
+        self._deadline = deadline
+        self._interrupt = interrupt
+
+    def until(self) -> float:
+        """When the end is over (monotonic), a signal aside."""
+        return max(self._deadline.mono_at, self.began + END_MIN_S)
+
+    def verify_by(self) -> float:
+        """When VerifyRemote must be done (monotonic), a signal aside."""
+        return self.began + (self.until() - self.began) * VERIFY_SHARE
+
+    def verify_budget(self) -> Budget:
+        """VerifyRemote's budget: split into tries, and not stopped by a signal (a
+        confirmed completion outranks it), only bounded by it."""
+        return Budget(Deadline.at_monotonic(self.verify_by()), self._interrupt,
+                      split=END_TRIES, stops=False, signal_s=SIGNAL_VERIFY_S)
+
+    def mark_budget(self) -> Budget:
+        """The marker's budget: the rest of the end, split into tries; a signal only
+        bounds it (Docker's stop timeout)."""
+        return Budget(Deadline.at_monotonic(self.until()), self._interrupt,
+                      split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S)
+
+    def watchdog_due(self) -> float:
+        """When the deadline watchdog takes over (monotonic): a little after the bound of
+        the part of the end under way (VerifyRemote's, else Mark's), a signal included."""
+        if self.marking_since is None:
+            by, after_signal = self.verify_by(), SIGNAL_VERIFY_S
+        else:
+            by, after_signal = self.until(), SIGNAL_MARK_S
+        at = self._interrupt.at_mono
+        if at is not None:
+            by = min(by, at + after_signal)
+        return by + END_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -170,7 +230,10 @@ class Context:
     end_artifacts: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
-    _exit_store: Store | None = None
+    #: The end of the attempt once it began (:meth:`begin_end`).
+    end: End | None = None
+    _tail_store: Store | None = None
+    _verify_store: Store | None = None
     #: While False, a signal only sets the flag (the handler watches it itself).
     raise_on_interrupt: bool = False
 
@@ -190,17 +253,12 @@ class Context:
         and after a signal no later than SIGNAL_STOP_S after it."""
         return self._after_signal(self.deadline.earlier_by(self.reserve_s / 2), SIGNAL_STOP_S)
 
-    @property
-    def verify_deadline(self) -> Deadline:
-        """When verification must be done: the attempt deadline, or soon after a signal."""
-        return self._after_signal(self.deadline, SIGNAL_VERIFY_S)
-
-    @property
-    def mark_deadline(self) -> Deadline:
-        """When the marker must have landed: the attempt deadline (at least MIN_PUBLISH_S
-        from now), and after a signal within Docker's stop timeout."""
-        base = Deadline.after(max(self.deadline.remaining(), MIN_PUBLISH_S))
-        return self._after_signal(base, SIGNAL_MARK_S)
+    def begin_end(self) -> End:
+        """The end of the attempt, fixed the first time it is asked for (VerifyRemote, or
+        Mark): see :class:`End`."""
+        if self.end is None:
+            self.end = End(self.deadline, self.interrupt)
+        return self.end
 
     def _after_signal(self, deadline: Deadline, seconds: float) -> Deadline:
         at = self.interrupt.at_mono
@@ -234,20 +292,27 @@ class Context:
         assert self.store is not None, "LoadPayload opens the store"
         return self.store
 
-    def exit_store(self) -> Store:
-        """The store for verification, bounded by the attempt deadline itself (these run
-        in the reserve kept back from the work), or soon after a signal."""
-        if self.interrupt.is_set():
-            return self.store_until(self.verify_deadline)
-        if self._exit_store is None:
-            self._exit_store = self.store_until(self.deadline)
-        return self._exit_store
+    def tail_store(self) -> Store:
+        """The store for the periodic console tails while the worker runs, bounded by the
+        attempt deadline; a signal stops its retries."""
+        if self._tail_store is None:
+            self._tail_store = self.store_until(self.deadline)
+        return self._tail_store
 
-    def store_until(self, deadline: Deadline, *, stop_on_signal: bool = True) -> Store:
+    def verify_store(self) -> Store:
+        """The store for VerifyRemote: bounded by its share of the end, split into tries."""
+        if self._verify_store is None:
+            self._verify_store = self.store_for(self.begin_end().verify_budget())
+        return self._verify_store
+
+    def store_until(self, deadline: Deadline) -> Store:
         """A store handle for the attempt's destination whose calls end by ``deadline``;
-        its retries stop at a signal unless ``stop_on_signal`` is off (the marker's)."""
+        a signal stops its retries."""
+        return self.store_for(self.budget_until(deadline))
+
+    def store_for(self, budget: Budget) -> Store:
+        """A store handle for the attempt's destination, every call bounded by ``budget``."""
         assert self.dest is not None, "LoadPayload finds the destination"
-        budget = self.budget_until(deadline) if stop_on_signal else Budget(deadline)
         return self.open_store(self.dest, budget, self.store_env(), self.store_stats)
 
     def branch_store(self, flag: InterruptFlag) -> Store:

@@ -328,6 +328,7 @@ class Publisher:
         fence: Fence | None = None,
         tries: int = 5,
         base_delay_s: float = 1.0,
+        max_delay_s: float = 30.0,
     ) -> Published:
         """Persist the result at once, then commit the artifacts and the marker. Every try
         carries the same files, so a try abandoned at its time bound that lands late only
@@ -350,7 +351,7 @@ class Publisher:
                 return result
             files = _local_copies(record, dest, scratch_dir)
             result.landed, result.error, result.refused = _commit(
-                store, files, dest, budget, tries, base_delay_s)
+                store, files, dest, budget, tries, base_delay_s, max_delay_s)
             return result
         finally:
             self.done.set()
@@ -381,6 +382,7 @@ def _commit(
     budget: Budget,
     tries: int,
     base_delay_s: float,
+    max_delay_s: float,
 ) -> tuple[bool, str, str | None]:
     """Commit the files, retried; (landed, why not, what to fix when refused for good)."""
     target = dest.path(dest.marker_name)
@@ -392,7 +394,8 @@ def _commit(
         if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):
             return None  # another try cannot help
         if isinstance(exc, FlashError | OSError | ValueError):
-            wait = backoff(attempt, base_s=base_delay_s, max_s=30.0)
+            wait = budget.capped_backoff(backoff(attempt, base_s=base_delay_s,
+                                                 max_s=max_delay_s))
             # A throttled store names its wait: honoured, as far as the budget allows
             # (a wait that would pass the marker's deadline is not started).
             asked = exc.retry_after if isinstance(exc, StoreUnavailable) else None

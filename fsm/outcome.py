@@ -16,10 +16,10 @@ import structlog
 from fsm import log as log_config
 from fsm import marker, outlet, rules, table
 from fsm.budget import Budget
-from fsm.clock import Deadline
-from fsm.context import Context, Failure
+from fsm.context import END_MIN_S, Context, Failure
 from fsm.host import PROBE_S
 from fsm.marker import Persisted
+from fsm.store import retry_delays
 from fsm.store.base import Store
 
 log = structlog.get_logger("fsm.outcome")
@@ -66,7 +66,8 @@ def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:
     (at most ``PROBE_S`` after LoadPayload asked) unless ``wait`` is False."""
     if ctx.host is None:
         return None
-    facts = ctx.host.facts(ctx.mark_deadline.bound(PROBE_S) if wait else 0.0)
+    left = ctx.begin_end().mark_budget().remaining()
+    facts = ctx.host.facts(max(0.0, min(PROBE_S, left / 4)) if wait else 0.0)
     return facts.evidence() if facts is not None else None
 
 
@@ -83,7 +84,7 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
 
     if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
         return
-    if ctx.mark_deadline.remaining() < TAIL_MIN_LEFT_S:
+    if ctx.begin_end().mark_budget().remaining() < TAIL_MIN_LEFT_S:
         log.warning("console.tail_dropped", reason="no time left before the marker")
         return
     try:
@@ -147,21 +148,27 @@ def identity(ctx: Context) -> dict[str, Any]:
     return marker.identity(ctx.dest, run_id=p.run_id if p else None, mode=p.mode if p else "")
 
 
-def publish(
-    ctx: Context, record: Persisted, deadline: Deadline, *, tries: int = 5,
-    base_delay_s: float = 1.0,
-) -> marker.Published:
-    """Persist ``record`` and publish it by ``deadline`` (Mark's and the watchdog's way).
-    A signal does not stop the marker's tries: its deadline does."""
+#: The deadline watchdog's own time to publish the marker of a stuck attempt: the least
+#: the end of an attempt ever gives Mark, and more (``fsm.context.END_MIN_S``).
+WATCHDOG_MARK_S = END_MIN_S
+
+
+def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) -> marker.Published:
+    """Persist ``record`` and publish it within ``budget`` (Mark's and the watchdog's way:
+    split into tries; a signal bounds it, it does not stop it). The waits between the
+    marker's tries follow the store's own retry settings (``FLASH_STORE_RETRY_BASE_S``,
+    ``FLASH_STORE_RETRY_MAX_S``)."""
     assert ctx.dest is not None
+    environ = ctx.store_env()
     try:
-        store: Store | None = ctx.store_until(deadline, stop_on_signal=False)
+        store: Store | None = ctx.store_for(budget)
+        base_s, max_s = retry_delays(environ)
     except Exception as exc:  # an unusable store setting: the result stays persisted
         log.error("marker.store_unusable", exc_type=type(exc).__name__,
                   error=ctx.redactor.text(str(exc)))
-        store = None
+        store, (base_s, max_s) = None, retry_delays({})
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
-        scratch_dir=ctx.scratch, budget=Budget(deadline), fence=ctx.fence, tries=tries,
-        base_delay_s=base_delay_s,
+        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, tries=tries,
+        base_delay_s=base_s, max_delay_s=max_s,
     )

@@ -65,7 +65,8 @@ def store_factory(settings: Settings) -> StoreFactory:
 
         url = settings.store_url or environ.get("FLASH_STORE") or None
         return open_store(url, repo_id=dest.hf_repo, token=dest.token, deadline=budget.deadline,
-                          environ=environ, interrupt=budget.interrupt, stats=stats)
+                          environ=environ, interrupt=budget.interrupt, stats=stats,
+                          budget=budget)
 
     return open_for
 

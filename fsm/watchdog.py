@@ -1,11 +1,13 @@
-"""The attempt's last line of defence: a thread that ends the process at the deadline.
+"""The attempt's last line of defence: a thread that ends the process when time is up.
 
 Handlers stop their own work at the work deadline (the attempt deadline less the exit
 reserve), so normally the machine reaches Mark in time. When something is stuck instead
 (a hung download inside C code, a wedged pip), the watchdog fires at the attempt
-deadline itself: it kills the worker's process group, publishes the fatal marker from
-its own thread under a short bound (through the same builder and publisher as Mark),
-says why on stderr, and hard-exits: 124, or 3 when the marker could not be published.
+deadline itself; once the end of the attempt has begun (``fsm.context.End``, which may run
+past that deadline), it fires a moment after the bound of the part under way. It kills the
+worker's process group, publishes the fatal marker from its own thread (through the same
+builder and publisher as Mark, with at least the time Mark gets, split into tries), says
+why on stderr, and hard-exits: 124, or the status of a marker that did not land.
 
 It obeys the owner rule like everyone else: a runner that does not hold the attempt's
 lock writes nothing, so then it only says why and exits.
@@ -17,16 +19,17 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
 
 from fsm import exits, marker, outcome, rules
+from fsm.budget import Budget
 from fsm.clock import Deadline
-from fsm.context import Context, Failure
+from fsm.context import END_GRACE_S, END_TRIES, SIGNAL_MARK_S, Context, Failure
 
 EXIT_DEADLINE = exits.DEADLINE.code
-MARKER_BOUND_S = 8.0
 MAX_REASON_CHARS = 2_000
 log = structlog.get_logger("fsm.watchdog")
 
@@ -54,10 +57,19 @@ class Watchdog:
         self._stop.set()
         self._thread.join(timeout=5.0)
 
+    def _left(self) -> float:
+        """Seconds until the watchdog takes over: the attempt deadline while work goes on;
+        once the end of the attempt began, a little after the bound of its part under way
+        (so an end that runs past the attempt deadline, as it may, is not cut short)."""
+        end = self._ctx.end
+        if end is None:
+            return self._ctx.deadline.remaining()
+        return end.watchdog_due() - time.monotonic()
+
     def _watch(self) -> None:
         # The deadline is replaced once the payload is read, so look at it afresh each time.
-        while not self._stop.wait(max(0.0, min(self._poll_s, self._ctx.deadline.remaining()))):
-            if self._ctx.deadline.expired():
+        while not self._stop.wait(max(0.0, min(self._poll_s, self._left()))):
+            if self._left() <= 0:
                 self._fire()
                 return
 
@@ -84,8 +96,8 @@ class Watchdog:
                 status, unpublished = published.unpublished()
                 reason = f"{unpublished}; {reason}"
         else:
-            # Mark is publishing: give it the same short bound to finish.
-            ctx.publisher.done.wait(MARKER_BOUND_S)
+            # Mark is publishing, and its bound has passed: a last moment to finish.
+            ctx.publisher.done.wait(END_GRACE_S)
             result = ctx.publisher.result
             status = EXIT_DEADLINE if result.landed else result.unpublished()[0]
             reason = f"the attempt deadline passed while its marker was being published in {where}"
@@ -109,13 +121,15 @@ class Watchdog:
             state=where,
         )
         record = outcome.record(ctx, failure, watchdog=True)
+        # The watchdog's own time, split into tries as Mark's is: never less than Mark gets.
+        budget = Budget(Deadline.after(outcome.WATCHDOG_MARK_S), ctx.interrupt,
+                        split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S)
         writer = threading.Thread(
             target=outcome.publish,
-            args=(ctx, record, Deadline.after(MARKER_BOUND_S)),
-            kwargs={"tries": 3, "base_delay_s": 0.5},
+            args=(ctx, record, budget),
             name="flash-watchdog-marker",
             daemon=True,
         )
         writer.start()
-        writer.join(MARKER_BOUND_S)
+        writer.join(outcome.WATCHDOG_MARK_S + END_GRACE_S)
         return ctx.publisher.result

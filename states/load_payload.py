@@ -37,7 +37,7 @@ from fsm.store.base import Store
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
-REPLAY_BOUND_S = 60.0
+REPLAY_BOUND_S = 30.0
 
 
 def load_payload(ctx: Context) -> str:

@@ -10,11 +10,13 @@ last. When the marker cannot land in time the result stays persisted and the run
 
 from __future__ import annotations
 
+import time
+
 import structlog
 
 from fsm import marker, outcome
 from fsm.clock import os_timeout
-from fsm.context import Context
+from fsm.context import END_GRACE_S, Context
 
 log = structlog.get_logger("states.mark")
 
@@ -26,6 +28,8 @@ def mark(ctx: Context) -> str:
         log.error("marker.destination_unknown", reason=publisher.result.error)
         retriable = bool(ctx.failure and ctx.failure.retriable)
         return outcome.event_for({"ok": False, "retriable": retriable})
+    end = ctx.begin_end()  # the end of the attempt: VerifyRemote's share, if it ran, is over
+    end.marking_since = time.monotonic()
     if ctx.replayed is not None:
         record = ctx.replayed
         # Where it was found is where it stays: a replay that fails leaves it there.
@@ -35,9 +39,9 @@ def mark(ctx: Context) -> str:
         outcome.attach_tail(ctx, ctx.failure)
         record = outcome.record(ctx, ctx.failure)
     if publisher.claim():
-        outcome.publish(ctx, record, ctx.mark_deadline)
-    else:  # the watchdog is publishing its record: give it the same bound
-        publisher.done.wait(os_timeout(ctx.mark_deadline.remaining()))
+        outcome.publish(ctx, record, end.mark_budget())
+    else:  # the watchdog is publishing its record: give it the bound it has
+        publisher.done.wait(os_timeout(outcome.WATCHDOG_MARK_S + END_GRACE_S))
     published = publisher.record or record
     ctx.evidence["marker"] = published.marker
     return outcome.event_for(published.marker)

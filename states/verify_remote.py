@@ -6,10 +6,11 @@ judges the evidence (``policy.judge_worker``): the worker's own retriable heartb
 upload, a kernel OOM kill, then the console's last lines (a host fault is retried on a
 fresh host; the job's own fault fails the run).
 
-Runs after a signal too, within a short bound (``Context.verify_deadline``): confirmed
-completion outranks a late SIGTERM. Without it, a worker the signal stopped makes the
-attempt ``interrupted``; a worker that had exited on its own before the signal is judged
-by its own exit.
+Runs in the end of the attempt's own budget (``fsm.context.End``: at most its first half,
+each store call sized so that several tries fit), and after a signal too, within a short
+bound (``SIGNAL_VERIFY_S``): confirmed completion outranks a late SIGTERM. Without it, a
+worker the signal stopped makes the attempt ``interrupted``; a worker that had exited on its
+own before the signal is judged by its own exit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ import signal
 from fsm import rules, table
 from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
-from fsm.errors import FatalError, Interrupted, RetriableError, StoreNotFound, StoreUnavailable
+from fsm.errors import (
+    DeadlineExceeded,
+    FatalError,
+    Interrupted,
+    RetriableError,
+    StoreNotFound,
+    StoreUnavailable,
+)
 from fsm.payload import Payload
 from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
 from fsm.rules import Rule
@@ -33,6 +41,7 @@ HEARTBEAT = "heartbeat.json"
 
 def verify_remote(ctx: Context) -> str:
     p = ctx.require_payload()
+    ctx.begin_end()  # the end of the attempt starts here: its budget is its own
     # A signal does not cut the look at the store short (its answer outranks the signal);
     # it bounds it: SIGNAL_VERIFY_S after the signal the attempt is marked interrupted.
     with ctx.interrupts_handled():
@@ -40,7 +49,9 @@ def verify_remote(ctx: Context) -> str:
             present, heartbeat_retriable = ctx.run_past_signal(
                 lambda: _look(ctx, p), until_s=SIGNAL_VERIFY_S
             )
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, DeadlineExceeded) as exc:
+            # Out of tries, or out of verification's share of the end: the store could not
+            # be read in time (the attempt's own deadline is Mark's to meet).
             raise RetriableError(
                 f"could not read the store to verify the worker's completion: {exc}",
                 rule=rules.VERIFY_UNREADABLE,
@@ -119,7 +130,7 @@ def _killed_by_sigkill(ctx: Context) -> bool:
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     """Which completion artifacts the store has; without both, the heartbeat's verdict.
     One listing of the run's folder answers both (and whether there is a heartbeat)."""
-    listed = ctx.exit_store().list_folder(p.dest.hf_prefix)
+    listed = ctx.verify_store().list_folder(p.dest.hf_prefix)
     present = {name: name in listed for name in COMPLETION_ARTIFACTS}
     if all(present.values()) or HEARTBEAT not in listed:
         return present, False
@@ -130,7 +141,7 @@ def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
     """Whether the worker's own heartbeat for this attempt judged its failure retriable."""
     target = ctx.scratch / "heartbeat"
     try:
-        local = ctx.exit_store().download_file(p.dest.path(HEARTBEAT), target)
+        local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
         beat = json.loads(local.read_text(encoding="utf-8"))
     except (StoreNotFound, OSError, ValueError):
         return False

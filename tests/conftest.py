@@ -28,9 +28,10 @@ from fsm.runner import Outcome, run_attempt
 from fsm.store.hub import HubStore
 from fsm.testing import LocalHubServer
 
-# The Hub fixtures (hub_token, hub_server, hub_dataset). The plugin is no pytest11 entry
-# point, so it is loaded here, as users load it in their own suites (docs/testing.md).
-pytest_plugins = ["fsm.testing.pytest_plugin"]
+# The Hub fixtures (hub_token, hub_server, hub_dataset), and this suite's hub_run on top of
+# them (tests/hubrun.py). The plugin is no pytest11 entry point, so it is loaded here, as
+# users load it in their own suites (docs/testing.md).
+pytest_plugins = ["fsm.testing.pytest_plugin", "hubrun"]
 
 # Hypothesis profiles: "ci" (the default) stays fast; "thorough" is for deep runs:
 #   HYPOTHESIS_PROFILE=thorough pytest tests/test_properties_*.py

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.errors import PayloadError
 from fsm.interrupt import InterruptFlag
@@ -20,6 +21,7 @@ from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, StoreStats, Wa
 
 __all__ = [
     "PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "StoreStats", "WarmOutcome", "open_store",
+    "retry_delays",
 ]
 
 
@@ -32,6 +34,7 @@ def open_store(
     environ: Mapping[str, str],
     interrupt: InterruptFlag | None = None,
     stats: StoreStats | None = None,
+    budget: Budget | None = None,
 ) -> Store:
     """The store for ``url`` (``--store`` / ``FLASH_STORE``).
 
@@ -44,6 +47,8 @@ def open_store(
     knobs and the hub's ``HF_HUB_*`` settings are read from it, never from ``os.environ``.
     ``interrupt``: a signal ends the Hub adapter's waits between tries.
     ``stats``: where the handle counts its commits and 429s (shared by an attempt's handles).
+    ``budget``, when given, bounds every call instead of ``deadline`` and ``interrupt`` (the
+    end of the attempt hands in one split into tries, which outlives a signal for a while).
     Anything unusable is a :class:`~fsm.errors.PayloadError` (the command line or the
     payload is unusable).
     """
@@ -54,17 +59,19 @@ def open_store(
             raise PayloadError("--store or FLASH_STORE: a file store must be file:///absolute/dir")
         from fsm.store.local import LocalStore
 
-        return LocalStore(Path(path), deadline=deadline, stats=stats, interrupt=interrupt)
+        return LocalStore(Path(path), deadline=deadline, stats=stats, interrupt=interrupt,
+                          budget=budget)
     from fsm.store.hub import HubStore
 
     if not url:
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
                         interrupt=interrupt, endpoint=environ.get("HF_ENDPOINT") or None,
-                        stats=stats, **_hub_tuning(environ))
+                        stats=stats, budget=budget, **_hub_tuning(environ))
     scheme = urlsplit(url).scheme
     if scheme in ("http", "https"):
         return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
-                        interrupt=interrupt, endpoint=url, stats=stats, **_hub_tuning(environ))
+                        interrupt=interrupt, endpoint=url, stats=stats, budget=budget,
+                        **_hub_tuning(environ))
     raise PayloadError(
         f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
     )
@@ -95,3 +102,11 @@ def _hub_tuning(environ: Mapping[str, str]) -> dict[str, Any]:
                 raise PayloadError(f"{var}={value!r} is out of range")
             tuning[name] = number
     return tuning
+
+
+def retry_delays(environ: Mapping[str, str]) -> tuple[float, float]:
+    """The base and the longest wait between tries of a store call (``FLASH_STORE_RETRY_BASE_S``,
+    ``FLASH_STORE_RETRY_MAX_S``; 1 and 30 s by default), the marker's tries included.
+    Raises :class:`~fsm.errors.PayloadError` for an unusable value."""
+    tuning = _hub_tuning(environ)
+    return tuning.get("retry_base_s", 1.0), tuning.get("retry_max_s", 30.0)

@@ -230,6 +230,7 @@ class _Failure:
     reason: str  # secret-free: "HTTP 503", "ConnectError", "no answer within 5s"
     status: int | None = None
     retry_after: float | None = None
+    hung: bool = False  # no answer within the try's bound
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -342,6 +343,22 @@ def classify(exc: BaseException) -> _Failure:
 # --- bounded calls -------------------------------------------------------------------------
 
 
+def retry_delay(
+    budget: Budget, attempt: int, failure: _Failure, *, base_s: float, max_s: float
+) -> float | None:
+    """The wait before the try after try ``attempt`` failed with ``failure`` (None: no
+    other try). ``Retry-After`` when the store names it (and it is not past ``max_s``);
+    after a try that got no answer in a split budget none at all (it waited its share:
+    a fresh connection at once); otherwise backoff, as the budget allows it."""
+    asked = failure.retry_after
+    if asked is not None:
+        return asked if asked <= max_s else None
+    if failure.hung and budget.split > 1:
+        return 0.0
+    return budget.capped_backoff(backoff(attempt, base_s=base_s, max_s=max_s))
+
+
+
 class _Transient(Exception):
     """A failure worth another try (a timeout, a connection error, 408/429/5xx)."""
 
@@ -386,6 +403,7 @@ class HubStore:
         environ: Mapping[str, str] | None = None,
         interrupt: InterruptFlag | None = None,
         stats: StoreStats | None = None,
+        budget: Budget | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -393,9 +411,10 @@ class HubStore:
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
         self._custom_endpoint = endpoint is not None and self.endpoint != DEFAULT_ENDPOINT
         self._token: str | bool = token if token else False
-        self.deadline = deadline
-        #: Every wait between tries goes through the attempt's budget (a signal ends it).
-        self.budget = Budget(deadline, interrupt or InterruptFlag())
+        #: Every try and every wait between tries goes through the budget: ``budget`` when
+        #: given (the end of the attempt sizes its tries), else ``deadline`` and ``interrupt``.
+        self.budget = budget or Budget(deadline, interrupt or InterruptFlag())
+        self.deadline = self.budget.deadline
         self.call_timeout_s = call_timeout_s
         self.transfer_timeout_s = transfer_timeout_s
         self.max_attempts = max_attempts
@@ -661,7 +680,7 @@ class HubStore:
         return self._http
 
     def _check_interrupt(self) -> None:
-        if self.budget.interrupt.is_set():
+        if self.budget.stopped():
             raise Interrupted(self.budget.interrupt.signum or 15)
 
     def _tree(self, folder: str, *, recursive: bool = False, revision: str = "main",
@@ -707,7 +726,7 @@ class HubStore:
         where = f"store {op} {path}"
         tries = self.max_attempts if tries is None else tries
 
-        def once(_attempt: int) -> _T:
+        def once(attempt: int) -> _T:
             if fence is not None and fence.sealed:
                 raise _Sealed(where)
             if self._token_problem is not None:  # never sent: it would fail, or worse
@@ -716,14 +735,17 @@ class HubStore:
             remaining = self.budget.remaining()
             if remaining <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
-            bound = min(bound_s, remaining)
+            # In a split budget (the end of the attempt) each try gets its share of what is
+            # left: a hung connection is abandoned while another try still fits.
+            bound = self.budget.try_bound(bound_s, attempt)
             call = Background(fn, f"hub-{op}")
             if not call.wait(bound):  # abandoned: it runs on, a daemon
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
                     )
-                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s"))
+                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s",
+                                          hung=True))
             try:
                 return call.result()
             except Exception as exc:
@@ -745,14 +767,12 @@ class HubStore:
         def delay(attempt: int, exc: Exception) -> float | None:
             if not isinstance(exc, _Transient):
                 return None  # classified already: not worth another try
-            asked = exc.failure.retry_after
-            if asked is not None and asked > self.retry_max_s:
-                return None  # the store asks for a longer wait than we would give it
-            wait = asked if asked is not None else backoff(
-                attempt, base_s=self.retry_base_s, max_s=self.retry_max_s)
-            log.warning("store.retry", op=op, path=path, **{"try": attempt},
-                        status=exc.failure.status, error=exc.failure.reason,
-                        delay_s=round(wait, 3))
+            wait = retry_delay(self.budget, attempt, exc.failure, base_s=self.retry_base_s,
+                               max_s=self.retry_max_s)
+            if wait is not None:
+                log.warning("store.retry", op=op, path=path, **{"try": attempt},
+                            status=exc.failure.status, error=exc.failure.reason,
+                            delay_s=round(wait, 3))
             return wait
 
         try:

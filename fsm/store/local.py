@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fsm import rules
+from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -45,13 +46,15 @@ _CHUNK = 1 << 20
 class LocalStore:
     def __init__(
         self, root: Path, *, deadline: Deadline | None = None, stats: StoreStats | None = None,
-        interrupt: InterruptFlag | None = None,
+        interrupt: InterruptFlag | None = None, budget: Budget | None = None,
     ) -> None:
         self.root = root
-        self.deadline = deadline or Deadline.never()
+        self.deadline = budget.deadline if budget is not None else deadline or Deadline.never()
         self.stats = stats or StoreStats()
-        #: Stops a folder's copy before its next file (a signal, or a cancelled prefetch).
-        self.interrupt = interrupt or InterruptFlag()
+        #: Stops a folder's copy before its next file (a signal, or a cancelled prefetch);
+        #: a budget that outlives a signal (the end of the attempt) does not stop it.
+        self.interrupt = (interrupt or InterruptFlag()) if budget is None else (
+            budget.interrupt if budget.stops else InterruptFlag())
 
     def describe(self) -> str:
         return self.url
