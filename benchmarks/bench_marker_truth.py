@@ -57,7 +57,7 @@ from huggingface_hub import HfApi
 
 MODE = os.environ["BENCH_MODE"]
 SCRATCH = Path(os.environ["FLASH_SCRATCH_DIR"])
-if MODE in ("complete-then-deadline", "complete-then-wait"):
+if MODE.startswith("complete"):
     api = HfApi(endpoint=os.environ["HF_ENDPOINT"], token=os.environ["HF_TOKEN"])
     for name, text in (("metrics.json", "{}"), ("DONE", str(time.time()))):
         (SCRATCH / name).write_text(text)
@@ -68,7 +68,7 @@ while not (SCRATCH / "go").exists():
     time.sleep(0.02)
 if MODE == "complete-then-deadline":
     time.sleep(max(0.0, float(os.environ["FLASH_RUN_DEADLINE_AT"]) - time.time() - 1.0))
-else:
+elif MODE != "complete-then-exit":
     time.sleep(600)
 """
 
@@ -123,9 +123,8 @@ def run_cell(when: str, hang: str, tree: Path | None) -> Cell:
         root = Path(tmp)
         hub.create_repo(REPO)
         hub.add_file(REPO, "code/flash/engine/worker/__main__.py", WORKER)
-        complete = when != "sigterm" or hang == "listing"
-        mode = ("complete-then-deadline" if when == "deadline"
-                else "complete-then-wait" if complete else "wait")
+        mode = {"deadline": "complete-then-deadline", "replay": "complete-then-exit"}.get(
+            when, "complete-then-wait" if hang == "listing" else "wait")
         payload: dict[str, object] = {"env": {"HF_TOKEN": TOKEN, "FLASH_STOP_GRACE_S": "1",
                                               "BENCH_MODE": mode}}
         if when == "deadline":

@@ -145,7 +145,9 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
     """The code fetch's first request hangs while pip fails: the attempt is marked
     pip-failed at once, and when the hung answer comes, the cancelled branch downloads
     no file."""
-    hub_server.hang("GET", r"/refs$", seconds=3)
+    # Long enough that pip has failed (and the branch is cancelled) before the answer comes,
+    # even on a loaded machine: pip's three tries take a few seconds.
+    hub_server.hang("GET", r"/refs$", seconds=10)
     outcome = _hub_attempt(
         hub_server, tmp_path,
         extra_pip=["--index-url", "http://127.0.0.1:9/", "nosuchproject"],
@@ -155,7 +157,7 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
     assert outcome.marker["rule"] == "pip-network"
     branch = outcome.context.prefetch["code"]
     assert branch.flag.is_set()  # cancelled when InstallExtras failed
-    assert branch.done.wait(15), "the cancelled branch never ended"
+    assert branch.done.wait(30), "the cancelled branch never ended"
     assert not [r for r in hub_server.requests if "/resolve/" in r.path and "/code/" in r.path]
 
 
