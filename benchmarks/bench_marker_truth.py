@@ -19,7 +19,8 @@ real process against the project's local Hub server (loopback), with the store's
     python benchmarks/bench_marker_truth.py [--rounds 3] [--tree DIR] [--only deadline,sigterm]
 
 ``--tree DIR`` runs the runner from another checkout (``git worktree add /tmp/before
-<rev>``) against this one's server: the "before" figures.
+<rev>``) against this one's server: the "before" figures. The runner runs in its attempt's
+own directory, so ``python -m fsm`` never picks up the checkout it was started from.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def run_cell(when: str, hang: str, tree: Path | None) -> Cell:
         argv, env = _runner(root, hub, payload), _env(root, tree)
         started = time.monotonic()
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, cwd=root)
         _read_until(proc, b"ready")
         before = len([r for r in hub.requests if r.method == "POST" and "/commit/" in r.path])
         if when == "replay":  # the first runner's marker is refused: decided, persisted
@@ -144,7 +145,7 @@ def run_cell(when: str, hang: str, tree: Path | None) -> Cell:
             before = len([r for r in hub.requests if r.method == "POST" and "/commit/" in r.path])
             trigger = time.monotonic()
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL, cwd=root)
         elif when == "sigterm":
             _hang(hub, hang)
             trigger = time.monotonic()
@@ -177,7 +178,7 @@ def linger(tree: Path | None) -> float:
             "env": {"HF_TOKEN": TOKEN, "HF_HOME": str(root / "mnt" / "hf")},
         })
         proc = subprocess.Popen(argv, env=_env(root, tree), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, cwd=root)
         gone: list[float] = []
         waiter = threading.Thread(target=lambda: (proc.wait(120), gone.append(time.monotonic())))
         waiter.start()

@@ -28,6 +28,12 @@ def console_path(ctx: Context) -> Path:
     return ctx.scratch / console_name(ctx)
 
 
+def progress_path(ctx: Context) -> Path:
+    """``FLASH_PROGRESS_FILE``: the worker touches it in a long silent phase (a sign of
+    progress for the stall watch, CONTRACT section 7)."""
+    return ctx.scratch / "progress"
+
+
 #: After a 429 or 5xx the interval between periodic tails doubles, up to this.
 MAX_INTERVAL_S = 600.0
 

@@ -7,6 +7,7 @@ never decides where the machine goes next (handlers return events for that).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsm.budget import Background, Budget
 from fsm.clock import Deadline
-from fsm.errors import Interrupted
+from fsm.errors import Interrupted, PayloadError
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.outlet import Outlet
@@ -140,6 +141,33 @@ class Settings:
         )
 
 
+#: FLASH_STALL_S's default (CONTRACT section 7).
+DEFAULT_STALL_S = 1800.0
+#: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
+MIN_WATCH_S = 5.0
+
+
+def watch_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    """The seconds a watch setting names: ``default`` when it is unset or empty, 0 for
+    off, else a finite number of at least :data:`MIN_WATCH_S`; anything else raises
+    :class:`~fsm.errors.PayloadError` naming ``key``."""
+    raw = env.get(key)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if value == 0:
+        return 0.0
+    if not math.isfinite(value) or value < MIN_WATCH_S:
+        raise PayloadError(
+            f"{key}={raw[:40]!r} is unusable: it must be 0 (off) or a number of seconds of "
+            f"at least {MIN_WATCH_S:g}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Tuning:
     """Knobs read from the runner's environment merged with the payload's env."""
@@ -149,9 +177,15 @@ class Tuning:
     stop_grace_s: float = 10.0
     exit_reserve_s: float | None = None  # None: derived from the budget
     pip_backoff_s: float = 2.0
+    #: Seconds without a sign of progress before the worker is stalled (0: no watch).
+    stall_s: float = DEFAULT_STALL_S
+    #: FLASH_PY_SPY as given: the stack sampler's path, "none" for none, None to find it.
+    py_spy: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
+        """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``) is an
+        unusable payload: :class:`~fsm.errors.PayloadError` naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
             console_upload_interval_s=max(
@@ -160,6 +194,8 @@ class Tuning:
             stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
             pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
+            stall_s=watch_seconds(env, "FLASH_STALL_S", DEFAULT_STALL_S),
+            py_spy=env.get("FLASH_PY_SPY") or None,
         )
 
     def reserve_for(self, budget_s: float) -> float:

@@ -55,6 +55,10 @@ MARKER_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(\d+)\.json", 
 CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
 #: How many of the console tail's last lines ``explain`` shows.
 TAIL_LINES = 20
+#: A stacks file of an attempt (``stacks_<phase>.txt``, CONTRACT section 7).
+STACKS_RE = re.compile(r"stacks_[^/]+\.txt")
+#: explain shows the head of the stacks file: this many lines.
+STACKS_LINES = 30
 #: The longest cell of the status table (longer values are cut, ``...`` appended).
 CELL_CHARS = 48
 #: How much of an unreadable marker ``explain`` shows.
@@ -410,6 +414,12 @@ def explain(
         emit("")
         emit(_rule_row(marker))
         emit("")
+        stall = _stall(marker)
+        if stall:
+            emit(stall + "\n")
+        stacks = _stacks_file(marker, names)
+        if stacks is not None:
+            emit(_stacks_head(store, prefix, stacks, scratch) + "\n")
         others = [m for m in every if m != chosen]
         tails = console_files(names)
         if not tails:
@@ -472,6 +482,37 @@ def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[Mark
     if others:
         head += ("\n  note: the prefix holds other attempts' markers too; this is the last "
                  "tail uploaded under it, which may be another attempt's")
+    return "\n".join([head, *(f"  | {line}" for line in shown)])
+
+
+def _stall(marker: Mapping[str, Any] | None) -> str | None:
+    """The marker's stall evidence as lines (CONTRACT section 7), or None."""
+    stall = marker.get("stall") if marker is not None else None
+    if not isinstance(stall, dict):
+        return None
+    lines = [f"stall  no progress for {_printable(str(stall.get('silent_s', '?')), 20)}s"]
+    for key in ("where", "where_in_code", "last_line"):
+        if isinstance(stall.get(key), str) and stall[key]:
+            lines.append(f"  {key.replace('_', ' ')}: {_printable(stall[key], 300)}")
+    previous = stall.get("previous")
+    if isinstance(previous, dict):
+        lines.append(f"  stalled in the same place in attempt "
+                     f"{_printable(str(previous.get('attempt', '?')), 20)} too")
+    return "\n".join(lines)
+
+
+def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str | None:
+    """The stacks file the marker names, when the prefix holds it."""
+    stacks = marker.get("stacks") if marker is not None else None
+    name = stacks.get("file") if isinstance(stacks, dict) else None
+    return name if isinstance(name, str) and STACKS_RE.fullmatch(name) and name in names else None
+
+
+def _stacks_head(store: Store, prefix: str, name: str, scratch: Path) -> str:
+    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    lines = text.split("\n")
+    shown = [_printable(line) for line in lines[:STACKS_LINES]]
+    head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"
     return "\n".join([head, *(f"  | {line}" for line in shown)])
 
 

@@ -206,11 +206,30 @@ class WorkerFacts(NamedTuple):
     oom_killed: bool = False
     #: its console's tail, redacted
     console: str = ""
+    #: the runner stopped it: no progress for FLASH_STALL_S (its exit was not its own)
+    stalled: bool = False
+    #: the previous attempt of the run stalled in the same function of the same file
+    stalled_before: bool = False
 
 
 def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
     """The rule for a worker without completion artifacts, and the console line that
-    decided (or, for ``worker-failed``, the job fault it showed), if any."""
+    decided (or, for ``worker-failed``, the job fault it showed), if any.
+
+    A worker the runner stopped as stalled did not end on its own: its heartbeat and its
+    local metrics.json describe an attempt that never finished. What stalled it decides
+    when something shows it (a kernel OOM kill of one of its processes; a host or a job
+    fault in its console: one rank's CUDA OOM leaves the others waiting); otherwise the
+    stall does, fatal when the previous attempt stalled in the same place."""
+    if facts.stalled:
+        if facts.oom_killed:
+            return rules.WORKER_OOM_KILLED, None
+        match = console_verdict(facts.console)
+        if match is not None:
+            return (rules.WORKER_HOST_FAULT if match.signature.retriable
+                    else rules.WORKER_FAILED), match
+        return (rules.WORKER_STALLED_AGAIN if facts.stalled_before
+                else rules.WORKER_STALLED), None
     if facts.heartbeat_retriable:
         return rules.WORKER_HEARTBEAT_RETRIABLE, None
     if facts.upload_lost:
@@ -248,6 +267,8 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.WORKER_UPLOAD_LOST, Claim()),
     (rules.WORKER_OOM_KILLED, Claim()),
     (rules.WORKER_HOST_FAULT, Claim(console=_console_ids(retriable=True))),
+    (rules.WORKER_STALLED, Claim()),
+    (rules.WORKER_STALLED_AGAIN, Claim()),
     (rules.WORKER_FAILED, Claim(console=_console_ids(retriable=False))),
     (rules.STORE_UNSAFE_LINK, Claim()),
     (rules.WORKER_ENV_TOO_LARGE, Claim()),

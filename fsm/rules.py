@@ -125,6 +125,16 @@ WORKER_HOST_FAULT: Final = _retriable(
     "no completion artifacts; the worker's last console lines show a GPU, driver or "
     "interconnect fault of the host, and no job fault",
 )
+WORKER_STALLED: Final = _retriable(
+    "worker-stalled", table.VERIFY_REMOTE,
+    "no completion artifacts; the worker made no progress for FLASH_STALL_S (no console "
+    "byte, no touch of FLASH_PROGRESS_FILE) and was stopped, its stacks taken first",
+)
+WORKER_STALLED_AGAIN: Final = _fatal(
+    "worker-stalled-again", table.VERIFY_REMOTE,
+    "no completion artifacts; the worker stalled, and the previous attempt of the run "
+    "stalled in the same function of the same file: the job hangs wherever it runs",
+)
 WORKER_FAILED: Final = _fatal(
     "worker-failed", table.VERIFY_REMOTE,
     "the worker exited without completion artifacts and without a sign of the host in its "

@@ -51,6 +51,8 @@ EXTRAS_INSTALLED: Final = "extras_installed"
 CODE_FETCHED: Final = "code_fetched"
 SPEC_RESOLVED: Final = "spec_resolved"
 WORKER_EXITED: Final = "worker_exited"
+#: The worker made no progress for FLASH_STALL_S and was stopped: its exit is not its own.
+WORKER_STALLED: Final = "worker_stalled"
 COMPLETION_CONFIRMED: Final = "completion_confirmed"
 CACHE_WARMED: Final = "cache_warmed"
 FAILED_RETRIABLE_EVENT: Final = "failed_retriable"
@@ -79,6 +81,7 @@ PROGRESS: Final[tuple[tuple[str, str, str], ...]] = (
     (CODE_FETCHED, FETCH_CODE, RESOLVE_SPEC),
     (SPEC_RESOLVED, RESOLVE_SPEC, TRAIN),
     (WORKER_EXITED, TRAIN, VERIFY_REMOTE),
+    (WORKER_STALLED, TRAIN, VERIFY_REMOTE),
     (COMPLETION_CONFIRMED, VERIFY_REMOTE, MARK),
     (CACHE_WARMED, PRELOAD, MARK),
     (MARKED_SUCCEEDED, MARK, SUCCEEDED),

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from fsm import rules, table
+from fsm.console import progress_path
 from fsm.context import Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
@@ -55,6 +56,8 @@ def resolve_spec(ctx: Context) -> str:
             "ATTEMPT": str(p.dest.attempt),
             "FLASH_RUN_DEADLINE_AT": f"{ctx.work_deadline.at:.3f}",
             "FLASH_SCRATCH_DIR": str(ctx.scratch),
+            # Touched by a worker in a long silent phase: a sign of progress (CONTRACT 7).
+            "FLASH_PROGRESS_FILE": str(progress_path(ctx)),
             "PYTHONPATH": os.pathsep.join(
                 [str(code_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
             ),

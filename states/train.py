@@ -1,8 +1,15 @@
-"""Train: run the worker under the attempt's deadline, its console streamed and tailed.
+"""Train: run the worker under the attempt's deadline, its console streamed and tailed,
+its progress watched.
 
 The worker's exit is a fact, not a verdict: after a signal too, VerifyRemote looks at the
 store before anything is decided (a worker that uploaded DONE and metrics.json and was
 then stopped with the host succeeded). The final console tail goes up with the marker.
+
+A worker that makes no progress for ``FLASH_STALL_S`` (no console byte, no touch of
+``FLASH_PROGRESS_FILE``) is stalled (CONTRACT section 7): its stacks are taken before the
+first signal (``fsm.stacks``), as they are when the deadline stops it, and ride with the
+marker as ``stacks_<phase>.txt``; the state fires ``worker_stalled``, and VerifyRemote
+judges the stall.
 """
 
 from __future__ import annotations
@@ -12,24 +19,30 @@ import signal
 from functools import partial
 
 from fsm import table
-from fsm.console import PeriodicTail, console_path
+from fsm.budget import Background
+from fsm.console import PeriodicTail, console_path, progress_path
 from fsm.context import SIGNAL_STOP_S, Context
 from fsm.errors import DeadlineExceeded
 from fsm.host import memory_events_path, oom_kills
 from fsm.log import Progress
-from fsm.supervise import supervise
+from fsm.supervise import StopReason, supervise
 
 #: How long the end of training waits for a periodic tail upload in flight; it is fenced
 #: (it can never land after the marker), so there is no reason to wait longer.
 TAIL_CLOSE_S = 1.0
 
 WORKER_ARGV = ("-m", "flash.engine.worker")
+#: Of the time left before the worker must be gone, what stays for its SIGTERM's grace
+#: when the stacks are taken at the deadline (the capture gets the rest, at most 20 s).
+STOP_KEEP_S = 2.0
+#: The stall evidence shows at most this much of the console's last line.
+LAST_LINE_CHARS = 300
 
 
 def train(ctx: Context) -> str:
     env = ctx.worker_env
     assert env is not None, "ResolveSpec builds the worker environment"
-    for stale in ("metrics.json", "train_meta.json"):
+    for stale in ("metrics.json", "train_meta.json", progress_path(ctx).name):
         with contextlib.suppress(FileNotFoundError):
             (ctx.scratch / stale).unlink()
     tuning = ctx.tuning
@@ -56,6 +69,9 @@ def train(ctx: Context) -> str:
                 tail_sink=periodic,
                 tail_interval_s=tuning.console_upload_interval_s,
                 on_group=lambda pgid: setattr(ctx, "worker_pgid", pgid),  # for the watchdog
+                stall_s=tuning.stall_s,
+                progress_file=progress_path(ctx),
+                before_stop=partial(_take_stacks, ctx),
             )
         progress.done(ok=result.reason == "exited", reason=result.reason)
     if periodic is not None:
@@ -71,11 +87,69 @@ def train(ctx: Context) -> str:
         # The kernel's OOM killer ended a process of this container while the worker ran.
         ctx.evidence["worker"]["oom_killed"] = oom_after > oom_before
     ctx.worker_result = result
+    kept = _stacks_file(ctx)
     if result.reason == "deadline":
         raise DeadlineExceeded(
             "run wall deadline exceeded: the worker was stopped at the attempt deadline"
+            + (f"; its stacks, taken first, are in {kept}" if kept else "")
         )
+    if result.reason == "stalled":
+        stacks = ctx.evidence.get("stacks", {})
+        ctx.evidence["stall"] = {
+            "silent_s": round(result.silent_s or 0.0, 1),
+            "last_line": _last_line(ctx),
+            "where": stacks.get("where"),
+            "where_in_code": stacks.get("where_in_code"),
+        }
+        return table.WORKER_STALLED
     return table.WORKER_EXITED
+
+
+def _take_stacks(ctx: Context, why: StopReason) -> None:
+    """Before the stalled worker, or the one the deadline stops, gets its first signal: the
+    stacks of every process of its group, bounded (at most 20 s, and at the deadline what
+    the stop leaves), ended early by a signal to the runner (the host is going away). They
+    go up with the marker as ``stacks_<phase>.txt``; the marker's ``stacks`` names the file."""
+    from fsm import stacks  # only when a stop needs its evidence
+
+    pgid = ctx.worker_pgid
+    budget = min(stacks.BUDGET_S, ctx.stop_deadline.remaining() - STOP_KEEP_S)
+    if pgid is None or budget <= 0 or ctx.interrupt.is_set():
+        return
+    setting = ctx.tuning.py_spy
+    sampler: str | stacks._Find | None = (
+        None if setting is not None and setting.lower() in ("none", "off", "0")
+        else setting if setting is not None else stacks.FIND)
+    code_dir = ctx.settings.code_root / "code"
+    call = Background(lambda: stacks.capture(
+        stacks.group_members(pgid), leader=pgid, code_dir=code_dir, redact=ctx.redactor.text,
+        budget_s=budget, py_spy=sampler), "flash-stacks")
+    # In slices (a signal's handler runs between them): a SIGTERM cuts the capture short.
+    while not call.wait(0.1):
+        if ctx.interrupt.is_set():
+            ctx.evidence["stacks"] = {"taken": False, "why": "a signal came while taking them"}
+            return
+    taken = call.result()
+    name = stacks.artifact_name(ctx.require_payload().phase or "worker")
+    ctx.end_artifacts[name] = taken.text
+    ctx.evidence["stacks"] = {"file": name, "for": why, "where_in_code": taken.where_in_code,
+                              **taken.evidence()}
+
+
+def _stacks_file(ctx: Context) -> str | None:
+    stacks = ctx.evidence.get("stacks")
+    return stacks.get("file") if isinstance(stacks, dict) else None
+
+
+def _last_line(ctx: Context) -> str:
+    """The console's last line with text on it, redacted, shortened (the stall evidence)."""
+    try:
+        tail = ctx.redactor.tail_of(console_path(ctx), 8192).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()
+             and not line.startswith("--- flash-bootstrap:")]  # not the runner's cap line
+    return lines[-1][-LAST_LINE_CHARS:] if lines else ""
 
 
 def _so_far(ctx: Context) -> dict[str, int]:

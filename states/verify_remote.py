@@ -62,11 +62,15 @@ def verify_remote(ctx: Context) -> str:
 
     result = ctx.worker_result
     on_its_own = result is not None and result.reason == "exited"
-    if ctx.interrupt.is_set() and not on_its_own:
+    # A stall was called before any signal came: it stands, as a worker's own exit does.
+    stalled = result is not None and result.reason == "stalled"
+    if ctx.interrupt.is_set() and not (on_its_own or stalled):
         raise Interrupted(ctx.interrupt.signum or 15)
     missing = ", ".join(name for name, ok in present.items() if not ok)
     worker = ctx.evidence.get("worker", {})
     facts = WorkerFacts(
+        stalled=stalled,
+        stalled_before=stalled and _stalled_before(ctx, p),
         heartbeat_retriable=heartbeat_retriable,
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=worker.get("oom_killed") is True,
@@ -82,7 +86,7 @@ def verify_remote(ctx: Context) -> str:
         f"{_reason(ctx, p, rule, match, missing)}; see error_{p.phase}.txt and "
         f"console_{p.phase}.txt in the store",
         rule=rule,
-        stands_after_signal=on_its_own,
+        stands_after_signal=on_its_own or stalled,
     )
 
 
@@ -91,6 +95,8 @@ def _reason(
 ) -> str:
     """Why the worker's attempt failed, in the words an engineer on call needs."""
     exited = _exit_text(ctx)
+    if rule in (rules.WORKER_STALLED, rules.WORKER_STALLED_AGAIN):
+        return _stall_reason(ctx, p, rule, missing)
     if rule is rules.WORKER_HEARTBEAT_RETRIABLE:
         return (f"worker {exited} without {missing} in the store; its heartbeat for attempt "
                 f"{p.dest.attempt} says retriable")
@@ -112,6 +118,62 @@ def _reason(
                 f"console shows the job's own fault, which fails on any host: {sig.meaning} "
                 f"({sig.id}): {match.line}")
     return f"worker {exited} without completion artifacts ({missing} missing)"
+
+
+def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
+    stall = ctx.evidence.get("stall", {})
+    where = stall.get("where_in_code") or stall.get("where") or "a place the stacks do not show"
+    text = (f"worker made no progress for {stall.get('silent_s', 0):g}s (no console output, no "
+            f"touch of FLASH_PROGRESS_FILE) and was stopped without {missing}; it was in "
+            f"{where}")
+    if stall.get("last_line"):
+        text += f"; its last line: {stall['last_line']}"
+    kept = ctx.evidence.get("stacks", {}).get("file")
+    if kept:
+        text += f"; the stacks of its processes are in {kept}"
+    if rule is rules.WORKER_STALLED_AGAIN:
+        text += (f"; attempt {p.dest.attempt - 1} stalled in the same place: the job hangs "
+                 "wherever it runs")
+    return text
+
+
+def _place(stall: object) -> str | None:
+    """Where a stall was, as ``function (path)``: the worker's own frame when known (a
+    library's wait, such as threading's, is where every hang of a kind ends up), else
+    the innermost one; the line is left out (the same function, edited, still hangs)."""
+    if not isinstance(stall, dict):
+        return None
+    where = stall.get("where_in_code") or stall.get("where")
+    if not isinstance(where, str):
+        return None
+    function, _, place = where.partition(" (")
+    return f"{function} ({place.rsplit(':', 1)[0]})" if place else function
+
+
+def _stalled_before(ctx: Context, p: Payload) -> bool:
+    """Whether the previous attempt of the run stalled in the same place: its marker
+    (``<arm>_attempt<N-1>.json``), read once within verification's budget. Missing,
+    unreadable or of another kind counts as no earlier stall."""
+    here = _place(ctx.evidence.get("stall"))
+    if p.dest.attempt == 0 or here is None:
+        return False
+    name = f"{p.dest.arm}_attempt{p.dest.attempt - 1}.json"
+    target = ctx.scratch / "previous-attempt"
+    try:
+        local = ctx.verify_store().download_file(p.dest.path(name), target)
+        before = json.loads(local.read_bytes()[:1_000_000].decode("utf-8"))
+    except (StoreNotFound, StoreUnavailable, DeadlineExceeded, OSError, ValueError):
+        return False
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    if not isinstance(before, dict) or before.get("rule") not in (
+        rules.WORKER_STALLED.id, rules.WORKER_STALLED_AGAIN.id
+    ):
+        return False
+    same = _place(before.get("stall")) == here
+    if same:
+        ctx.evidence["stall"]["previous"] = {"attempt": p.dest.attempt - 1, "where": here}
+    return same
 
 
 def _console_tail(ctx: Context) -> str:

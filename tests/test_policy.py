@@ -46,6 +46,8 @@ STABLE_IDS = (
     "worker-upload-lost",
     "worker-oom-killed",
     "worker-host-fault",
+    "worker-stalled",
+    "worker-stalled-again",
     "worker-failed",
     "store-unsafe-link",
     "worker-env-too-large",

@@ -235,6 +235,8 @@ FACTS = st.builds(
     upload_lost=st.booleans(),
     oom_killed=st.booleans(),
     console=any_tails(),
+    stalled=st.booleans(),
+    stalled_before=st.booleans(),
 )
 
 
@@ -341,9 +343,23 @@ def test_judge_worker_is_a_pure_function_of_the_facts(
 
 @given(FACTS)
 def test_judge_worker_follows_the_order_of_the_evidence(facts: WorkerFacts) -> None:
-    """Heartbeat, then lost upload, then OOM kill, then the console's verdict."""
+    """Heartbeat, then lost upload, then OOM kill, then the console's verdict; for a
+    stalled worker (whose heartbeat and local metrics describe an attempt that never
+    finished): OOM kill, then the console, then the stall, fatal when it stalled before."""
     rule, match = policy.judge_worker(facts)
     console = policy.console_verdict(facts.console)
+    if facts.stalled:
+        if facts.oom_killed:
+            expected = rules.WORKER_OOM_KILLED
+        elif console is not None:
+            expected = (rules.WORKER_HOST_FAULT if console.signature.retriable
+                        else rules.WORKER_FAILED)
+        else:
+            expected = (rules.WORKER_STALLED_AGAIN if facts.stalled_before
+                        else rules.WORKER_STALLED)
+        assert rule is expected
+        assert match == (console if not facts.oom_killed else None)
+        return
     if facts.heartbeat_retriable:
         expected = rules.WORKER_HEARTBEAT_RETRIABLE
     elif facts.upload_lost:
