@@ -69,7 +69,7 @@ from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.outlet import STDOUT_CAPACITY, Outlet
 
-__all__ = ["TAIL_BYTES", "StopCause", "WorkerExit", "read_tail", "supervise"]
+__all__ = ["TAIL_BYTES", "StopReason", "WorkerExit", "read_tail", "supervise"]
 
 TAIL_BYTES = 64_000
 """How much of the console's end is uploaded as the tail."""
@@ -83,7 +83,7 @@ _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is 
 _OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
 ExitReason = Literal["exited", "deadline", "interrupted", "stalled"]
-StopCause = Literal["stalled", "deadline"]
+StopReason = Literal["stalled", "deadline"]
 """Why ``before_stop`` is called: the group is about to be stopped for this."""
 
 
@@ -140,7 +140,7 @@ def supervise(
     on_group: Callable[[int | None], None] | None = None,
     stall_s: float = 0.0,
     progress_file: Path | None = None,
-    before_stop: Callable[[StopCause], None] | None = None,
+    before_stop: Callable[[StopReason], None] | None = None,
     name: str = "worker",
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
@@ -162,7 +162,7 @@ def supervise(
     module's docstring): after ``stall_s`` seconds without a sign of progress, neither a
     byte on the console nor a change of ``progress_file`` (None: no file), the group is
     stopped as at the deadline, the cap line says for how long the worker made no progress,
-    and ``reason`` is ``"stalled"``. ``before_stop(cause)`` is called on this thread before
+    and ``reason`` is ``"stalled"``. ``before_stop(why)`` is called on this thread before
     the first signal to the group, when it is stopped for a stall (``"stalled"``) or at the
     deadline (``"deadline"``), never on an interrupt. It bounds its own time: the grace is
     reckoned after it returns, still never past ``stop_by``. What it raises (an
@@ -271,7 +271,7 @@ def _wait_and_stop(
     signal_stop_s: float | None,
     drain_timeout_s: float,
     watch: _StallWatch | None,
-    before_stop: Callable[[StopCause], None] | None,
+    before_stop: Callable[[StopReason], None] | None,
 ) -> tuple[ExitReason, float | None]:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
 
@@ -285,7 +285,7 @@ def _wait_and_stop(
             try:
                 before_stop(reason)
             except Exception as exc:  # the evidence is optional; the stop is not
-                log.error(f"{run.name}.before_stop_failed", cause=reason,
+                log.error(f"{run.name}.before_stop_failed", why=reason,
                           error=f"{type(exc).__name__}: {exc}")
         # Reckoned after before_stop: it may have taken its time, and a signal may have come.
         grace_end = time.monotonic() + stop_by.bound(grace_s)

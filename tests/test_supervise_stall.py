@@ -27,7 +27,7 @@ import structlog
 import fsm.supervise
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
-from fsm.supervise import StopCause, WorkerExit, supervise
+from fsm.supervise import StopReason, WorkerExit, supervise
 
 STALL_S = 1.5
 LATE_S = 2.5  # how much later than due a stall may be called on a loaded machine
@@ -109,10 +109,10 @@ class Stops:
     had a SIGTERM by then; ``then`` runs after the note (to raise, to signal...)."""
 
     worker: Worker
-    then: Callable[[StopCause], None] | None = None
-    calls: list[tuple[StopCause, float, bool]] = field(default_factory=list)
+    then: Callable[[StopReason], None] | None = None
+    calls: list[tuple[StopReason, float, bool]] = field(default_factory=list)
 
-    def __call__(self, cause: StopCause) -> None:
+    def __call__(self, cause: StopReason) -> None:
         self.calls.append((cause, time.monotonic(), self.worker.got_term()))
         if self.then is not None:
             self.then(cause)
@@ -413,7 +413,7 @@ def test_a_before_stop_that_raises_does_not_keep_the_worker_running(
     """An exception from before_stop is logged, and the stalled worker is stopped all the same."""
     worker = _worker(tmp_path, SILENT)
 
-    def fail(_cause: StopCause) -> None:
+    def fail(_cause: StopReason) -> None:
         raise RuntimeError("py-spy exploded")
 
     stops = Stops(worker, then=fail)
@@ -423,7 +423,7 @@ def test_a_before_stop_that_raises_does_not_keep_the_worker_running(
     assert len(stops.calls) == 1
     assert worker.got_term()
     failed = [e for e in logs if e["event"] == "worker.before_stop_failed"]
-    assert [(e["cause"], e["error"]) for e in failed] == [
+    assert [(e["why"], e["error"]) for e in failed] == [
         ("stalled", "RuntimeError: py-spy exploded")
     ]
 
@@ -443,7 +443,7 @@ def test_a_worker_that_exits_while_before_stop_runs_still_stalled(
     worker = _worker(tmp_path, body)
     group: list[int | None] = []
 
-    def release_and_wait_for_the_exit(_cause: StopCause) -> None:
+    def release_and_wait_for_the_exit(_cause: StopReason) -> None:
         with open(fifo, "w") as f:
             f.write("go")
         leader = group[0]
