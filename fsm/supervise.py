@@ -16,6 +16,33 @@ not. Every timeout handed to the OS goes through :func:`fsm.clock.os_timeout`: `
 The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
 its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
 so ``killpg`` never reaches a stranger.
+
+The stall watch (``stall_s`` > 0) calls the worker *stalled* once it has shown no sign of
+progress for ``stall_s`` seconds. A sign is the worker's start, a chunk the pump read from
+the console pipe (the pump stamps each read with the monotonic clock, watch or no watch:
+one store, nothing more), or a change of ``progress_file`` (of its inode, modification time
+or change time; a missing file is no sign). There is no thread and no loop for it: the main
+thread's one wait wakes at the earliest of the deadline and the time the watch falls due
+(the last sign known, plus ``stall_s``). Only at that wake does it look at the file, since
+a file's times cannot wake a ``poll``. A change is dated by the file's change time
+(``st_ctime``: the kernel sets it from its wall clock at every write and touch, whatever
+modification time the touch sets), taken onto the monotonic clock with the wall clock's
+lead over it at this look or at the previous one, whichever dates it later, so a step of
+the wall clock between the change and the look does not date it early. A date outside the
+time between the two looks cannot be right (the change was seen at this look and not at the
+previous one: the wall clock stepped further, or the file system keeps no such time) and
+becomes the time of this look. So a change is never dated before it happened (beyond the
+file system's timestamp granularity, a few milliseconds), and the file never brings a stall
+early. If the file changed, the watch falls due later and the wait goes on. Otherwise the
+worker is stalled, unless the leader exited or a signal arrived first: the main thread
+checks both before it calls a stall, and once called the stall stays the reason, whatever
+comes next. When the deadline and a stall are both due at one wake, the one that fell due
+first wins.
+
+Before the group is stopped for a stall or at the deadline, ``before_stop`` runs on the
+main thread (where the caller takes the group's stacks); it is not called on an interrupt,
+since the host is going away. Then the stop is the same for both: SIGTERM, the grace,
+SIGKILL, and a cap line on the console saying why.
 """
 
 from __future__ import annotations
@@ -42,7 +69,7 @@ from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.outlet import STDOUT_CAPACITY, Outlet
 
-__all__ = ["TAIL_BYTES", "WorkerExit", "read_tail", "supervise"]
+__all__ = ["TAIL_BYTES", "StopReason", "WorkerExit", "read_tail", "supervise"]
 
 TAIL_BYTES = 64_000
 """How much of the console's end is uploaded as the tail."""
@@ -55,7 +82,9 @@ _OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buf
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
 _OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
-ExitReason = Literal["exited", "deadline", "interrupted"]
+ExitReason = Literal["exited", "deadline", "interrupted", "stalled"]
+StopReason = Literal["stalled", "deadline"]
+"""Why ``before_stop`` is called: the group is about to be stopped for this."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +92,13 @@ class WorkerExit:
     """How the worker ended.
 
     ``reason`` says who ended it: ``"exited"`` when the leader exited before the supervisor
-    had to stop it, ``"deadline"`` or ``"interrupted"`` when the supervisor stopped the group.
-    ``returncode`` is set when the leader exited normally, ``signal`` when a signal killed
-    it; both are ``None`` when the worker was never started (the deadline had passed or the
-    runner was interrupted already) or could not be reaped.
+    had to stop it, ``"deadline"``, ``"stalled"`` or ``"interrupted"`` when the supervisor
+    stopped the group (after a stall the leader's exit is never its own, even when it came
+    while the group was being stopped). ``returncode`` is set when the leader exited
+    normally, ``signal`` when a signal killed it; both are ``None`` when the worker was never
+    started (the deadline had passed or the runner was interrupted already) or could not be
+    reaped. ``silent_s`` is set for a stall: how long the worker had shown no sign of
+    progress when the stall was called (at least ``stall_s``).
     """
 
     reason: ExitReason
@@ -75,6 +107,7 @@ class WorkerExit:
     duration_s: float
     console_path: Path
     console_bytes: int  # the console file's size when supervise returned, cap line included
+    silent_s: float | None = None
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
@@ -105,6 +138,9 @@ def supervise(
     tail_interval_s: float = 30.0,
     drain_timeout_s: float = 2.0,
     on_group: Callable[[int | None], None] | None = None,
+    stall_s: float = 0.0,
+    progress_file: Path | None = None,
+    before_stop: Callable[[StopReason], None] | None = None,
     name: str = "worker",
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
@@ -112,15 +148,26 @@ def supervise(
     The console (stdout and stderr, one stream) goes to ``out_fd`` (None: nowhere) and to
     ``console_path`` (truncated first), and each chunk of it to ``on_output`` (called on
     the pump's thread: keep it quick; what it raises is logged and it is called no more).
-    On the deadline or an interrupt the group gets SIGTERM, then up to ``grace_s`` (never
-    past ``stop_by``, and after a signal never past ``signal_stop_s`` seconds after it: the
-    host is going away) to end, then SIGKILL; on the deadline a cap line is appended to the
-    console. After the leader exits, descendants get ``drain_timeout_s`` to
-    release the pipe; then the whole group is killed.
+    On the deadline, a stall or an interrupt the group gets SIGTERM, then up to ``grace_s``
+    (never past ``stop_by``, and once a signal came, before the stop or during it, never
+    past ``signal_stop_s`` seconds after it: the host is going away) to end, then SIGKILL;
+    a cap line saying why is appended to the console. After the leader exits, descendants
+    get ``drain_timeout_s`` to release the pipe; then the whole group is killed.
 
     ``on_group`` (keep it trivial) gets the worker's process-group id once it is started,
     and ``None`` before the leader is reaped (when the id could stop naming the group): what
     a watchdog may ``killpg`` meanwhile.
+
+    ``stall_s`` (0: off; the caller validates the setting) turns the stall watch on (see the
+    module's docstring): after ``stall_s`` seconds without a sign of progress, neither a
+    byte on the console nor a change of ``progress_file`` (None: no file), the group is
+    stopped as at the deadline, the cap line says for how long the worker made no progress,
+    and ``reason`` is ``"stalled"``. ``before_stop(why)`` is called on this thread before
+    the first signal to the group, when it is stopped for a stall (``"stalled"``) or at the
+    deadline (``"deadline"``), never on an interrupt. It bounds its own time: the grace is
+    reckoned after it returns, still never past ``stop_by``. What it raises (an
+    ``Exception``) is logged and the stop goes on; the leader is not reaped before it
+    returns, so the group id it may use (``on_group``) still names the worker's group.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
     ``tail_interval_s`` seconds (give or take a fifth, at random); ticks are skipped while
@@ -138,6 +185,8 @@ def supervise(
     """
     if tail_interval_s <= 0:
         raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
+    if not stall_s >= 0:  # NaN too
+        raise ValueError(f"stall_s must be 0 (off) or positive, got {stall_s!r}")
     log = structlog.get_logger()
     started = time.monotonic()
     console_fd = os.open(
@@ -168,7 +217,8 @@ def supervise(
         log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
         stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s, name)
         try:
-            reason = _wait_and_stop(
+            watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
+            reason, silent_s = _wait_and_stop(
                 run,
                 waker=waker,
                 deadline=deadline,
@@ -177,16 +227,20 @@ def supervise(
                 grace_s=grace_s,
                 signal_stop_s=signal_stop_s,
                 drain_timeout_s=drain_timeout_s,
+                watch=watch,
+                before_stop=before_stop,
             )
             if reason != "exited":
-                line = _cap_line(reason, interrupt, name, after=run.pump.last_byte)
+                line = _cap_line(reason, interrupt, name, after=run.pump.last_byte,
+                                 silent_s=silent_s)
                 _append_console(console_fd, line, name)
                 if run.pump.finished and out is not None:  # after the pump's last chunk
                     out.offer(line)
         finally:
             stop_ticks.set()
             run.close()
-        result = _result(reason, run.proc.returncode, started, console_path, console_fd)
+        result = _result(reason, run.proc.returncode, started, console_path, console_fd,
+                         silent_s)
         log.info(
             f"{name}.exited",
             reason=result.reason,
@@ -216,28 +270,42 @@ def _wait_and_stop(
     grace_s: float,
     signal_stop_s: float | None,
     drain_timeout_s: float,
-) -> ExitReason:
-    """Wait for the worker's end, stop it if it does not come, kill what is left of the group."""
+    watch: _StallWatch | None,
+    before_stop: Callable[[StopReason], None] | None,
+) -> tuple[ExitReason, float | None]:
+    """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
+
+    Returns why it ended, and for a stall how long the worker had been silent."""
     log = structlog.get_logger()
     exited, eof = run.exited.is_set, run.pump.eof.is_set
-    # The deadline is looked at again after every wake: it can move while it is waited for
-    # (the attempt's deadline follows a backward wall-clock step, fsm.clock).
-    while not waker.wait_until(
-        lambda: exited() or interrupt.is_set(),
-        min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S),
-    ) and not deadline.expired():
-        pass
-    reason: ExitReason = "exited"
-    if not exited():
-        reason = "interrupted" if interrupt.is_set() else "deadline"
-        grace = stop_by.bound(grace_s)
-        if reason == "interrupted" and signal_stop_s is not None and interrupt.at_mono is not None:
-            grace = max(0.0, min(grace, interrupt.at_mono + signal_stop_s - time.monotonic()))
-        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=round(grace, 3))
+    reason, silent_s = _wait(run, waker=waker, deadline=deadline, interrupt=interrupt,
+                             watch=watch)
+    if reason != "exited":
+        if reason != "interrupted" and before_stop is not None:
+            try:
+                before_stop(reason)
+            except Exception as exc:  # the evidence is optional; the stop is not
+                log.error(f"{run.name}.before_stop_failed", why=reason,
+                          error=f"{type(exc).__name__}: {exc}")
+        # Reckoned after before_stop: it may have taken its time, and a signal may have come.
+        grace_end = time.monotonic() + stop_by.bound(grace_s)
+        cut = _signal_cut(interrupt, signal_stop_s)
+        if cut is not None:
+            grace_end = min(grace_end, cut)
+        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid,
+                    grace_s=round(max(0.0, grace_end - time.monotonic()), 3))
         _killpg(run.pid, signal.SIGTERM)
-        grace_end = time.monotonic() + grace
+
+        # The grace ends early when the leader exits, and is cut when a signal comes now.
+        def over() -> bool:
+            return exited() or (cut is None and signal_stop_s is not None and interrupt.is_set())
+
+        while waker.wait_until(over, grace_end) and not exited():
+            cut = _signal_cut(interrupt, signal_stop_s)
+            assert cut is not None  # over() said a signal came
+            grace_end = min(grace_end, cut)
         # The rest of the group got the same SIGTERM: it may close the pipe within the grace.
-        if waker.wait_until(exited, grace_end):
+        if exited():
             waker.wait_until(eof, min(grace_end, time.monotonic() + drain_timeout_s))
     elif not waker.wait_until(eof, time.monotonic() + stop_by.bound(drain_timeout_s)):
         log.warning(f"{run.name}.pipe_held", pgid=run.pid, drain_timeout_s=drain_timeout_s)
@@ -257,13 +325,67 @@ def _wait_and_stop(
     left = _await_group_gone(run.pid, kill_end)
     if left:
         log.error(f"{run.name}.survivors", pgid=run.pid, pids=left)
-    return reason
+    return reason, silent_s
 
 
-def _cap_line(reason: ExitReason, interrupt: InterruptFlag, name: str, *, after: bytes) -> bytes:
+def _wait(
+    run: _Run,
+    *,
+    waker: _Waker,
+    deadline: Deadline,
+    interrupt: InterruptFlag,
+    watch: _StallWatch | None,
+) -> tuple[ExitReason, float | None]:
+    """Wait until the leader exits, a signal comes, the deadline passes or the worker stalls.
+
+    The leader's exit and a signal are looked at before a stall is called: whichever the
+    main thread sees first decides, and the exit before the signal, as always."""
+    exited = run.exited.is_set
+
+    def ended() -> bool:
+        return exited() or interrupt.is_set()
+
+    while True:
+        # The deadline is looked at again after every wake: it can move while it is waited
+        # for (the attempt's deadline follows a backward wall-clock step, fsm.clock).
+        until = min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S)
+        if watch is not None:
+            until = min(until, watch.due())
+        if not waker.wait_until(ended, until):
+            silent_s = watch.stalled() if watch is not None else None
+            deadline_at = deadline.mono_at
+            if ended():
+                pass
+            elif silent_s is not None and watch is not None and watch.fell_due() < deadline_at:
+                structlog.get_logger().warning(
+                    f"{run.name}.stalled", pgid=run.pid, silent_s=round(silent_s, 3),
+                    stall_s=watch.stall_s, last_sign=watch.last_kind(),
+                )
+                return "stalled", silent_s
+            elif time.monotonic() < deadline_at:
+                continue
+        if exited():
+            return "exited", None
+        return ("interrupted" if interrupt.is_set() else "deadline"), None
+
+
+def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float | None:
+    """When the stop must be over after a signal (monotonic), or None: no signal, no bound."""
+    if signal_stop_s is None or interrupt.at_mono is None:
+        return None
+    return interrupt.at_mono + signal_stop_s
+
+
+def _cap_line(
+    reason: ExitReason, interrupt: InterruptFlag, name: str, *, after: bytes,
+    silent_s: float | None = None,
+) -> bytes:
     """The line that says why the console ends here, on a line of its own after ``after``."""
     if reason == "deadline":
         text = f"--- flash-bootstrap: {name} hit the run wall deadline; stopped ---\n"
+    elif reason == "stalled":
+        silent = f"{silent_s or 0:.0f} s"
+        text = f"--- flash-bootstrap: {name} made no progress for {silent}; stopped ---\n"
     else:
         sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
         text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"
@@ -285,6 +407,7 @@ def _result(
     started: float,
     console_path: Path,
     console_fd: int,
+    silent_s: float | None = None,
 ) -> WorkerExit:
     sig = -returncode if returncode is not None and returncode < 0 else None
     return WorkerExit(
@@ -294,6 +417,7 @@ def _result(
         duration_s=time.monotonic() - started,
         console_path=console_path,
         console_bytes=os.fstat(console_fd).st_size,
+        silent_s=silent_s,
     )
 
 
@@ -371,6 +495,82 @@ def _watch_leader(pid: int, waker: _Waker) -> threading.Event:
     return exited
 
 
+class _StallWatch:
+    """The last sign of progress, and whether the worker is stalled (the module's docstring).
+
+    Used by the main thread only; the pump's share is its ``last_read`` stamp."""
+
+    def __init__(self, stall_s: float, progress_file: Path | None, run: _Run) -> None:
+        self.stall_s = stall_s
+        self._file = progress_file
+        self._pump = run.pump
+        self._name = run.name
+        self._start = run.pump.last_read  # the worker's start is the first sign
+        self._file_at = self._start  # the last change of the file seen, dated (monotonic)
+        self._last = self._start  # the last sign, as of the last call of stalled()
+        self._complained = False
+        self._looked, self._lead = self._clocks()  # the last look at the file
+        self._key = self._stat()
+
+    def due(self) -> float:
+        """When the worker is stalled unless a sign comes first (monotonic); the file is
+        not looked at for this."""
+        return max(self._pump.last_read, self._file_at) + self.stall_s
+
+    def stalled(self) -> float | None:
+        """How long the worker has shown no sign of progress, when that is ``stall_s`` or
+        more (None otherwise). Looks at the file first when the watch is due."""
+        now = time.monotonic()
+        if self.due() <= now:
+            self._look()
+            now = time.monotonic()
+        self._last = max(self._pump.last_read, self._file_at)
+        silent_s = now - self._last
+        return silent_s if silent_s >= self.stall_s else None
+
+    def fell_due(self) -> float:
+        """When the stall that :meth:`stalled` found fell due (monotonic)."""
+        return self._last + self.stall_s
+
+    def last_kind(self) -> str:
+        """What the last sign was: ``"console"``, ``"progress_file"`` or ``"start"``."""
+        if self._last == self._start:
+            return "start"
+        return "console" if self._pump.last_read >= self._file_at else "progress_file"
+
+    def _look(self) -> None:
+        key = self._stat()
+        now, lead = self._clocks()
+        if key is not None and key != self._key:
+            # The change time, on the monotonic clock by the wall clock's lead at the last
+            # look or now, whichever is later; outside the time between the two looks, now.
+            at = key[3] / 1e9 - min(self._lead, lead)
+            self._file_at = max(self._file_at, at if self._looked < at <= now else now)
+        self._key, self._looked, self._lead = key, now, lead
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        """What tells a change of the file (its inode and times), None when it is missing."""
+        if self._file is None:
+            return None
+        try:
+            st = os.stat(self._file)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # unreadable: no sign either, and said once
+            if not self._complained:
+                self._complained = True
+                structlog.get_logger().warning(f"{self._name}.progress_file_unreadable",
+                                               path=str(self._file), error=str(exc))
+            return None
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+    @staticmethod
+    def _clocks() -> tuple[float, float]:
+        """The monotonic time now, and the wall clock's lead over it."""
+        mono = time.monotonic()
+        return mono, time.time() - mono
+
+
 class _Pump:
     """Copies the console pipe to the console file and ``out`` in 1 MiB chunks.
 
@@ -386,6 +586,8 @@ class _Pump:
         self.eof = threading.Event()
         self.name = name
         self.last_byte = b""
+        #: When the last chunk was read from the pipe (monotonic); the start before any.
+        self.last_read = time.monotonic()
         self._pipe_fd = pipe_fd
         self._targets = {"console": console_fd}
         self._out = out
@@ -410,6 +612,7 @@ class _Pump:
 
     def _run(self) -> None:
         view = memoryview(bytearray(_CHUNK))
+        monotonic = time.monotonic
         poll = select.poll()
         poll.register(self._pipe_fd, select.POLLIN)
         poll.register(self._stop.fd, select.POLLIN)
@@ -428,6 +631,7 @@ class _Pump:
                 n = os.readv(self._pipe_fd, [view])
                 if n == 0:
                     return
+                self.last_read = monotonic()  # the stall watch's sign: nothing else to do here
                 self._copy(view[:n])
         except OSError as exc:
             structlog.get_logger().error(f"{self.name}.pump_failed", error=str(exc))
