@@ -89,7 +89,8 @@ def _host(sig_id: str, family: str, pattern: str, meaning: str) -> Signature:
 
 #: NVIDIA Xid codes of hardware, driver-firmware or fabric faults; the application Xids
 #: (13, 31, 43, 45: a kernel's own exception, page fault, stop, preemption) are not here.
-HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+#: 154 is the driver's "GPU recovery action changed" (a GPU reset or node reboot required).
+HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
 
 #: Matched (case-insensitively) against a failed worker's console, NCCL's INFO lines
 #: aside. The job's rows come first and win: a job fault anywhere in the examined lines
@@ -107,6 +108,15 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("gpu-fallen-off-bus", "gpu", r"fallen off the bus",
           "the GPU stopped answering on PCIe"),
     _host("gpu-lost", "gpu", r"GPU is lost", "the driver lost the GPU (reboot needed)"),
+    _host("nvml-device-handle", "gpu",
+          r"Unable to determine the device handle for GPU(?![^\n]*GPU is lost)",
+          "NVML (nvidia-smi) can no longer reach a GPU: gone from the bus or wedged in the "
+          "driver"),
+    _host("cuda-contained", "gpu",
+          r"Invalid access of peer GPU memory over nvlink or a hardware error"
+          r"|\bcudaErrorContained\b|\bCUDA_ERROR_CONTAINED\b",
+          "CUDA's contained hardware error (cudaErrorContained): an HBM or NVLink fault the "
+          "GPU contained, the context is lost"),
     _host("nvrm-xid", "gpu",
           r"\bXid\b\s*(?:\([^)\n]*\))?\s*:?\s*(?:"
           + "|".join(str(x) for x in HOST_XIDS) + r")\b",
@@ -123,12 +133,43 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("driver-library-mismatch", "driver", r"Driver/library version mismatch",
           "the loaded kernel driver and the user-space library differ (driver upgraded "
           "without a reboot)"),
+    _host("smi-no-driver", "driver",
+          r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
+          "nvidia-smi finds no working NVIDIA kernel driver (not loaded, or lost with a "
+          "kernel update)"),
+    _host("nvrm-no-gpu", "driver",
+          r"NVRM: No NVIDIA graphics adapter probed|NVRM: The NVIDIA probe routine was not "
+          r"called",
+          "the kernel driver found no NVIDIA GPU to drive"),
+    _host("cuda-forward-compat", "driver",
+          r"forward compatibility was attempted on non supported HW",
+          "CUDA's forward-compatibility libraries on a GPU or driver that does not support "
+          "them (error 804): the host's driver is too old for the image's CUDA"),
+    _host("cuda-system-not-ready", "interconnect",
+          r"(?:\b802\b|\bCUDA\b)[^\n]*?system not yet initialized"
+          r"|\bcudaErrorSystemNotReady\b|\bCUDA_ERROR_SYSTEM_NOT_READY\b",
+          "CUDA error 802: the NVSwitch fabric is not initialized (the host's fabric manager "
+          "is not running)"),
+    _host("nvls-fabric", "interconnect",
+          r"Failed to bind NVLink SHARP \(NVLS\) Multicast memory"
+          r"|error in the Fabric Manager or NVSwitches",
+          "NCCL: NVLink SHARP multicast failed: the Fabric Manager or the NVSwitches are in a "
+          "bad state"),
     _host("nccl-system-error", "interconnect", r"unhandled system error|ncclSystemError",
           "NCCL: a system call, the device or the fabric failed"),
     _host("nccl-network", "interconnect",
           r"NET/(?:IB|Socket|OFI)\b[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
           r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed",
           "NCCL: the network or InfiniBand transport failed"),
+    _host("ib-completion-error", "interconnect",
+          r"\bNET/IB\w*\s*:\s*Got completion\b[^\n]*?\bwith status=\d+"
+          r"|\bNET/IB\w+\s*:\s*Got completion\b",
+          "NCCL (2.19 and later, or an IB net plugin): an InfiniBand work request completed "
+          "with an error status (12: retries exceeded, the peer's NIC unreachable)"),
+    _host("ib-retry-exceeded", "interconnect",
+          r"\bIBV_WC_RETRY_EXC_ERR\b|\btransport retry count(?:er)? exceeded\b",
+          "libibverbs/UCX: the InfiniBand or RoCE transport's retry counter was exceeded "
+          "(IBV_WC_RETRY_EXC_ERR): the link or the fabric dropped the traffic"),
 )
 #: Only the console's last lines are examined: what scrolled out did not end the worker.
 CONSOLE_WINDOW_LINES = 200

@@ -57,6 +57,17 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the "
         "system to recover this GPU",
     ),
+    # The lines below, down to the end of the table, are from tests/data/console_corpus.jsonl
+    # (public issue threads, each named by its corpus id).
+    "nvml-device-handle": (
+        "Unable to determine the device handle for GPU0000:62:00.0: Unknown Error",  # cs336-1
+    ),
+    "cuda-contained": (
+        "torch.AcceleratorError: CUDA error: Invalid access of peer GPU memory over nvlink or "
+        "a hardware error",  # scope-749
+        "(Worker_TP2 pid=1304) Search for `cudaErrorContained' in https://docs.nvidia.com/cuda/"
+        "cuda-runtime-api/group__CUDART__TYPES.html for more information.",  # vllm-backport-62
+    ),
     "nvrm-xid": (
         "[ 5432.101234] NVRM: Xid (PCI:0000:18:00): 48, pid=2871, name=python3, An uncorrectable "
         "double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, "
@@ -68,6 +79,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "on link 3(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
         "NVRM: Xid (PCI:0000:3b:00): 63, pid=0, name=<unknown>, Row Remapper: New row marked "
         "for remapping, reset gpu to activate.",
+        "192.168.11.119: kern: warning: [2026-04-22T21:26:20.695845708Z]: NVRM: Xid "
+        "(PCI:0000:48:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset "
+        "Required)",  # vllm-40652
     ),
     "cuda-no-gpus": ("RuntimeError: No CUDA GPUs are available",),
     "cuda-no-device": (
@@ -92,6 +106,31 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "mismatch: unknown",
         "NVML: Driver/library version mismatch",
     ),
+    "smi-no-driver": (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make "
+        "sure that the latest NVIDIA driver is installed and running.",  # gcp-18
+    ),
+    "nvrm-no-gpu": (
+        "[188497.595099] NVRM: No NVIDIA graphics adapter probed!",  # bigdata-133
+        "[188549.976351] NVRM: The NVIDIA probe routine was not called for 3 device(s).",
+    ),
+    "cuda-forward-compat": (
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+        "functions before calling NumCudaDevices() that might have already set an error? Error "
+        "804: forward compatibility was attempted on non supported HW",  # videollava-22
+    ),
+    "cuda-system-not-ready": (
+        "RuntimeError: cuda runtime error (802) : system not yet initialized at /opt/conda/"
+        "conda-bld/pytorch_1579022034529/work/aten/src/THC/THCGeneral.cpp:50",  # pytorch-35710
+    ),
+    "nvls-fabric": (
+        "[2026-06-23 15:45:07] gpu-stress-dgc86-xfpt6:420:437 [5] transport/nvls.cc:379 "
+        "(nvlsAllocateMem) NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory of "
+        "size 2097152 : CUDA error 401 'the operation cannot be performed in the present "
+        "state'.",  # dcgm-304
+        "This is usually caused by a system or configuration error in the Fabric Manager or "
+        "NVSwitches. ",  # pytorch-177472
+    ),
     "nccl-system-error": (
         "torch.distributed.DistBackendError: NCCL error in: "
         "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error "
@@ -106,6 +145,17 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "closed by remote peer 10.0.0.5<52418>",
         "ncclRemoteError: A call failed possibly due to a network error or a remote process "
         "exiting prematurely.",
+    ),
+    "ib-completion-error": (
+        "kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from "
+        "peer 10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid "
+        "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f",  # nccl-1405
+        "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 "
+        "len=32696 vendor err 129 (Send)",  # nccl-1664
+    ),
+    "ib-retry-exceeded": (
+        "[compute001:31180:0:31180] ib_mlx5_log.c:143  Transport retry count exceeded on "
+        "mlx5_0:1/RoCE (synd 0x15 vend 0x81 hw_synd 0/0)",  # ucx-6000
     ),
 }
 
@@ -285,7 +335,7 @@ def test_a_healthy_nccl_start_logged_at_info_level_shows_no_fault() -> None:
 
 
 def test_every_hardware_xid_is_a_host_fault_and_the_application_xids_are_not() -> None:
-    for xid in (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120):
+    for xid in (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154):
         line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1234, name=python, Ch 00000001"
         assert _verdict_id(line) == "nvrm-xid", xid
     for xid in (13, 31, 43, 45, 8, 480, 790):
