@@ -23,7 +23,11 @@ What nvidia-smi prints is kept as it is meant:
   Unknown Error`` and the command exits non-zero, while the other GPUs' rows may still be
   printed: the rows are kept and the lost GPU is named (:class:`LostGpu`);
 * a warning on stderr beside the rows is a warning, not a failure;
-* no nvidia-smi on PATH is ``absent``: no fault unless the caller needs GPUs.
+* no nvidia-smi on PATH is ``absent``: no fault unless the caller needs GPUs;
+* ``No devices were found`` is an answer: no GPUs;
+* a health field the driver refuses (``Field "..." is not a valid field to query.``: fields
+  get renamed across driver releases) is dropped and ``--query-gpu`` asked again, within
+  the same bound: that field is unknown, the rest is read.
 
 The verdicts are pure functions of snapshots, for the policy and for property tests:
 :func:`unhealthy` (before setup), :func:`busy` (before setup) and :func:`changed` (while the
@@ -71,9 +75,9 @@ GPU_FIELDS = (
     "retired_pages.pending",
     "name",
 )
-#: Asked instead when nvidia-smi refuses :data:`GPU_FIELDS` (``Field "..." is not a valid
-#: field to query.``: a driver that renamed or dropped a health field): the GPUs are still
-#: listed, their health is unknown.
+#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS` (``Field "..." is
+#: not a valid field to query.``, a driver that renamed or dropped a health field): the
+#: refused health field is dropped and the GPUs are asked again (its value unknown).
 GPU_BASE_FIELDS = (
     "index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version", "name",
 )
@@ -93,7 +97,8 @@ QUERIES: dict[str, tuple[str, ...]] = {
     "remapped-rows": (f"--query-remapped-rows={','.join(REMAP_FIELDS)}", FORMAT),
     "compute-apps": (f"--query-compute-apps={','.join(APP_FIELDS)}", FORMAT),
 }
-GPU_FALLBACK = (f"--query-gpu={','.join(GPU_BASE_FIELDS)}", FORMAT)
+#: How many times a refused ``--query-gpu`` is asked again with fewer fields.
+RETRIES = 2
 #: Output beyond this (per stream) is read and dropped: nvidia-smi prints a few KiB.
 OUTPUT_CAP = 1 << 20
 #: A message kept from nvidia-smi (a failure's last line, a warning) is at most this long.
@@ -115,7 +120,9 @@ _LOST = re.compile(
 )
 _BUS_ID = re.compile(r"^(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
 _NUMBER = re.compile(r"^(\d+)(?:\s*[A-Za-z%]+)?$")
-_INVALID_FIELD = "is not a valid field to query"
+_REFUSED = re.compile(r'Field "([^"]+)" is not a valid field to query')
+#: nvidia-smi's answer on a host without a GPU it can see (an answer: none)
+NO_DEVICES = "No devices were found"
 _UNKNOWN_WORDS = frozenset({"n/a", "na", "not supported", "unknown error", "unknown"})
 _TRUE = frozenset({"yes", "true", "enabled", "active", "pending"})
 _FALSE = frozenset({"no", "false", "disabled", "not active", "none"})
@@ -325,16 +332,21 @@ def snapshot(environ: Mapping[str, str], timeout_s: float = SNAPSHOT_S) -> Snaps
     env = {k: v for k, v in environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
     deadline = started + timeout_s
     answers = _run_together(exe, env, QUERIES, deadline)
-    gpu_fields: Sequence[str] = GPU_FIELDS
-    refused = ""
-    if _refused_fields(answers["gpu"]) and time.monotonic() < deadline:
-        refused = _last_line(answers["gpu"].stdout + "\n" + answers["gpu"].stderr)
-        answers["gpu"] = _run_together(exe, env, {"gpu": GPU_FALLBACK}, deadline)["gpu"]
-        gpu_fields = GPU_BASE_FIELDS
+    gpu_fields: tuple[str, ...] = GPU_FIELDS
+    refused: list[str] = []
+    for _ in range(RETRIES):
+        fewer = _without_refused(answers["gpu"], gpu_fields)
+        if fewer is None or time.monotonic() >= deadline:
+            break
+        refused.append(_last_line(answers["gpu"].stdout + "\n" + answers["gpu"].stderr))
+        gpu_fields = fewer
+        query = (f"--query-gpu={','.join(gpu_fields)}", FORMAT)
+        answers["gpu"] = _run_together(exe, env, {"gpu": query}, deadline)["gpu"]
     snap = parse_snapshot(answers, gpu_fields=gpu_fields,
                           seconds=time.monotonic() - started, timeout_s=timeout_s)
     if refused:
-        note = f"nvidia-smi refused the health fields ({refused}): GPU health unknown"
+        note = (f"this nvidia-smi refused {', '.join(refused)}: asked again without it "
+                "(unknown for every GPU)")
         snap = _with_warnings(snap, (note[:MESSAGE_CHARS],))
     return snap
 
@@ -452,9 +464,21 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         threading.Thread(target=proc.wait, name="nvidia-smi-reaper", daemon=True).start()
 
 
-def _refused_fields(answer: Answer) -> bool:
-    return (answer.status not in (None, 0) and _INVALID_FIELD in answer.stdout + answer.stderr
-            and not _rows(answer.stdout, GPU_FIELDS, "index")[0])
+def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The fields to ask again when nvidia-smi refused one (``Field "x" is not a valid
+    field to query.``: a driver that renamed or dropped a health field): all but ``x``, or
+    only :data:`GPU_BASE_FIELDS` when it names none of ours; None when nothing was refused
+    or nothing is left to drop."""
+    said = answer.stdout + "\n" + answer.stderr
+    if answer.status in (None, 0) or _rows(answer.stdout, fields, "index")[0]:
+        return None
+    found = _REFUSED.search(said)
+    if found is None:
+        return None
+    name = found.group(1)
+    if name in fields and name not in GPU_BASE_FIELDS:
+        return tuple(f for f in fields if f != name)
+    return GPU_BASE_FIELDS if fields != GPU_BASE_FIELDS else None
 
 
 # --- reading what it printed ---------------------------------------------------------------
@@ -489,6 +513,8 @@ def parse_snapshot(
             if gone is not None:
                 lost.setdefault(gone.bus_id or gone.line, gone)
                 named += 1
+            elif line == NO_DEVICES:
+                named += 1  # an answer: there are none
             else:
                 said.append(line[:MESSAGE_CHARS])
         query = _outcome(name, answer, bool(rows) or named > 0, said)
@@ -520,7 +546,8 @@ def parse_snapshot(
         detail=detail[:MESSAGE_CHARS],
         # A listing that printed only lost-GPU messages may have stopped at the first one
         # (drivers differ): then the GPUs it did not list are unknown, not gone.
-        listed=gpu_query.outcome == "answered" and (bool(gpus) or gpu_query.status == 0),
+        listed=gpu_query.outcome == "answered" and (
+            bool(gpus) or gpu_query.status == 0 or _says(answers.get("gpu"), NO_DEVICES)),
         warnings=tuple(warnings[:WARNINGS_KEPT]),
         queries=tuple(queries),
         seconds=seconds,
@@ -540,9 +567,13 @@ def _outcome(name: str, answer: Answer, listed: bool, said: list[str]) -> Query:
     if answer.status == 0 or listed:
         partial = "" if answer.status == 0 else f"exit {answer.status}"
         return Query(name, "answered", answer.status, answer.seconds, partial)
-    last = said[-1] if said else _last_line(answer.stderr + "\n" + answer.stdout)
+    message = " / ".join(said) if said else "no output"
     return Query(name, "failed", answer.status, answer.seconds,
-                 f"exit {answer.status}: {last}"[:MESSAGE_CHARS])
+                 f"exit {answer.status}: {message}"[:MESSAGE_CHARS])
+
+
+def _says(answer: Answer | None, line: str) -> bool:
+    return answer is not None and line in (answer.stdout + "\n" + answer.stderr).splitlines()
 
 
 def _rows(text: str, fields: Sequence[str], key: str) -> tuple[list[dict[str, str]], list[str]]:

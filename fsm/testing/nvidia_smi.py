@@ -187,6 +187,8 @@ class FakeHost:
     #: a whole-tool failure: this message (on stdout [9]) and ``failure_status`` [10]
     failure: str | None = None
     failure_status: int = 9
+    #: fields this driver does not know: asking for one is refused [4], [9]
+    refuse: list[str] = field(default_factory=list)
     #: lines printed on stderr beside the answer, and the status then [11]
     warnings: list[str] = field(default_factory=list)
     warning_status: int = 0
@@ -385,7 +387,7 @@ def render(host: FakeHost, argv: Sequence[str]) -> Rendered:
     names: list[str] = []
     for field_ in asked:
         canonical = _canonical(table, field_)
-        if canonical is None:
+        if canonical is None or field_ in host.refuse or canonical in host.refuse:
             return Rendered(f'Field "{field_}" is not a valid field to query.\n', "", 2)  # [9]
         names.append(canonical)
     if not names:
