@@ -145,6 +145,7 @@ class FakeGpu:
     #: ``00000000:18:00.0``; None: an HGX H100's bus id for its index
     bus_id: str | None = None
     memory_total_mib: int | None = 81559  # [2]
+    #: memory in use besides the listed processes' (``memory.used`` adds theirs)
     memory_used_mib: int | None = 0
     ecc_uncorrected: int | None = 0
     ecc_uncorrected_aggregate: int | None = 0
@@ -266,11 +267,19 @@ def _timestamp(host: FakeHost, i: int) -> str:
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
-def _free(host: FakeHost, i: int) -> int | None:
+def memory_used(host: FakeHost, i: int) -> int | None:
+    """``memory.used`` ("Total memory allocated by active contexts" [4]): the GPU's own
+    ``memory_used_mib`` plus what its listed processes use."""
     gpu = host.gpus[i]
-    if gpu.memory_total_mib is None or gpu.memory_used_mib is None:
+    if gpu.memory_used_mib is None:
         return None
-    return gpu.memory_total_mib - gpu.memory_used_mib
+    return gpu.memory_used_mib + sum(
+        app.used_memory_mib or 0 for app in host.apps if app.gpu_uuid == gpu.uuid)
+
+
+def _free(host: FakeHost, i: int) -> int | None:
+    total, used = host.gpus[i].memory_total_mib, memory_used(host, i)
+    return None if total is None or used is None else max(0, total - used)
 
 
 #: ``--query-gpu`` fields: canonical name -> (aliases, unit, value) [4]
@@ -283,7 +292,7 @@ GPU_FIELDS: dict[str, tuple[tuple[str, ...], str, _Getter]] = {
     "pci.bus_id": (("gpu_bus_id",), "", bus_id),
     "index": ((), "", lambda host, i: i),
     "memory.total": ((), "MiB", _g("memory_total_mib")),
-    "memory.used": ((), "MiB", _g("memory_used_mib")),
+    "memory.used": ((), "MiB", memory_used),
     "memory.free": ((), "MiB", _free),
     "ecc.errors.uncorrected.volatile.total": ((), "", _g("ecc_uncorrected")),
     "ecc.errors.uncorrected.aggregate.total": ((), "", _g("ecc_uncorrected_aggregate")),
