@@ -29,6 +29,11 @@ What nvidia-smi prints is kept as it is meant:
   get renamed across driver releases) is dropped and ``--query-gpu`` asked again, within
   the same bound: that field is unknown, the rest is read.
 
+:func:`snapshot` takes one, blocking for at most its bound; :func:`start` takes one in a
+daemon thread (:class:`PendingSnapshot`), for a caller that must not block (the watch while
+the worker runs). :func:`parse_snapshot` is the reading alone, a pure function of what
+nvidia-smi printed.
+
 The verdicts are pure functions of snapshots, for the policy and for property tests:
 :func:`unhealthy` (before setup), :func:`busy` (before setup) and :func:`changed` (while the
 worker runs, and after it died). Each returns a :class:`Verdict`: findings that name the GPU
@@ -345,8 +350,8 @@ def snapshot(environ: Mapping[str, str], timeout_s: float = SNAPSHOT_S) -> Snaps
     snap = parse_snapshot(answers, gpu_fields=gpu_fields,
                           seconds=time.monotonic() - started, timeout_s=timeout_s)
     if refused:
-        note = (f"this nvidia-smi refused {', '.join(refused)}: asked again without it "
-                "(unknown for every GPU)")
+        note = (f"nvidia-smi refused a field ({'; '.join(refused)}); asked again "
+                "without it: unknown for every GPU")
         snap = _with_warnings(snap, (note[:MESSAGE_CHARS],))
     return snap
 
@@ -433,13 +438,15 @@ def _run_together(
                     continue
                 sel.unregister(key.fileobj)
                 runs[name].open_streams -= 1
+    statuses: dict[str, int | None] = {}
     for name, run in runs.items():
-        status: int | None = None
+        statuses[name] = None
         if run.open_streams == 0:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                status = run.proc.wait(max(0.0, deadline - time.monotonic()))
-        if status is None:
-            _kill(run.proc)
+                statuses[name] = run.proc.wait(max(0.0, deadline - time.monotonic()))
+    _kill([run.proc for name, run in runs.items() if statuses[name] is None])
+    for name, run in runs.items():
+        status = statuses[name]
         for stream in (run.proc.stdout, run.proc.stderr):
             if stream is not None:
                 stream.close()
@@ -453,15 +460,18 @@ def _run_together(
     return answers
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process group; wait a moment; else leave the zombie to a daemon reaper
-    (a process stuck in the driver can outlive SIGKILL)."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        threading.Thread(target=proc.wait, name="nvidia-smi-reaper", daemon=True).start()
+def _kill(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL their process groups; wait :data:`KILL_GRACE_S` for them all; leave any
+    still there to a daemon reaper (a process stuck in the driver can outlive SIGKILL)."""
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    grace = time.monotonic() + KILL_GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, grace - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            threading.Thread(target=proc.wait, name="nvidia-smi-reaper", daemon=True).start()
 
 
 def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...] | None:
