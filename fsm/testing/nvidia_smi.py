@@ -119,7 +119,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["FakeApp", "FakeGpu", "FakeHost", "FakeNvidiaSmi", "Rendered", "render"]
+__all__ = [
+    "DRIVER_UNREACHABLE", "INVALID_ARGUMENTS", "NVML_MISMATCH", "FakeApp", "FakeGpu",
+    "FakeHost", "FakeNvidiaSmi", "Rendered", "render",
+]
 
 MODULE = os.path.abspath(__file__)
 #: Bus ids of an HGX H100 board, by index; further GPUs get made-up ones.
