@@ -96,7 +96,11 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     # a failed attempt entered Mark by the exit its rule names (the driver's path)
     fallback = table.FAILED_RETRIABLE_EVENT if retriable else table.FAILED_FATAL_EVENT
     failed_by = None if ok else BY_ID[rule].event if rule in BY_ID else fallback
-    steps = ((s, d, _event_between(s, d, failed_by)) for s, d in itertools.pairwise(path))
+    worker = marker.get("worker")
+    # Train left by worker_stalled when the runner stopped the worker as stalled
+    stalled = isinstance(worker, Mapping) and worker.get("reason") == "stalled"
+    steps = ((s, d, _event_between(s, d, failed_by, stalled=stalled))
+             for s, d in itertools.pairwise(path))
     state, watchdog = marker.get("state"), marker.get("watchdog") is True
     attempt, run_id, error = marker.get("attempt"), marker.get("run_id"), marker.get("error")
     title = "attempt {}{}: {}{}".format(
@@ -118,13 +122,19 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     )
 
 
-def _event_between(source: str, dest: str, failed_by: str | None) -> str | None:
+def _event_between(
+    source: str, dest: str, failed_by: str | None, *, stalled: bool = False
+) -> str | None:
     """The event that took the attempt from ``source`` to ``dest`` (None when the table
-    has no such transition): ``failed_by`` into Mark, else the one progress event."""
+    has no such transition): ``failed_by`` into Mark; ``worker_stalled`` out of Train for
+    a worker the marker says was stalled; else the one progress event."""
     events = [e for e, s, d in table.TRANSITIONS if (s, d) == (source, dest)]
     if dest == table.MARK and failed_by in events:
         return failed_by
-    return next((e for e in events if e not in table.FAILURE_EVENTS), None)
+    if stalled and table.WORKER_STALLED in events:
+        return table.WORKER_STALLED
+    progress = [e for e in events if e not in table.FAILURE_EVENTS and e != table.WORKER_STALLED]
+    return progress[0] if progress else None
 
 
 def _one_line(text: str, limit: int) -> str:

@@ -1,7 +1,9 @@
-"""The generated blocks of the Markdown pages: the policy table, the exit statuses.
+"""The generated blocks of the Markdown pages: the policy table, the exit statuses, the
+machine drawn in Mermaid.
 
 A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end -->``:
-``policy`` holds ``fsm.policy.render_table()``, ``exits`` holds ``fsm.exits.render_table()``.
+``policy`` holds ``fsm.policy.render_table()``, ``exits`` holds ``fsm.exits.render_table()``,
+``diagram`` the table drawn by ``fsm.diagram.mermaid()`` in a fenced block.
 :func:`refresh_doc` rewrites every such block a page has; ``python -m fsm.diagram --doc
 README.md --doc docs/policy.md --doc docs/contract.md`` calls it, and the tests fail when a
 committed copy is stale.
@@ -49,8 +51,16 @@ def _exits_table() -> str:
     return render_table()
 
 
+def _diagram() -> str:
+    from fsm.diagram import mermaid
+
+    return "```mermaid\n" + mermaid() + "```\n"
+
+
 #: The generated blocks a page may hold, by name, and what renders each.
-BLOCKS: dict[str, Callable[[], str]] = {"policy": _policy_table, "exits": _exits_table}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "policy": _policy_table, "exits": _exits_table, "diagram": _diagram,
+}
 
 
 def refresh_doc(path: Path | str) -> bool:

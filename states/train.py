@@ -114,7 +114,11 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
 
     pgid = ctx.worker_pgid
     budget = min(stacks.BUDGET_S, ctx.stop_deadline.remaining() - STOP_KEEP_S)
-    if pgid is None or budget <= 0 or ctx.interrupt.is_set():
+    why_not = ("a signal came before they could be taken" if ctx.interrupt.is_set()
+               else "no time left before the stop" if budget <= 0
+               else "the worker's process group is gone" if pgid is None else None)
+    if why_not is not None or pgid is None:
+        ctx.evidence["stacks"] = {"taken": False, "why": why_not}
         return
     setting = ctx.tuning.py_spy
     sampler: str | stacks._Find | None = (

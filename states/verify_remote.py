@@ -123,9 +123,9 @@ def _reason(
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
     stall = ctx.evidence.get("stall", {})
     where = stall.get("where_in_code") or stall.get("where") or "a place the stacks do not show"
-    text = (f"worker made no progress for {stall.get('silent_s', 0):g}s (no console output, no "
-            f"touch of FLASH_PROGRESS_FILE) and was stopped without {missing}; it was in "
-            f"{where}")
+    text = (f"worker made no progress for {stall.get('silent_s', 0):g}s (FLASH_STALL_S; no "
+            f"console output, no touch of FLASH_PROGRESS_FILE) and was stopped without "
+            f"{missing}; it was in {where}")
     if stall.get("last_line"):
         text += f"; its last line: {stall['last_line']}"
     kept = ctx.evidence.get("stacks", {}).get("file")

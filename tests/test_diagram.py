@@ -159,13 +159,16 @@ def test_mermaid_draws_terminal_states_as_terminal_and_starts_at_the_initial_sta
 def test_dot_draws_every_progress_transition_and_one_edge_for_the_shared_exits() -> None:
     text = diagram.dot()
     _, edges = _parse_dot(text)
-    drawn = {(attrs.get("label", ""), a, b) for a, b, attrs in edges}
+    # two events between one pair of states share an edge, labelled "a | b"
+    drawn = {(label, a, b) for a, b, attrs in edges
+             for label in attrs.get("label", "").split(" | ")}
     assert set(table.PROGRESS) <= drawn
     # the 28 failure transitions: their sources in one box, one edge from the box to Mark
     assert sorted(_cluster_members(text)) == sorted({s for _, s, _ in table.FAILURES})
     [shared] = [attrs for _, b, attrs in edges if attrs.get("ltail") == diagram.CLUSTER]
     assert shared["label"].split("\\n") == list(table.FAILURE_EVENTS)
-    assert len(edges) == len(table.PROGRESS) + 2  # + the start arrow + the shared exits
+    pairs = {(a, b) for _, a, b in table.PROGRESS}
+    assert len(edges) == len(pairs) + 2  # + the start arrow + the shared exits
 
 
 @needs_pygraphviz
@@ -225,9 +228,19 @@ def _expected_edges(marker: dict[str, Any], event_into_mark: str, terminal: str)
         if b == table.MARK:
             edges.add((a, b, event_into_mark))
         else:
-            [event] = [e for e, s, d in table.TRANSITIONS if (s, d) == (a, b)]
+            events = [e for e, s, d in table.TRANSITIONS if (s, d) == (a, b)]
+            stalled = marker.get("worker", {}).get("reason") == "stalled"
+            [event] = [e for e in events if (e == table.WORKER_STALLED) == stalled]
             edges.add((a, b, event))
     return edges
+
+
+def _drawn(edge: tuple[str, str, str]) -> tuple[str, str, str]:
+    """The edge as Graphviz draws it: progress events between one pair of states share
+    one edge, its label "a | b" in the table's order."""
+    a, b, event = edge
+    shared = [e for e, s, d in table.PROGRESS if (s, d) == (a, b)]
+    return (a, b, " | ".join(shared)) if event in shared and len(shared) > 1 else edge
 
 
 @pytest.mark.parametrize(
@@ -248,7 +261,7 @@ def test_a_real_markers_path_is_highlighted_exactly_with_its_rule_on_the_decidin
     text = diagram.dot(marker)
     states, taken = _highlighted(text)
     assert states == {*marker["path"], terminal}
-    assert taken == _expected_edges(marker, event_into_mark, terminal)
+    assert taken == {_drawn(edge) for edge in _expected_edges(marker, event_into_mark, terminal)}
     nodes, _ = _parse_dot(text)
     decided = nodes[marker["state"]]
     assert decided["penwidth"] == "4" and f"rule {rule}" in decided["label"]
@@ -348,3 +361,16 @@ def test_a_marker_that_is_not_an_object_exits_2_with_one_line(tmp_path: Path) ->
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "JSON object" in lines[0], lines
+
+
+def test_a_stalled_workers_marker_left_train_by_worker_stalled() -> None:
+    """The table names a stall as its own event: the path of a stalled worker's marker
+    takes worker_stalled out of Train, any other takes worker_exited."""
+    path = [table.LOAD_PAYLOAD, table.INSTALL_EXTRAS, table.FETCH_CODE, table.RESOLVE_SPEC,
+            table.TRAIN, table.VERIFY_REMOTE, table.MARK]
+    base = {"ok": False, "ts": 1.0, "attempt": 0, "retriable": True, "error": "stalled",
+            "state": table.VERIFY_REMOTE, "path": path, "rule": "worker-stalled"}
+    stalled = diagram.attempt_of({**base, "worker": {"reason": "stalled"}})
+    exited = diagram.attempt_of({**base, "worker": {"reason": "exited"}})
+    assert (table.TRAIN, table.VERIFY_REMOTE, table.WORKER_STALLED) in stalled.edges
+    assert (table.TRAIN, table.VERIFY_REMOTE, table.WORKER_EXITED) in exited.edges

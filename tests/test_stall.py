@@ -263,7 +263,7 @@ def test_a_stall_racing_a_sigterm_ends_in_one_retriable_marker_in_time(
     assert proc.returncode == 1, err.decode()[-3000:]
     marker = _marker(layout)
     assert (marker["retriable"], marker["rule"]) == (True, "worker-stalled")
-    assert marker["stacks"] == {"taken": False, "why": "a signal came while taking them"}
+    assert marker["stacks"]["taken"] is False and "a signal came" in marker["stacks"]["why"]
     assert len(layout.markers()) == 1
 
 
@@ -299,7 +299,8 @@ def test_stalling_again_in_the_same_place_fails_the_run_and_elsewhere_retries_it
 
 def test_the_deadline_keeps_its_class_and_names_the_stacks_file(layout: Layout) -> None:
     layout.write_worker(SILENT_HANG)
-    proc = _run(layout, max_wall_s=8, env=_env(FLASH_STALL_S="0", FLASH_EXIT_RESERVE_S="5"))
+    # A reserve that leaves the stacks a few seconds before the stop (2 s stay for it).
+    proc = _run(layout, max_wall_s=14, env=_env(FLASH_STALL_S="0", FLASH_EXIT_RESERVE_S="10"))
     assert proc.returncode == 124, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     assert (marker["retriable"], marker["rule"]) == (False, "deadline")
