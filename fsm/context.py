@@ -133,11 +133,14 @@ class Settings:
         def pick(arg: str | None, var: str, default: str) -> str:
             return arg or environ.get(var) or default
 
+        # Absolute: the worker runs in another directory, and the paths it is handed (its
+        # scratch dir, FLASH_PROGRESS_FILE) must name the runner's files.
         return cls(
-            payload_path=Path(pick(payload, "FLASH_PAYLOAD_PATH", "/root/flash/payload.json")),
+            payload_path=Path(pick(payload, "FLASH_PAYLOAD_PATH", "/root/flash/payload.json"))
+            .absolute(),
             store_url=store or None,
-            code_root=Path(pick(code_root, "FLASH_CODE_ROOT", "/runcode")),
-            scratch_dir=Path(pick(scratch_dir, "FLASH_SCRATCH_DIR", "/tmp")),
+            code_root=Path(pick(code_root, "FLASH_CODE_ROOT", "/runcode")).absolute(),
+            scratch_dir=Path(pick(scratch_dir, "FLASH_SCRATCH_DIR", "/tmp")).absolute(),
         )
 
 
