@@ -13,8 +13,11 @@
     ``before_stop("stalled")``, and to ``supervise()`` returning; median and worst. The
     worker notes the time just after its last sign: a touch, dated by the file's change
     time, can show a latency a few milliseconds under stall_s. Goal: within stall_s + 1 s.
+(d) The same through ``flash-bootstrap run`` as a real process on a local store, stacks
+    (py-spy) included (``--runner-runs``, default 20): from the worker's last line to the
+    marker in the store, and to the process gone. Goal: within FLASH_STALL_S + 5 s.
 
-Run by hand:  PYTHONPATH=. python benchmarks/bench_stall.py [--part a|b|c|all] [--rounds 5]
+Run by hand:  PYTHONPATH=. python benchmarks/bench_stall.py [--part a|b|c|d|all] [--rounds 5]
               [--mb 200] [--baseline main] [--runs 200] [--latency-runs 20] [--parallel 25]
 One supervised run, for timing whole processes side by side from outside:
               PYTHONPATH=. python benchmarks/bench_stall.py --once on|off [--mb 200]
@@ -285,9 +288,70 @@ def part_c(runs: int, parallel: int, stall_s: float) -> dict[str, Any]:
     return out
 
 
+RUNNER_WORKER = """
+import os, time
+from pathlib import Path
+print("step 1 done", flush=True)
+Path(os.environ["FLASH_SCRATCH_DIR"], "last-sign").write_text(repr(time.time()))
+time.sleep(600)
+"""
+
+
+def _runner_run(tmp: Path, stall_s: float) -> tuple[float, float]:
+    store = tmp / "store"
+    worker = store / "code" / "flash" / "engine" / "worker" / "__main__.py"
+    worker.parent.mkdir(parents=True)
+    worker.write_text(RUNNER_WORKER)
+    for sub in ("scratch", "runcode", "flash"):
+        (tmp / sub).mkdir()
+    payload = {"hf_repo": "org/runs", "hf_prefix": "bench/stall", "phase": "sft", "seed": 0,
+               "job_spec_json": "{}", "env": {"FLASH_STALL_S": f"{stall_s:g}",
+                                              "FLASH_STOP_GRACE_S": "1"}}
+    (tmp / "flash" / "payload.json").write_text(json.dumps(payload))
+    marker = store / "bench" / "stall" / "instance_attempt0.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsm", "run", "--payload", str(tmp / "flash" / "payload.json"),
+         "--store", store.as_uri(), "--code-root", str(tmp / "runcode"),
+         "--scratch-dir", str(tmp / "scratch")],
+        cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    landed = None
+    while proc.poll() is None or landed is None:
+        if landed is None and marker.exists():
+            landed = time.time()
+        if proc.poll() is not None and landed is None:
+            landed = time.time() if marker.exists() else float("nan")
+        time.sleep(0.01)
+    gone = time.time()
+    rule = json.loads(marker.read_text()).get("rule")
+    if rule != "worker-stalled":
+        raise RuntimeError(f"not stalled: {rule}")
+    last = float((tmp / "scratch" / "last-sign").read_text())
+    return landed - last, gone - last
+
+
+def part_d(runs: int, parallel: int, stall_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def one(i: int) -> tuple[float, float]:
+            where = Path(tmp, f"run{i}")
+            where.mkdir()
+            return _runner_run(where, stall_s)
+
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            results = list(pool.map(one, range(runs)))
+    out: dict[str, Any] = {"runs": runs, "stall_s": stall_s}
+    print(f"(d) through the runner, FLASH_STALL_S={stall_s:g}, {runs} runs ({parallel} at once):"
+          " from the worker's last line")
+    for label, pick in (("to the marker in the store", 0), ("to the process gone", 1)):
+        xs = [r[pick] for r in results]
+        print(f"    {label:<28} median {statistics.median(xs):7.3f} s  worst {max(xs):7.3f} s")
+        out[label] = {"median_s": round(statistics.median(xs), 3), "worst_s": round(max(xs), 3)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["a", "b", "c", "all"], default="all")
+    parser.add_argument("--part", choices=["a", "b", "c", "d", "all"], default="all")
     parser.add_argument("--rounds", type=int, default=5, help="(a) rounds")
     parser.add_argument("--mb", type=int, default=200, help="(a) MB the worker prints")
     parser.add_argument("--baseline", default=None,
@@ -298,6 +362,8 @@ def main() -> None:
     parser.add_argument("--latency-runs", type=int, default=20, help="(c) hung runs")
     parser.add_argument("--latency-stall-s", type=float, default=10.0, help="(c) stall_s")
     parser.add_argument("--parallel", type=int, default=25, help="(b, c) runs at once")
+    parser.add_argument("--runner-runs", type=int, default=20, help="(d) runs of the runner")
+    parser.add_argument("--runner-parallel", type=int, default=4, help="(d) runs at once")
     parser.add_argument("--once", choices=["on", "off", "before"], default=None,
                         help="one supervised loud run, watch on or off (or under the"
                         " --baseline revision's supervise), then exit")
@@ -320,6 +386,8 @@ def main() -> None:
     if args.part in ("c", "all"):
         figures["c"] = part_c(args.latency_runs, min(args.parallel, args.latency_runs),
                               args.latency_stall_s)
+    if args.part in ("d", "all"):
+        figures["d"] = part_d(args.runner_runs, args.runner_parallel, args.latency_stall_s)
     print(json.dumps(figures))
 
 
