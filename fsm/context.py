@@ -28,6 +28,7 @@ from fsm.rules import Rule
 from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
+    from fsm.gpus import Snapshot
     from fsm.host import HostProbe
     from fsm.prefetch import Branch
     from fsm.supervise import WorkerExit
@@ -146,6 +147,8 @@ class Settings:
 
 #: FLASH_STALL_S's default (CONTRACT section 7).
 DEFAULT_STALL_S = 1800.0
+#: FLASH_HOST_WATCH_S's default (CONTRACT section 8).
+DEFAULT_HOST_WATCH_S = 30.0
 #: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
 MIN_WATCH_S = 5.0
 
@@ -184,11 +187,14 @@ class Tuning:
     stall_s: float = DEFAULT_STALL_S
     #: FLASH_PY_SPY as given: the stack sampler's path, "none" for none, None to find it.
     py_spy: str | None = None
+    #: Seconds between looks at the GPUs while the worker runs (0: no host watch).
+    host_watch_s: float = DEFAULT_HOST_WATCH_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
-        """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``) is an
-        unusable payload: :class:`~fsm.errors.PayloadError` naming it."""
+        """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``,
+        ``FLASH_HOST_WATCH_S``) is an unusable payload: :class:`~fsm.errors.PayloadError`
+        naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
             console_upload_interval_s=max(
@@ -199,6 +205,7 @@ class Tuning:
             pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
             stall_s=watch_seconds(env, "FLASH_STALL_S", DEFAULT_STALL_S),
             py_spy=env.get("FLASH_PY_SPY") or None,
+            host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", DEFAULT_HOST_WATCH_S),
         )
 
     def reserve_for(self, budget_s: float) -> float:
@@ -257,6 +264,8 @@ class Context:
     worker_result: WorkerExit | None = None
     #: ``nvidia-smi``'s answer, asked for once the attempt is owned (LoadPayload)
     host: HostProbe | None = None
+    #: The GPUs' health before setup (``fsm.gpus``): what later snapshots are compared with.
+    host_start: Snapshot | None = None
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
     failure: Failure | None = None

@@ -251,6 +251,10 @@ class WorkerFacts(NamedTuple):
     stalled: bool = False
     #: the previous attempt of the run stalled in the same function of the same file
     stalled_before: bool = False
+    #: the GPUs changed since the start (a GPU gone or out of reach, new uncorrectable ECC)
+    gpus_changed: bool = False
+    #: the job's own CUDA_VISIBLE_DEVICES names no GPU the host has
+    env_hides_gpus: bool = False
 
 
 def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
@@ -265,9 +269,11 @@ def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
     if facts.stalled:
         if facts.oom_killed:
             return rules.WORKER_OOM_KILLED, None
+        if facts.gpus_changed:
+            return rules.WORKER_HOST_FAULT, None
         match = console_verdict(facts.console)
         if match is not None:
-            return (rules.WORKER_HOST_FAULT if match.signature.retriable
+            return (rules.WORKER_HOST_FAULT if _the_hosts(match, facts)
                     else rules.WORKER_FAILED), match
         return (rules.WORKER_STALLED_AGAIN if facts.stalled_before
                 else rules.WORKER_STALLED), None
@@ -277,10 +283,24 @@ def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
         return rules.WORKER_UPLOAD_LOST, None
     if facts.oom_killed:
         return rules.WORKER_OOM_KILLED, None
+    if facts.gpus_changed:  # the GPUs know better than the console (a job fault included)
+        return rules.WORKER_HOST_FAULT, None
     match = console_verdict(facts.console)
-    if match is not None and match.signature.retriable:
+    if match is not None and _the_hosts(match, facts):
         return rules.WORKER_HOST_FAULT, match
     return rules.WORKER_FAILED, match
+
+
+#: Console rows that say CUDA sees no GPU: the job's own CUDA_VISIBLE_DEVICES can say so too.
+NO_GPU_SIGNATURES = frozenset({"cuda-no-gpus", "cuda-no-device"})
+
+
+def _the_hosts(match: ConsoleMatch, facts: WorkerFacts) -> bool:
+    """Whether a console row's fault is the host's: a host row, unless it says CUDA sees
+    no GPU and the job's own environment hides every GPU the host has."""
+    if not match.signature.retriable:
+        return False
+    return not (facts.env_hides_gpus and match.signature.id in NO_GPU_SIGNATURES)
 
 
 def _console_ids(*, retriable: bool) -> tuple[str, ...]:
@@ -293,6 +313,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.DEADLINE, Claim((DeadlineExceeded,))),
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
     (rules.HOST_GPU_MISSING, Claim()),
+    (rules.HOST_GPU_UNHEALTHY, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_REFUSED, Claim((StoreRefused,))),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
@@ -308,6 +329,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.WORKER_UPLOAD_LOST, Claim()),
     (rules.WORKER_OOM_KILLED, Claim()),
     (rules.WORKER_HOST_FAULT, Claim(console=_console_ids(retriable=True))),
+    (rules.HOST_GPU_LOST, Claim()),
     (rules.WORKER_STALLED, Claim()),
     (rules.WORKER_STALLED_AGAIN, Claim()),
     (rules.WORKER_FAILED, Claim(console=_console_ids(retriable=False))),

@@ -69,6 +69,12 @@ HOST_GPU_MISSING: Final = _retriable(
     "the payload's `expect_gpus` and the host disagree: fewer GPUs visible, or `nvidia-smi` "
     "missing, failing or hung (a short host, before any install or download)",
 )
+HOST_GPU_UNHEALTHY: Final = _retriable(
+    "host-gpu-unhealthy", ANY,
+    "a GPU reports uncorrectable ECC errors, pending page retirement or row remapping, or a "
+    "row-remapping failure (before setup), or new uncorrectable ECC errors while the worker "
+    "ran (the host watch stopped it); or nvidia-smi hung before setup",
+)
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(
     "store-refused", ANY,
@@ -122,8 +128,15 @@ WORKER_OOM_KILLED: Final = _fatal(
 )
 WORKER_HOST_FAULT: Final = _retriable(
     "worker-host-fault", table.VERIFY_REMOTE,
-    "no completion artifacts; the worker's last console lines show a GPU, driver or "
-    "interconnect fault of the host, and no job fault",
+    "no completion artifacts; the GPUs changed since the start (a GPU gone or out of reach, "
+    "new uncorrectable ECC errors), which wins over the console; or the worker's last "
+    "console lines show a GPU, driver or interconnect fault of the host, and no job fault",
+)
+HOST_GPU_LOST: Final = _retriable(
+    "host-gpu-lost", table.VERIFY_REMOTE,
+    "no completion artifacts; while the worker ran a GPU could no longer be reached "
+    "(nvidia-smi failed for it, or hung past its bound) or fewer were visible than at the "
+    "start: the host watch stopped the worker (its stacks first)",
 )
 WORKER_STALLED: Final = _retriable(
     "worker-stalled", table.VERIFY_REMOTE,
@@ -138,7 +151,9 @@ WORKER_STALLED_AGAIN: Final = _fatal(
 WORKER_FAILED: Final = _fatal(
     "worker-failed", table.VERIFY_REMOTE,
     "the worker exited without completion artifacts and without a sign of the host in its "
-    "console, or with one of the job's own CUDA faults there",
+    "console or its GPUs, or with one of the job's own CUDA faults there; also when the "
+    "console says CUDA sees no GPU and the job's own CUDA_VISIBLE_DEVICES names none the "
+    "host has",
 )
 STORE_UNSAFE_LINK: Final = _fatal(
     "store-unsafe-link", ANY,

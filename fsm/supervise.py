@@ -61,7 +61,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import structlog
 
@@ -82,9 +82,20 @@ _OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buf
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
 _OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
-ExitReason = Literal["exited", "deadline", "interrupted", "stalled"]
-StopReason = Literal["stalled", "deadline"]
+ExitReason = Literal["exited", "deadline", "interrupted", "stalled", "host"]
+StopReason = Literal["stalled", "deadline", "host"]
 """Why ``before_stop`` is called: the group is about to be stopped for this."""
+
+
+class HostWatch(Protocol):
+    """Something the supervision loop looks at while the worker runs (the GPUs' health):
+    ``due()`` says when it next wants a look (monotonic), ``look()`` takes it without
+    blocking (it may start or collect work done elsewhere) and says whether the host
+    failed under the worker, which then is stopped (``reason`` ``"host"``)."""
+
+    def due(self) -> float: ...
+
+    def look(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,7 @@ def supervise(
     stall_s: float = 0.0,
     progress_file: Path | None = None,
     before_stop: Callable[[StopReason], None] | None = None,
+    host_watch: HostWatch | None = None,
     name: str = "worker",
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
@@ -168,6 +180,10 @@ def supervise(
     reckoned after it returns, still never past ``stop_by``. What it raises (an
     ``Exception``) is logged and the stop goes on; the leader is not reaped before it
     returns, so the group id it may use (``on_group``) still names the worker's group.
+
+    ``host_watch`` is one more deadline of the same wait: when it is due the loop calls its
+    ``look()``, and when that says the host failed the group is stopped as for a stall
+    (``before_stop("host")`` first), ``reason`` ``"host"``.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
     ``tail_interval_s`` seconds (give or take a fifth, at random); ticks are skipped while
@@ -228,6 +244,7 @@ def supervise(
                 signal_stop_s=signal_stop_s,
                 drain_timeout_s=drain_timeout_s,
                 watch=watch,
+                host_watch=host_watch,
                 before_stop=before_stop,
             )
             if reason != "exited":
@@ -271,6 +288,7 @@ def _wait_and_stop(
     signal_stop_s: float | None,
     drain_timeout_s: float,
     watch: _StallWatch | None,
+    host_watch: HostWatch | None,
     before_stop: Callable[[StopReason], None] | None,
 ) -> tuple[ExitReason, float | None]:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
@@ -279,7 +297,7 @@ def _wait_and_stop(
     log = structlog.get_logger()
     exited, eof = run.exited.is_set, run.pump.eof.is_set
     reason, silent_s = _wait(run, waker=waker, deadline=deadline, interrupt=interrupt,
-                             watch=watch)
+                             watch=watch, host_watch=host_watch)
     if reason != "exited":
         if reason != "interrupted" and before_stop is not None:
             try:
@@ -335,8 +353,10 @@ def _wait(
     deadline: Deadline,
     interrupt: InterruptFlag,
     watch: _StallWatch | None,
+    host_watch: HostWatch | None = None,
 ) -> tuple[ExitReason, float | None]:
-    """Wait until the leader exits, a signal comes, the deadline passes or the worker stalls.
+    """Wait until the leader exits, a signal comes, the deadline passes, the worker stalls
+    or the host watch says the host failed.
 
     The leader's exit and a signal are looked at before a stall is called: whichever the
     main thread sees first decides, and the exit before the signal, as always."""
@@ -351,6 +371,8 @@ def _wait(
         until = min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S)
         if watch is not None:
             until = min(until, watch.due())
+        if host_watch is not None:
+            until = min(until, host_watch.due())
         if not waker.wait_until(ended, until):
             silent_s = watch.stalled() if watch is not None else None
             deadline_at = deadline.mono_at
@@ -362,6 +384,10 @@ def _wait(
                     stall_s=watch.stall_s, last_sign=watch.last_kind(),
                 )
                 return "stalled", silent_s
+            elif (host_watch is not None and time.monotonic() >= host_watch.due()
+                  and host_watch.look() and not ended()):
+                structlog.get_logger().warning(f"{run.name}.host_failed", pgid=run.pid)
+                return "host", None
             elif time.monotonic() < deadline_at:
                 continue
         if exited():
@@ -386,6 +412,8 @@ def _cap_line(
     elif reason == "stalled":
         silent = f"{silent_s or 0:.0f} s"
         text = f"--- flash-bootstrap: {name} made no progress for {silent}; stopped ---\n"
+    elif reason == "host":
+        text = f"--- flash-bootstrap: the host's GPUs failed under the {name}; stopped ---\n"
     else:
         sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
         text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"

@@ -53,6 +53,8 @@ SPEC_RESOLVED: Final = "spec_resolved"
 WORKER_EXITED: Final = "worker_exited"
 #: The worker made no progress for FLASH_STALL_S and was stopped: its exit is not its own.
 WORKER_STALLED: Final = "worker_stalled"
+#: The host's GPUs failed under the worker (the host watch) and it was stopped.
+HOST_FAILED: Final = "host_failed"
 COMPLETION_CONFIRMED: Final = "completion_confirmed"
 CACHE_WARMED: Final = "cache_warmed"
 FAILED_RETRIABLE_EVENT: Final = "failed_retriable"
@@ -82,6 +84,7 @@ PROGRESS: Final[tuple[tuple[str, str, str], ...]] = (
     (SPEC_RESOLVED, RESOLVE_SPEC, TRAIN),
     (WORKER_EXITED, TRAIN, VERIFY_REMOTE),
     (WORKER_STALLED, TRAIN, VERIFY_REMOTE),
+    (HOST_FAILED, TRAIN, VERIFY_REMOTE),
     (COMPLETION_CONFIRMED, VERIFY_REMOTE, MARK),
     (CACHE_WARMED, PRELOAD, MARK),
     (MARKED_SUCCEEDED, MARK, SUCCEEDED),

@@ -9,7 +9,10 @@ A worker that makes no progress for ``FLASH_STALL_S`` (no console byte, no touch
 ``FLASH_PROGRESS_FILE``) is stalled (CONTRACT section 7): its stacks are taken before the
 first signal (``fsm.stacks``), as they are when the deadline stops it, and ride with the
 marker as ``stacks_<phase>.txt``; the state fires ``worker_stalled``, and VerifyRemote
-judges the stall.
+judges the stall. The GPUs are asked every ``FLASH_HOST_WATCH_S`` too (``fsm.gpu_watch``,
+CONTRACT section 8): one that can no longer be reached, fewer than at the start, or new
+uncorrectable ECC errors stop the worker the same way (stacks first), and the state fires
+``host_failed``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from fsm.budget import Background
 from fsm.console import PeriodicTail, console_path, progress_path
 from fsm.context import SIGNAL_STOP_S, Context
 from fsm.errors import DeadlineExceeded
+from fsm.gpu_watch import GpuWatch, watchable
 from fsm.host import memory_events_path, oom_kills
 from fsm.log import Progress
 from fsm.supervise import StopReason, supervise
@@ -51,6 +55,11 @@ def train(ctx: Context) -> str:
     oom_file = memory_events_path(ctx.environ)
     oom_before = oom_kills(oom_file)
 
+    # The GPUs asked every FLASH_HOST_WATCH_S, compared with what they said before setup.
+    host_watch = (GpuWatch(ctx.host_start, ctx.environ, tuning.host_watch_s)
+                  if tuning.host_watch_s > 0 and ctx.host_start is not None
+                  and watchable(ctx.host_start) else None)
+
     # worker.progress: its console's bytes so far, and the seconds left before the deadline
     left = max(0, round(ctx.work_deadline.remaining()))
     with ctx.interrupts_handled(), Progress("worker", seconds_left=left) as progress:
@@ -72,6 +81,7 @@ def train(ctx: Context) -> str:
                 stall_s=tuning.stall_s,
                 progress_file=progress_path(ctx),
                 before_stop=partial(_take_stacks, ctx),
+                host_watch=host_watch,
             )
         progress.done(ok=result.reason == "exited", reason=result.reason)
     if periodic is not None:
@@ -102,6 +112,12 @@ def train(ctx: Context) -> str:
             "where_in_code": stacks.get("where_in_code"),
         }
         return table.WORKER_STALLED
+    if result.reason == "host":
+        assert host_watch is not None and host_watch.verdict is not None
+        ctx.evidence["gpu_change"] = {"when": "while the worker ran",
+                                      "findings": host_watch.verdict.evidence(),
+                                      "text": host_watch.verdict.describe()}
+        return table.HOST_FAILED
     return table.WORKER_EXITED
 
 

@@ -19,7 +19,7 @@ import json
 import shutil
 import signal
 
-from fsm import rules, table
+from fsm import gpus, rules, table
 from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import (
@@ -30,6 +30,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.gpu_watch import LOST_KINDS, hidden_by_env, watchable
 from fsm.payload import Payload
 from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
 from fsm.rules import Rule
@@ -64,9 +65,13 @@ def verify_remote(ctx: Context) -> str:
     on_its_own = result is not None and result.reason == "exited"
     # A stall was called before any signal came: it stands, as a worker's own exit does.
     stalled = result is not None and result.reason == "stalled"
-    if ctx.interrupt.is_set() and not (on_its_own or stalled):
+    # So was a stop for the host's GPUs (the host watch), which decides by itself.
+    host_failed = result is not None and result.reason == "host"
+    if ctx.interrupt.is_set() and not (on_its_own or stalled or host_failed):
         raise Interrupted(ctx.interrupt.signum or 15)
     missing = ", ".join(name for name, ok in present.items() if not ok)
+    if host_failed:
+        raise _host_failed(ctx, p, missing)
     worker = ctx.evidence.get("worker", {})
     facts = WorkerFacts(
         stalled=stalled,
@@ -75,6 +80,8 @@ def verify_remote(ctx: Context) -> str:
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=worker.get("oom_killed") is True,
         console=_console_tail(ctx),
+        gpus_changed=_gpus_changed(ctx),
+        env_hides_gpus=hidden_by_env(ctx.host_start, p.env.get("CUDA_VISIBLE_DEVICES")),
     )
     rule, match = judge_worker(facts)
     if match is not None:
@@ -97,6 +104,10 @@ def _reason(
     exited = _exit_text(ctx)
     if rule in (rules.WORKER_STALLED, rules.WORKER_STALLED_AGAIN):
         return _stall_reason(ctx, p, rule, missing)
+    change = ctx.evidence.get("gpu_change")
+    if rule is rules.WORKER_HOST_FAULT and match is None and isinstance(change, dict):
+        return (f"host fault, retry on a fresh host: the GPUs changed since the start: "
+                f"{change.get('text')}; worker {exited} without {missing}")
     if rule is rules.WORKER_HEARTBEAT_RETRIABLE:
         return (f"worker {exited} without {missing} in the store; its heartbeat for attempt "
                 f"{p.dest.attempt} says retriable")
@@ -118,6 +129,39 @@ def _reason(
                 f"console shows the job's own fault, which fails on any host: {sig.meaning} "
                 f"({sig.id}): {match.line}")
     return f"worker {exited} without completion artifacts ({missing} missing)"
+
+
+def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
+    """The host watch stopped the worker: a GPU out of reach or gone is ``host-gpu-lost``,
+    new uncorrectable ECC errors alone ``host-gpu-unhealthy``."""
+    change = ctx.evidence.get("gpu_change", {})
+    kinds = {f.get("kind") for f in change.get("findings", [])}
+    rule = rules.HOST_GPU_LOST if kinds & LOST_KINDS or not kinds else rules.HOST_GPU_UNHEALTHY
+    kept = ctx.evidence.get("stacks", {}).get("file")
+    return RetriableError(
+        f"the host's GPUs failed under the worker, retry on a fresh host: "
+        f"{change.get('text', 'the GPUs changed')}; the worker was stopped without {missing}"
+        + (f"; its stacks, taken first, are in {kept}" if kept else ""),
+        rule=rule, stands_after_signal=True,
+    )
+
+
+def _gpus_changed(ctx: Context) -> bool:
+    """After a worker ended without its completion artifacts: the GPUs asked again, and
+    compared with what they said before setup (a GPU gone or out of reach, new
+    uncorrectable ECC errors). Within the snapshot's own bound, and never more than half of
+    what verification has left; no snapshot before setup, no comparison."""
+    start = ctx.host_start
+    if not watchable(start) or start is None:
+        return False
+    left = ctx.begin_end().verify_budget().remaining()
+    now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(gpus.SNAPSHOT_S, left / 2)))
+    verdict = gpus.changed(start, now)
+    if not verdict:
+        return False
+    ctx.evidence["gpu_change"] = {"when": "after the worker ended",
+                                  "findings": verdict.evidence(), "text": verdict.describe()}
+    return True
 
 
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:

@@ -1,0 +1,260 @@
+"""The GPUs asked while the worker runs and after it died (issue 24 items 2 and 3, CONTRACT
+section 8), through the real runner with a fake nvidia-smi that answers in the real tool's
+documented format (``fsm.testing.nvidia_smi``) and whose host the test changes mid-run.
+
+A GPU out of reach, fewer GPUs, new uncorrectable ECC errors: the watch stops the worker
+(its stacks first) and the attempt ends retriable, ``host-gpu-lost`` or
+``host-gpu-unhealthy``. After a worker died, a change since the start makes it
+``worker-host-fault``, over a job fault in the console; the job's own
+``CUDA_VISIBLE_DEVICES`` explaining "No CUDA GPUs are available" keeps it the job's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import CANARY, Layout, read_until
+
+from fsm import gpus
+from fsm.gpu_watch import GpuWatch, hidden_by_env
+from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
+
+WATCH_S = 5.0
+
+
+@pytest.fixture
+def smi(tmp_path: Path) -> Iterator[FakeNvidiaSmi]:
+    with FakeNvidiaSmi(tmp_path / "smi", FakeHost.h100s(2)) as fake:
+        yield fake
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"HF_TOKEN": CANARY, "FLASH_STOP_GRACE_S": "1", "FLASH_STALL_S": "0",
+            "FLASH_HOST_WATCH_S": f"{WATCH_S:g}", **extra}
+
+
+def _start(layout: Layout, smi: FakeNvidiaSmi, **payload: Any) -> subprocess.Popen[bytes]:
+    payload.setdefault("env", _env())
+    layout.write_payload(**payload)
+    return subprocess.Popen([sys.executable, "-m", "fsm", *layout.run_args()],
+                            env=smi.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _finish(layout: Layout, proc: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
+    _, err = proc.communicate(timeout=timeout)
+    marker = layout.marker()
+    assert marker is not None, err.decode()[-3000:]
+    return marker
+
+
+RUNS = "print('ready', flush=True)\ntime.sleep(60)\n"
+
+
+def test_a_gpu_lost_while_the_worker_runs_stops_it_retriable_naming_the_gpu(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    """NVML loses GPU 1 mid-run: within a watch period the worker is stopped, its stacks
+    taken first, and the marker is retriable host-gpu-lost naming GPU 1 and its UUID."""
+    layout.write_worker(RUNS)
+    proc = _start(layout, smi)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    lost_uuid = host.gpus[1].uuid
+    host.gpus[1].unreachable = "Unknown Error"
+    smi.set(host)
+    changed_at = time.monotonic()
+    marker = _finish(layout, proc)
+    assert time.monotonic() - changed_at < WATCH_S + 2 + 20 + 10  # a period, the snapshot, stacks
+    assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, True, "host-gpu-lost")
+    assert lost_uuid in marker["error"] and "GPU 1" in marker["error"]
+    assert marker["worker"]["reason"] == "host"
+    assert marker["stacks"]["for"] == "host"
+    kinds = {f["kind"] for f in marker["gpu_change"]["findings"]}
+    assert kinds == {"unreachable"}
+
+
+def test_new_uncorrectable_ecc_errors_while_the_worker_runs_are_host_gpu_unhealthy(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    layout.write_worker(RUNS)
+    proc = _start(layout, smi)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    host.gpus[0].ecc_uncorrected = (host.gpus[0].ecc_uncorrected or 0) + 3
+    smi.set(host)
+    marker = _finish(layout, proc)
+    assert (marker["retriable"], marker["rule"]) == (True, "host-gpu-unhealthy")
+    assert host.gpus[0].uuid in marker["error"]
+
+
+def test_an_nvidia_smi_that_hangs_mid_run_is_a_lost_gpu_only_after_its_bound(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    layout.write_worker(RUNS)
+    proc = _start(layout, smi)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    host.hang = ["*"]
+    smi.set(host)
+    marker = _finish(layout, proc)
+    assert (marker["retriable"], marker["rule"]) == (True, "host-gpu-lost")
+    assert "did not answer within 2s" in marker["error"]
+
+
+def test_with_the_host_watch_off_a_gpu_lost_mid_run_does_not_stop_the_worker(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    layout.write_worker("print('ready', flush=True)\n"
+                        "while not (SCRATCH / 'go').exists():\n    time.sleep(0.02)\n"
+                        "time.sleep(7)\ncomplete()\n")
+    proc = _start(layout, smi, env=_env(FLASH_HOST_WATCH_S="0"))
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    host.gpus[1].unreachable = "Unknown Error"
+    smi.set(host)
+    (layout.scratch / "go").write_text("")
+    marker = _finish(layout, proc)
+    assert marker["ok"] is True
+
+
+def test_a_worker_that_completed_before_its_gpu_was_lost_succeeded(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    layout.write_worker("complete()\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    proc = _start(layout, smi)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    host.gpus[0].unreachable = "Unknown Error"
+    smi.set(host)
+    marker = _finish(layout, proc)
+    assert (marker["ok"], marker["rule"]) == (True, "completion-confirmed")
+
+
+@pytest.mark.parametrize("value", ["soon", "2", "-5"])
+def test_an_unusable_host_watch_setting_makes_the_payload_unusable_naming_it(
+    layout: Layout, smi: FakeNvidiaSmi, value: str
+) -> None:
+    layout.write_worker("complete()\n")
+    proc = _start(layout, smi, env=_env(FLASH_HOST_WATCH_S=value))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err.decode()[-3000:]
+    assert "FLASH_HOST_WATCH_S" in err.decode().strip().splitlines()[-1]
+
+
+# --- after the worker died ------------------------------------------------------------------
+
+DIES = """
+print("ready", flush=True)
+while not (SCRATCH / "go").exists():
+    time.sleep(0.02)
+print({console!r}, flush=True)
+sys.exit(1)
+"""
+
+
+def _dies(layout: Layout, smi: FakeNvidiaSmi, console: str, change: Any,
+          **payload: Any) -> dict[str, Any]:
+    layout.write_worker(DIES.format(console=console))
+    payload.setdefault("env", _env(FLASH_HOST_WATCH_S="0"))
+    proc = _start(layout, smi, **payload)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    change(host)
+    smi.set(host)
+    (layout.scratch / "go").write_text("")
+    return _finish(layout, proc)
+
+
+def _lose_gpu_1(host: FakeHost) -> None:
+    host.gpus[1].unreachable = "Unknown Error"
+
+
+def _ecc_on_gpu_0(host: FakeHost) -> None:
+    host.gpus[0].ecc_uncorrected = (host.gpus[0].ecc_uncorrected or 0) + 1
+
+
+def _nothing(host: FakeHost) -> None:
+    return None
+
+
+def test_a_worker_that_died_silently_after_its_gpu_went_is_a_host_fault(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    """A crash whose console decides nothing: the GPUs asked again say GPU 1 went, so
+    the host is at fault, retried on a fresh host, the GPU named."""
+    marker = _dies(layout, smi, "Segmentation fault (core dumped)", _lose_gpu_1)
+    assert (marker["retriable"], marker["rule"]) == (True, "worker-host-fault")
+    assert smi.host().gpus[1].uuid in marker["error"]
+    assert marker["gpu_change"]["when"] == "after the worker ended"
+
+
+def test_when_the_gpus_changed_they_win_over_a_job_fault_in_the_console(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    """CUDA out of memory in the console, but GPU 0 counted new uncorrectable ECC errors:
+    the GPUs know better, host fault."""
+    marker = _dies(layout, smi, "torch.OutOfMemoryError: CUDA out of memory.", _ecc_on_gpu_0)
+    assert (marker["retriable"], marker["rule"]) == (True, "worker-host-fault")
+
+
+def test_with_unchanged_gpus_a_job_fault_stays_the_jobs(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    marker = _dies(layout, smi, "torch.OutOfMemoryError: CUDA out of memory.", _nothing)
+    assert (marker["retriable"], marker["rule"]) == (False, "worker-failed")
+    assert "gpu_change" not in marker
+
+
+@pytest.mark.parametrize(("visible", "rule"), [("7", "worker-failed"), (None, "worker-host-fault")],
+                         ids=["the-jobs-env-hides-every-gpu", "no-env"])
+def test_no_cuda_gpus_is_the_jobs_fault_when_its_own_env_hides_every_gpu(
+    layout: Layout, smi: FakeNvidiaSmi, visible: str | None, rule: str
+) -> None:
+    """"No CUDA GPUs are available" on a 2-GPU host: with the payload's own
+    CUDA_VISIBLE_DEVICES=7 (no such GPU) it is the job's doing, fatal; without it the host's."""
+    extra = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    marker = _dies(layout, smi, "RuntimeError: No CUDA GPUs are available", _nothing,
+                   env=_env(FLASH_HOST_WATCH_S="0", **extra))
+    assert marker["rule"] == rule
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+
+def test_the_watch_takes_one_snapshot_at_a_time_and_says_the_host_failed_on_a_change(
+    smi: FakeNvidiaSmi,
+) -> None:
+    start = gpus.snapshot(smi.env())
+    now = [0.0]
+    watch = GpuWatch(start, smi.env(), 30.0, clock=lambda: now[0])
+    assert watch.due() == 30.0 and watch.look() is False  # not due yet: nothing asked
+    now[0] = 30.0
+    assert watch.look() is False  # a snapshot started
+    pending = watch._pending
+    assert pending is not None and pending.result(5) is not None
+    assert watch.look() is False and watch.due() == 60.0  # healthy: next look in 30 s
+    host = smi.host()
+    host.gpus[0].unreachable = "Unknown Error"
+    smi.set(host)
+    now[0] = 60.0
+    watch.look()
+    assert watch._pending is not None and watch._pending.result(5) is not None
+    assert watch.look() is True
+    assert watch.verdict is not None and watch.verdict.kinds() == {"unreachable"}
+
+
+@pytest.mark.parametrize(("visible", "hidden"), [
+    ("7", True), ("", True), ("-1", True), ("0", False), ("1,7", False), ("7,0", True),
+    ("GPU-nonexistent", True), ("MIG-whatever", False), (None, False),
+])
+def test_cuda_visible_devices_hides_the_gpus_only_when_it_names_none_the_host_has(
+    smi: FakeNvidiaSmi, visible: str | None, hidden: bool
+) -> None:
+    start = gpus.snapshot(smi.env())
+    assert hidden_by_env(start, visible) is hidden
+    assert hidden_by_env(start, start.gpus[1].uuid) is False
