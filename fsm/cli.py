@@ -24,6 +24,9 @@ if sys.argv[1:2] == ["run"]:
     # The first thing a runner does: a signal during the imports below is remembered.
     interrupt.install_early()
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
+    from fsm import hub_import
+
+    hub_import.start()  # huggingface_hub loads while the payload is read (fsm.hub_import)
 
 import argparse
 import contextlib
@@ -195,14 +198,17 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             _say(problem)
             return 2
-    from fsm import log
+    from fsm import hub_import, log
     from fsm.context import Settings
     from fsm.runner import run_attempt
 
-    environ = dict(os.environ)  # as given: the worker's environment is built from it
+    # As given (before the background import set the hub's switches in it): the worker's
+    # environment is built from it.
+    environ = hub_import.given_environ()
     outlet.install()  # from here on the runner's own output can neither raise nor block it
     log.configure()
     log.quiet_libraries()  # this process's own: no library bars or text among the events
+    hub_import.report()
     settings = Settings.resolve(
         environ,
         payload=args.payload,

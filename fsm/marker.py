@@ -39,7 +39,7 @@ from fsm.errors import (
 )
 from fsm.payload import Destination
 from fsm.redact import Redactor
-from fsm.store.base import Fence, Store
+from fsm.store.base import PRELOAD_RESULT_NAME, Fence, Store
 
 MAX_ERROR_CHARS = 2_000
 #: The persisted result's format; a file of any other version is set aside, never replayed.
@@ -387,8 +387,13 @@ def _commit(
     """Commit the files, retried; (landed, why not, what to fix when refused for good)."""
     target = dest.path(dest.marker_name)
 
+    # What may be left out when the repo's .gitignore matches it: the console tail and the
+    # stacks. The marker and the preload's result may not (StoreRefused names the file).
+    optional = [path for path in files if path != target
+                and path.rsplit("/", 1)[-1] != PRELOAD_RESULT_NAME]
+
     def once(_attempt: int) -> None:
-        store.commit(files, message=f"Attempt marker {dest.marker_name}")
+        store.commit(files, message=f"Attempt marker {dest.marker_name}", optional=optional)
 
     def delay(attempt: int, exc: Exception) -> float | None:
         if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):

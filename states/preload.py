@@ -21,9 +21,9 @@ from fsm import rules, table
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
 from fsm.log import Progress
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store, WarmOutcome
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
 
-RESULT_NAME = "preload_result.json"
+RESULT_NAME = PRELOAD_RESULT_NAME
 log = structlog.get_logger("states.preload")
 
 

@@ -25,7 +25,7 @@ import signal
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -390,7 +390,8 @@ class FaultyStore:
         return call
 
     def commit(
-        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
+        optional: Collection[str] = (),
     ) -> bool:
         # The marker's commit (with the end-of-attempt artifacts), or a periodic tail.
         op = "upload_marker" if MARKER_PATH in files else "upload_file"
@@ -400,7 +401,8 @@ class FaultyStore:
             files=list(files),
             fenced=fence is not None,
         )
-        call["landed"] = self.inner.commit(files, message=message, fence=fence)
+        call["landed"] = self.inner.commit(files, message=message, fence=fence,
+                                            optional=optional)
         return bool(call["landed"])
 
     def exists(self, path_in_repo: str) -> bool:  # pragma: no cover - the runner lists

@@ -26,7 +26,7 @@ optional upload (a periodic console tail) lands after the marker (CONTRACT secti
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -34,6 +34,10 @@ WarmOutcome = Literal["cached", "downloaded"]
 #: Told what a warm is about to fetch, before its first byte: ``(files, bytes)`` of the
 #: model's files the preload keeps (a warm that finds the model cached never calls it).
 WarmStart = Callable[[int, int], None]
+
+#: The preload's result, beside the marker in the final commit: like the marker, it must
+#: land (a repo that would ignore it refuses the commit).
+PRELOAD_RESULT_NAME = "preload_result.json"
 
 #: Files a preload never warms (CONTRACT section 6).
 PRELOAD_IGNORE_PATTERNS: tuple[str, ...] = (
@@ -109,7 +113,8 @@ class Store(Protocol):
         ...
 
     def commit(
-        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
+        optional: Collection[str] = (),
     ) -> bool:
         """Put every ``files[path_in_repo]`` (a local file) in the repo in one commit.
 
@@ -119,6 +124,11 @@ class Store(Protocol):
         it never lands after :meth:`Fence.seal` returned, even if it was already in flight.
         The local store makes the files visible in the mapping's order (the last entry
         lands last); the Hub makes them visible at once.
+
+        ``optional``: paths the store may leave out when the repo ignores them (the Hub
+        leaves out what the repo's ``.gitignore`` matches). Any other file it would leave
+        out refuses the commit (:class:`~fsm.errors.StoreRefused`, naming ``.gitignore``):
+        a marker is never dropped silently.
         """
         ...
 

@@ -56,19 +56,19 @@ import http.client
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import structlog
 
-from fsm import __version__
 from fsm.budget import Background, Budget, GaveUp, backoff
 from fsm.clock import Deadline
 from fsm.errors import (
@@ -83,10 +83,7 @@ from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
 from fsm.store.base import Fence, StoreStats, WarmOutcome
 from fsm.store.hf_cache import ModelCache
-from fsm.store.hub_http import Entry, HubClient, NeedsLfs, Refused
-
-if TYPE_CHECKING:
-    from huggingface_hub import HfApi
+from fsm.store.hub_client import Entry, HubClient, Ignored
 
 __all__ = ["DEFAULT_ENDPOINT", "HubStore", "configure_transfer"]
 
@@ -133,6 +130,20 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 
     Telemetry is always disabled (``HF_HUB_DISABLE_TELEMETRY=1``).
     """
+    accelerator, frozen = _switch_transfer(environ, accelerate=accelerate)
+    log.info(
+        "store.transfer_accelerator",
+        accelerator=accelerator,
+        hub_major=_hub_major(),
+        configured_after_import=frozen,
+    )
+    return accelerator
+
+
+def _switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True,
+                     ) -> tuple[Accelerator, bool]:
+    """:func:`configure_transfer` without its log line (the background import runs it
+    before logging is set up): the accelerator, and whether the hub was imported already."""
     global _configured
     environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     major = _hub_major()
@@ -156,13 +167,33 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
             # read from the constants module at call time).
             setattr(constants, switch, on)
     _configured = accelerator
-    log.info(
-        "store.transfer_accelerator",
-        accelerator=accelerator,
-        hub_major=major,
-        configured_after_import=frozen,
-    )
-    return accelerator
+    return accelerator, frozen
+
+
+def import_library() -> None:
+    """Import what the adapter calls of ``huggingface_hub``, the transfer switch set first
+    (``fsm.hub_import`` runs this in the background from the runner's first instruction).
+    The runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
+    if _configured is None:
+        _switch_transfer(os.environ)
+    from huggingface_hub import HfApi, constants, hf_hub_download
+
+    del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
+
+    _online(constants)
+    from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
+
+    disable_progress_bars()  # the runner's stderr is JSON lines (fsm.log.quiet_libraries)
+    if (_hub_major() or 0) >= 1:  # one shared client on 1.x/2.x (0.x keeps one per thread)
+        from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
+
+        get_session()
+
+
+def _online(constants: object) -> None:
+    """The frozen offline switch off: the store is what the runner must reach."""
+    if getattr(constants, "HF_HUB_OFFLINE", False):
+        setattr(constants, "HF_HUB_OFFLINE", False)  # noqa: B010  # a module's setting
 
 
 def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
@@ -174,7 +205,9 @@ def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
         key: value
         for key, value in (environ or {}).items()
         if key.startswith(("HF_HUB_", "HF_XET_"))
-        and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS")
+        # HF_HUB_OFFLINE is the worker's: the runner's own calls must reach the store.
+        and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
+                        "HF_HUB_OFFLINE")
         and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
     }
 
@@ -190,15 +223,45 @@ def _ensure_configured(settings: Mapping[str, str]) -> None:
     wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value}
     if not wanted:
         return
-    if "huggingface_hub.constants" not in sys.modules:
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
         os.environ.update(wanted)
         return
+    # Imported already (in the background, before the payload was read): a setting the
+    # constants module holds under its own name is set there, as the import would have.
+    late = []
+    for key, value in wanted.items():
+        current = getattr(constants, key, _MISSING)
+        if current is _MISSING or not _set_constant(constants, key, current, value):
+            late.append(key)
     with _frozen_lock:
-        late = sorted(set(wanted) - _frozen_reported)
+        late = sorted(set(late) - _frozen_reported)
         _frozen_reported.update(late)
     if late:
         log.warning("store.settings_frozen", ignored=late,
                     why="huggingface_hub was imported before these settings were known")
+
+
+_MISSING = object()
+
+
+def _set_constant(constants: object, key: str, current: object, value: str) -> bool:
+    """``constants.<key>`` set from the text ``value``, typed as it is now; False when the
+    text does not fit that type."""
+    typed: object
+    if isinstance(current, bool):
+        typed = value.strip().upper() in ("1", "ON", "YES", "TRUE")
+    elif isinstance(current, int | float):
+        try:
+            typed = type(current)(value)
+        except ValueError:
+            return False
+    elif current is None or isinstance(current, str):
+        typed = value
+    else:
+        return False
+    setattr(constants, key, typed)
+    return True
 
 
 # --- failure classification ----------------------------------------------------------------
@@ -253,13 +316,23 @@ def _response_of(exc: BaseException) -> object | None:
         return None
 
 
+_RATELIMIT = re.compile(r'"[^"]*"\s*;\s*r\s*=\s*(\d+)\s*;\s*t\s*=\s*(\d+)')
+
+
 def _retry_after(response: object) -> float | None:
-    """The wait a ``Retry-After`` header asks for (seconds or an HTTP date), if any."""
+    """The wait the answer asks for, if any: ``Retry-After`` (seconds or an HTTP date), else
+    the reset of an exhausted ``RateLimit`` window (``"api";r=0;t=<seconds>``, the IETF
+    draft the Hub follows; its 429 may carry no ``Retry-After`` at all)."""
     headers = getattr(response, "headers", None)
     try:
         value: object = headers.get("Retry-After") if headers is not None else None
+        limit: object = headers.get("RateLimit") if headers is not None else None
     except Exception:
         return None
+    if (not isinstance(value, str) or not value.strip()) and isinstance(limit, str):
+        found = _RATELIMIT.search(limit)
+        if found is not None and int(found.group(1)) == 0:
+            return float(found.group(2))
     if not isinstance(value, str) or not value.strip():
         return None
     try:
@@ -439,7 +512,8 @@ class HubStore:
         return {"HF_ENDPOINT": self.endpoint} if self._custom_endpoint else {}
 
     def commit(
-        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
+        optional: Collection[str] = (),
     ) -> bool:
         if fence is not None and fence.sealed:
             return False
@@ -453,20 +527,15 @@ class HubStore:
         missing = f"repo {self.repo_id} not found"
 
         def create(parent: str | None) -> None:
-            if size <= _SMALL_UPLOAD:
-                contents = {path: local.read_bytes() for path, local in items}
-                try:
-                    self._client().commit("dataset", self.repo_id, contents, message=message,
-                                          parent=parent)
-                    return
-                except Refused as exc:
-                    raise StoreRefused(
-                        f"store {op} {label}: {exc}",
-                        fix=f"{exc}: remove the pattern that matches it from the repo's "
-                            ".gitignore") from None
-                except NeedsLfs:
-                    pass  # the library's upload, below
-            self._library_commit(items, message, parent)
+            try:
+                self._client().commit("dataset", self.repo_id, dict(items), message=message,
+                                      parent=parent, optional=optional)
+            except Ignored as exc:
+                must = sorted(exc.paths - set(optional))
+                raise StoreRefused(
+                    f"store {op} {label}: {', '.join(must)} ignored by the repo's .gitignore",
+                    fix=f"the repo's .gitignore matches {', '.join(must)}: remove the "
+                        "pattern that matches it from the repo's .gitignore") from None
 
         if fence is None:
             self._call(op, label, partial(create, None), bound, missing=missing)
@@ -515,7 +584,7 @@ class HubStore:
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         dest = dest_dir / path_in_repo
         download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,
-                           dest, revision="main", check=self._check_interrupt)
+                           dest, revision="main")
         self._call("download", path_in_repo, download, self.transfer_timeout_s)
         return dest
 
@@ -535,16 +604,15 @@ class HubStore:
             wanted = []
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
-        http = self._client()
+        client = self._client()
         total = sum(entry.size for entry in wanted)
         with Progress("fetch", total_files=len(wanted), total_bytes=total,
                       folder=label) as progress:
 
             def one(entry: Entry) -> None:
                 self._check_interrupt()  # a signal, or a prefetch branch cancelled
-                size = http.download("dataset", self.repo_id, entry.path,
-                                     local_root / entry.path, revision=sha, expect=entry,
-                                     check=self._check_interrupt)
+                size = client.download("dataset", self.repo_id, entry.path,
+                                       local_root / entry.path, revision=sha, expect=entry)
                 progress.advance(files=1, bytes=size)
 
             def fetch() -> None:
@@ -567,22 +635,21 @@ class HubStore:
 
         Its head and tree are read first (two requests): the model is "cached" when the
         cache's ``refs/main`` names that commit and its snapshot holds every kept file.
-        Otherwise the files under :data:`LARGE_FILE` are fetched by the adapter's client
-        (checked, several at once) into the cache's layout (``fsm.store.hf_cache``), and
-        larger ones by ``huggingface_hub.hf_hub_download`` into the same cache, where the
-        accelerator (hf_transfer, hf_xet) takes them; ``refs/main`` is written last. When
-        the Hub cannot be asked (it is unavailable), the cache alone decides, as the
-        library's ``local_files_only`` probe does.
+        Otherwise each kept file is fetched by ``huggingface_hub.hf_hub_download`` into
+        the cache (several at once; the accelerator, hf_transfer or hf_xet, takes the
+        large ones) and checked against the listing's digest; ``refs/main`` is written
+        last. When the Hub cannot be asked (it is unavailable), the cache alone decides,
+        as the library's ``local_files_only`` probe does.
         """
         label = f"model {repo_id}"
         missing = f"model {repo_id} not found"
-        http = self._client()
+        client = self._client()
         cache = ModelCache(cache_dir, repo_id)
         try:
             commit = self._call("head", label, partial(self._model_commit, repo_id),
                                 self.call_timeout_s, missing=missing)
             listed = self._call("list", label, partial(
-                http.tree, "model", repo_id, "", revision=commit, recursive=True),
+                client.tree, "model", repo_id, "", revision=commit, recursive=True),
                 self.call_timeout_s, missing=missing)
         except StoreUnavailable:
             if self._cached_offline(repo_id, cache_dir, ignore_patterns):
@@ -597,26 +664,16 @@ class HubStore:
 
         def one(entry: Entry) -> None:
             self._check_interrupt()
-            blob_id = entry.sha256 or entry.oid
-            if not cache.blob(blob_id).is_file():
-                http.download("model", repo_id, entry.path, cache.blob(blob_id),
-                              revision=commit, expect=entry, check=self._check_interrupt)
-            cache.link(commit, entry.path, blob_id)
+            client.warm(repo_id, entry, revision=commit, cache_dir=cache_dir)
 
-        small = [entry for entry in kept if entry.size < LARGE_FILE]
-        if small:
+        if kept:
 
             def fetch() -> None:
-                workers = min(FETCH_WORKERS, len(small))
+                workers = min(FETCH_WORKERS, len(kept))
                 with ThreadPoolExecutor(workers, thread_name_prefix="hub-warm") as pool:
-                    list(pool.map(one, small))
+                    list(pool.map(one, kept))
 
             self._call("warm", label, fetch, self.transfer_timeout_s)
-        for entry in kept:
-            if entry.size >= LARGE_FILE:
-                self._call("warm", f"{label}: {entry.path}", partial(
-                    self._library_download, repo_id, entry.path, commit, cache_dir),
-                    self.transfer_timeout_s)
         cache.set_main(commit)
         return "downloaded"
 
@@ -626,34 +683,10 @@ class HubStore:
             raise StoreUnavailable(f"store head of model {repo_id}: no main branch named")
         return sha
 
-    def _library_commit(self, items: Sequence[tuple[str, Path]], message: str,
-                        parent: str | None) -> None:
-        """A commit through huggingface_hub: large files, or those the Hub wants in LFS."""
-        api = self._api()
-        from huggingface_hub import CommitOperationAdd
-
-        api.create_commit(
-            repo_id=self.repo_id,
-            repo_type="dataset",
-            # Fresh operations on every try: the library refuses to reuse one.
-            operations=[CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
-                        for path, local in items],
-            commit_message=message,
-            token=self._token,
-            parent_commit=parent,
-        )
-
-    def _library_download(self, repo_id: str, path: str, commit: str, cache_dir: Path) -> None:
-        self._api()  # configured before the library's first import
-        from huggingface_hub import hf_hub_download
-
-        hf_hub_download(repo_id, path, revision=commit, cache_dir=str(cache_dir),
-                        token=self._token, endpoint=self.endpoint)
-
     def _cached_offline(self, repo_id: str, cache_dir: Path, patterns: Sequence[str]) -> bool:
         """The library's own offline probe: 1.x/2.x check the snapshot against the tree
         listing they cached; 0.x accept any snapshot folder."""
-        self._api()
+        self._client()
         from huggingface_hub import snapshot_download
 
         try:
@@ -665,19 +698,22 @@ class HubStore:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _api(self) -> HfApi:
-        _ensure_configured(self._settings)
-        from huggingface_hub import HfApi
-
-        return HfApi(endpoint=self.endpoint, token=self._token)
-
     def _client(self) -> HubClient:
         if self._http is None:
-            token = self._token if isinstance(self._token, str) else None
-            self._http = HubClient(self.endpoint, token,
-                                    timeout_s=self.call_timeout_s,
-                                    user_agent=f"flash-bootstrap/{__version__}")
+            _ensure_configured(self._settings)
+            import_library()  # at once when the background import has done it
+            self._http = HubClient(self.endpoint, self._token, timeout_s=self.call_timeout_s)
         return self._http
+
+    def _wait(self, call: Background[_T], bound: float) -> bool:
+        """Whether ``call`` ended within ``bound``; a signal that stops the budget ends the
+        wait at once (:class:`~fsm.errors.Interrupted`; the call runs on, abandoned)."""
+        end = time.monotonic() + bound
+        while not call.wait(min(0.1, max(0.0, end - time.monotonic()))):
+            self._check_interrupt()
+            if time.monotonic() >= end:
+                return False
+        return True
 
     def _check_interrupt(self) -> None:
         if self.budget.stopped():
@@ -739,7 +775,7 @@ class HubStore:
             # left: a hung connection is abandoned while another try still fits.
             bound = self.budget.try_bound(bound_s, attempt)
             call = Background(fn, f"hub-{op}")
-            if not call.wait(bound):  # abandoned: it runs on, a daemon
+            if not self._wait(call, bound):  # abandoned: it runs on, a daemon
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"

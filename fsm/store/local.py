@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from fsm import rules
@@ -69,7 +69,8 @@ class LocalStore:
     # --- the port ---------------------------------------------------------------------
 
     def commit(
-        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None
+        self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
+        optional: Collection[str] = (),
     ) -> bool:
         if fence is not None and fence.sealed:
             return False

@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fnmatch
 import gzip
 import hashlib
 import json
@@ -200,6 +201,9 @@ class Quota:
     commits: int | None = None
     requests: int | None = None
     window_s: float = 300.0
+    #: Whether a 429 carries ``Retry-After``; False: only ``RateLimit``/``RateLimit-Policy``
+    #: (``"api";r=0;t=<seconds to reset>``), as the Hub's request quota may answer.
+    retry_after: bool = True
 
     def __post_init__(self) -> None:
         for name in ("commits", "requests"):
@@ -364,8 +368,11 @@ class LocalHubServer:
         log_file: Path | str | None = None,
         quota: Quota | None = None,
         network: Network | None = None,
+        tls: tuple[Path | str, Path | str] | None = None,
     ) -> None:
         self._own_root = root is None
+        self._tls = tls
+        self._redirector: ThreadingHTTPServer | None = None
         self.root = Path(tempfile.mkdtemp(prefix="hubserver-")) if root is None else Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._token = token
@@ -386,6 +393,7 @@ class LocalHubServer:
         self._network = Network() if network is None else network
         self._content_origin: str | None = None
         self._upload_modes: list[tuple[re.Pattern[str], str]] = []
+        self._renamed: dict[tuple[RepoType, str], str] = {}
         # Admission times (monotonic) of the requests counted in the current window.
         self._admitted: dict[QuotaName, deque[float]] = {"commits": deque(), "requests": deque()}
 
@@ -397,6 +405,45 @@ class LocalHubServer:
         if self._httpd is None:
             raise RuntimeError("the server is not running: call start() or use it as a context")
         host, port = self._httpd.server_address[:2]
+        return f"{'https' if self._tls else 'http'}://{host!s}:{port}"
+
+    @property
+    def http_url(self) -> str:
+        """A plain-HTTP endpoint on the same host that answers every request, whatever its
+        method, with ``308`` to the same path at :attr:`url` (a server built with ``tls=``:
+        an ``http://`` endpoint redirecting to ``https://``). Started on first use."""
+        if self._httpd is None:
+            raise RuntimeError("the server is not running: call start() or use it as a context")
+        if self._redirector is None:
+            target = self.url
+
+            class Redirect(BaseHTTPRequestHandler):
+                protocol_version = "HTTP/1.1"
+
+                def log_message(self, format: str, *args: Any) -> None:
+                    pass
+
+                def _redirect(self) -> None:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if length:
+                        self.rfile.read(length)
+                    body = b"Permanent Redirect"
+                    self.send_response(308)
+                    self.send_header("Location", target + self.path)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(body)
+
+                do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _redirect  # noqa: N815  # the handler API
+
+            redirector = ThreadingHTTPServer((self._host, 0), Redirect)
+            redirector.daemon_threads = True
+            threading.Thread(target=redirector.serve_forever, kwargs={"poll_interval": 0.05},
+                             name="local-hub-redirect", daemon=True).start()
+            self._redirector = redirector
+        host, port = self._redirector.server_address[:2]
         return f"http://{host!s}:{port}"
 
     def start(self) -> LocalHubServer:
@@ -405,6 +452,12 @@ class LocalHubServer:
         self._stopping.clear()
         httpd = _Server((self._host, self._port), _Handler)
         httpd.hub = self
+        if self._tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(self._tls[0]), str(self._tls[1]))
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -416,6 +469,10 @@ class LocalHubServer:
     def stop(self) -> None:
         """Stop serving; hung requests are released at once. Idempotent."""
         self._stopping.set()
+        redirector, self._redirector = self._redirector, None
+        if redirector is not None:
+            redirector.shutdown()
+            redirector.server_close()
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
             httpd.shutdown()
@@ -471,6 +528,41 @@ class LocalHubServer:
         self.etag(target)  # hash now, not on the first request
         return target
 
+    def rename_repo(self, old_id: str, new_id: str, repo_type: RepoType = "dataset") -> Path:
+        """Move repo ``old_id`` to ``new_id``; from now on the old name is answered, for every
+        method, with ``307`` to the same path under the new name, as the Hub does."""
+        old, new = self.repo_dir(old_id, repo_type), self.repo_dir(new_id, repo_type)
+        new.parent.mkdir(parents=True, exist_ok=True)
+        with self._write_lock:
+            os.replace(old, new)
+            self._renamed[(repo_type, old_id)] = new_id
+        return new
+
+    def _canonical(self, repo_type: RepoType, repo_id: str) -> str | None:
+        """The repo's own id when ``repo_id`` names it otherwise (another case, an old
+        name), else None (the id is the repo's, or names none)."""
+        try:
+            if self.repo_dir(repo_id, repo_type).is_dir():
+                return None
+        except ValueError:
+            return None
+        renamed = self._renamed.get((repo_type, repo_id))
+        if renamed is not None:
+            return renamed
+        base = self.root / f"{repo_type}s"
+        found: list[str] = []
+        for part in repo_id.split("/"):
+            try:
+                match = next((p.name for p in sorted(base.iterdir())
+                              if p.is_dir() and p.name.lower() == part.lower()), None)
+            except OSError:
+                return None
+            if match is None:
+                return None
+            found.append(match)
+            base = base / match
+        return "/".join(found)
+
     def commit_sha(self, repo_id: str, repo_type: RepoType = "dataset") -> str:
         """The repo's current commit id (40 hex), derived from its content listing."""
         return self._commit_of(self.repo_dir(repo_id, repo_type))
@@ -512,7 +604,8 @@ class LocalHubServer:
             return self._quota
 
     def set_quota(
-        self, commits: int | None = None, requests: int | None = None, window_s: float = 300.0
+        self, commits: int | None = None, requests: int | None = None, window_s: float = 300.0,
+        *, retry_after: bool = True,
     ) -> Quota:
         """Limit commits and requests (any kind) admitted per rolling ``window_s`` seconds.
 
@@ -520,7 +613,8 @@ class LocalHubServer:
         was admitted before this call counts against no quota. A request over a quota is
         answered ``429`` with ``Retry-After``, and counts against none.
         """
-        quota = Quota(commits=commits, requests=requests, window_s=window_s)
+        quota = Quota(commits=commits, requests=requests, window_s=window_s,
+                      retry_after=retry_after)
         with self._lock:
             self._quota = quota
             for admitted in self._admitted.values():
@@ -676,6 +770,8 @@ class LocalHubServer:
             headers["RateLimit"] = f'"{bucket}";r=0;t={retry_after}'
             headers["RateLimit-Policy"] = (
                 f'"rolling window";"{bucket}";q={limit};w={math.ceil(quota.window_s)}')
+            if not quota.retry_after:
+                del headers["Retry-After"]
         return _Throttle(name, message, headers)
 
     def _authorized(self, header: str | None) -> bool:
@@ -822,7 +918,8 @@ class _Handler(BaseHTTPRequestHandler):
             if throttle is not None:
                 self._send_json(429, {"error": throttle.message}, throttle.headers)
                 return
-            self._route(path, parse_qs(query))
+            if not self._redirect_to_canonical(path, query):
+                self._route(path, parse_qs(query))
         except _HttpError as err:
             self._send_json(err.status, {"error": err.message}, error_code=err.error_code)
         except (BrokenPipeError, ConnectionResetError):
@@ -894,6 +991,27 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write_body(body)
 
     # --- routes -------------------------------------------------------------------------
+
+    def _redirect_to_canonical(self, path: str, query: str) -> bool:
+        """A repo id in another case, or an old name: ``307`` to the same path under the
+        repo's own id, path-only ``Location`` and a text body, whatever the method (the
+        Hub's answer; a client follows it with method and body)."""
+        match = (_RESOLVE.match(path) or _REFS.match(path) or _INFO.match(path)
+                 or _API.match(path))
+        if match is None:
+            return False
+        type_plural = match["type"] or "models"
+        canonical = self.server.hub._canonical(_singular(type_plural), unquote(match["repo"]))
+        if canonical is None:
+            return False
+        start, end = match.span("repo")
+        location = path[:start] + canonical + path[end:] + (f"?{query}" if query else "")
+        body = f"Temporary Redirect. Redirecting to {location}".encode()
+        self._start(307, {"Location": location, "Content-Type": "text/plain; charset=utf-8",
+                          "Content-Length": str(len(body))})
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        return True
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         if match := _RESOLVE.match(path):
@@ -1040,8 +1158,9 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 raise _HttpError(400, "invalid path") from None
             modes = {mode for pattern, mode in hub._upload_modes if pattern.search(path)}
+            ignored = "ignored" in modes or _gitignored(repo, path)
             answer.append({"path": path, "uploadMode": "lfs" if "lfs" in modes else "regular",
-                           "shouldIgnore": "ignored" in modes, "oid": oid})
+                           "shouldIgnore": ignored, "oid": oid})
         self._send_json(200, {"files": answer, "commitOid": hub._commit_of(repo)})
 
     def _commit(self, repo: Path, type_plural: str, repo_id: str) -> None:
@@ -1098,6 +1217,38 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {
             "success": True, "commitOid": sha, "pullRequestUrl": None, "commitUrl": commit_url,
         })
+
+
+def _gitignored(repo: Path, path: str) -> bool:
+    """Whether the repo's ``.gitignore`` (at its root) matches ``path``: git's rules for
+    the common patterns (``#`` comments, ``!`` negation, a pattern without ``/`` matches a
+    name at any depth, a leading ``/`` anchors, a trailing ``/`` matches a folder)."""
+    try:
+        lines = (repo / ".gitignore").read_text().splitlines()
+    except OSError:
+        return False
+    parts = path.strip("/").split("/")
+    ignored = False
+    for line in lines:
+        pattern = line.rstrip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate = pattern.startswith("!")
+        pattern = pattern.removeprefix("!")
+        folder_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/")
+        anchored = "/" in pattern
+        pattern = pattern.lstrip("/")
+        if anchored:
+            # the pattern, or a folder it names, against the path from the root
+            hit = any(fnmatch.fnmatchcase("/".join(parts[:n]), pattern)
+                      for n in range(1, len(parts) + (0 if folder_only else 1)))
+        else:
+            names = parts[:-1] if folder_only else parts
+            hit = any(fnmatch.fnmatchcase(name, pattern) for name in names)
+        if hit:
+            ignored = not negate
+    return ignored
 
 
 def _singular(type_plural: str) -> RepoType:

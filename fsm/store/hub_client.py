@@ -1,0 +1,230 @@
+"""The Hub adapter's calls, each one a call of ``huggingface_hub`` (0.36.x or 2.x).
+
+The adapter (``fsm.store.hub``) bounds, retries and classifies; this module makes each
+call through the library and adds what the library does not do:
+
+* the head commit is ``list_repo_refs`` (the repo's refs, not ``repo_info``, which lists
+  every file of a fleet's repo); a folder is ``list_repo_tree(path_in_repo=...)``, never a
+  listing of the whole repo;
+* existence is a ``HEAD`` of the file through ``get_hf_file_metadata`` (not
+  ``file_exists``: it answers False to a 401);
+* a download is ``hf_hub_download`` into a staging cache, and the bytes are checked
+  against the store's own digest of the file (the git blob id of a regular file, the
+  sha256 of an LFS/Xet one, and its size: from the folder's listing, else the id the
+  library named the blob by) before the file is moved where it is used. A mismatch is
+  :class:`ContentMismatch`, a transport failure (retried);
+* a commit is ``create_commit`` (with ``parent_commit`` for a fenced one), and afterwards
+  the files the repo's ``.gitignore`` made the library leave out (preupload's
+  ``shouldIgnore``) are looked at: one that must land is :class:`Ignored`.
+
+The library follows the Hub's redirects (a repo id in another case or an old name: ``307``
+with a path-only ``Location``, POSTs included), reads its rate-limit headers, trusts the
+certificate store its line trusts and speaks to proxies as its HTTP stack does. The token
+is passed explicitly on every call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+__all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id"]
+
+_CHUNK = 1 << 20
+_EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty file
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a tree listing: what its download is checked against."""
+
+    path: str
+    size: int
+    oid: str  # the git blob id (of the LFS pointer, for an LFS file)
+    sha256: str | None = None  # the content's digest, for an LFS/Xet file
+
+
+class ContentMismatch(ConnectionError):
+    """A download whose bytes are not the store's: cut or corrupted on the way."""
+
+
+class Ignored(Exception):
+    """Files of a commit the repo's ``.gitignore`` matches (the library left them out)."""
+
+    def __init__(self, paths: Collection[str]) -> None:
+        super().__init__(", ".join(sorted(paths)) + " ignored by the repo's .gitignore")
+        self.paths = frozenset(paths)
+
+
+class HubClient:
+    """The Hub's calls at one endpoint with one token, through ``huggingface_hub``."""
+
+    def __init__(self, endpoint: str, token: str | bool, *, timeout_s: float) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+        self._api: HfApi | None = None
+
+    def api(self) -> HfApi:
+        if self._api is None:
+            from huggingface_hub import HfApi
+
+            self._api = HfApi(endpoint=self.endpoint, token=self._token)
+        return self._api
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def main_commit(self, repo_type: str, repo_id: str) -> str | None:
+        """The commit ``main`` points at, or None when the repo names no ``main``."""
+        refs = self.api().list_repo_refs(repo_id, repo_type=repo_type, token=self._token)
+        return next((str(b.target_commit) for b in refs.branches if b.name == "main"), None)
+
+    def tree(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
+             recursive: bool) -> list[Entry]:
+        """The files of ``folder`` (below it too when ``recursive``), every page."""
+        from huggingface_hub.hf_api import RepoFile
+
+        items = self.api().list_repo_tree(
+            repo_id, path_in_repo=folder or None, recursive=recursive, expand=False,
+            revision=revision, repo_type=repo_type, token=self._token)
+        entries = []
+        for item in items:
+            if isinstance(item, RepoFile):
+                lfs = item.lfs
+                sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+                entries.append(Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
+                                     str(sha) if sha else None))
+        return entries
+
+    def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:
+        """Whether the file is there: a HEAD of it (a 404 raises, for the caller to read)."""
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
+                         endpoint=self.endpoint)
+        get_hf_file_metadata(url, token=self._token, timeout=self.timeout_s,
+                             endpoint=self.endpoint)
+        return True
+
+    # --- downloads ------------------------------------------------------------------------
+
+    def download(self, repo_type: str, repo_id: str, path: str, dest: Path, *,
+                 revision: str, expect: Entry | None = None) -> int:
+        """Fetch one file to ``dest``, checked; return its size.
+
+        The library downloads it into a staging cache beside ``dest`` (removed after);
+        the bytes are checked against ``expect`` (from a listing), else against the id the
+        library named the blob by (the ETag: git blob id or sha256), and only then moved
+        to ``dest``.
+        """
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if expect is not None and expect.size == 0 and expect.oid == _EMPTY_BLOB:
+            dest.write_bytes(b"")
+            return 0
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            blob = self._into_cache(repo_type, repo_id, path, revision, staging)
+            size = verify(blob, expect, path)
+            os.replace(blob, dest)
+            return size
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def warm(self, repo_id: str, entry: Entry, *, revision: str, cache_dir: Path) -> int:
+        """One model file into the Hugging Face cache at ``cache_dir`` (the library's own
+        layout: a blob, and a link in the commit's snapshot), checked against its listing
+        entry: a blob that is not the store's is removed, with its link."""
+        snapshot = Path(self._into_cache("model", repo_id, entry.path, revision, cache_dir,
+                                         resolve=False))
+        try:
+            return verify(snapshot.resolve(), entry, entry.path)
+        except ContentMismatch:
+            snapshot.resolve().unlink(missing_ok=True)
+            snapshot.unlink(missing_ok=True)
+            raise
+
+    def _into_cache(self, repo_type: str, repo_id: str, path: str, revision: str,
+                    cache_dir: Path, *, resolve: bool = True) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        got = hf_hub_download(repo_id, path, repo_type=repo_type, revision=revision,
+                              cache_dir=str(cache_dir), token=self._token,
+                              endpoint=self.endpoint, etag_timeout=self.timeout_s)
+        return Path(got).resolve() if resolve else Path(got)
+
+    # --- commits --------------------------------------------------------------------------
+
+    def commit(self, repo_type: str, repo_id: str, files: Mapping[str, Path], *,
+               message: str, parent: str | None = None,
+               optional: Collection[str] = ()) -> None:
+        """One commit of ``files`` (path in repo -> local file), ``parent_commit=parent``
+        when given (the Hub answers 412 when the branch moved).
+
+        The library leaves out, silently, a file the repo's ``.gitignore`` matches: when
+        one of them is not in ``optional``, :class:`Ignored` names them (the commit, if it
+        was made, holds the others)."""
+        from huggingface_hub import CommitOperationAdd
+
+        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+                      for path, local in files.items()]
+        self.api().create_commit(
+            repo_id=repo_id, repo_type=repo_type, operations=operations,
+            commit_message=message, token=self._token, parent_commit=parent)
+        ignored = [op.path_in_repo for op in operations if getattr(op, "_should_ignore", False)]
+        if any(path not in optional for path in ignored):
+            raise Ignored(ignored)
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git (and the Hub's ``oid``) gives a file's content."""
+    digest = hashlib.sha1(f"blob {len(data)}\0".encode(), usedforsecurity=False)
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def verify(local: Path, expect: Entry | None, path: str) -> int:
+    """``local``'s size, once its bytes are checked against ``expect`` (or, without one,
+    against the digest its blob name is: 64 hex a sha256, 40 hex a git blob id)."""
+    size = local.stat().st_size
+    want_sha256: str | None = None
+    want_oid: str | None = None
+    if expect is not None:
+        if expect.size >= 0 and size != expect.size:
+            raise ContentMismatch(f"{path}: {size} bytes arrived, the store has {expect.size}")
+        want_sha256, want_oid = expect.sha256, (expect.oid or None)
+    elif _is_hex(local.name, 64):
+        want_sha256 = local.name
+    elif _is_hex(local.name, 40):
+        want_oid = local.name
+    if want_sha256 is not None:
+        got = _digest(local, hashlib.sha256(), ())
+        if got != want_sha256.lower():
+            raise ContentMismatch(f"{path}: the bytes that arrived are not the store's")
+    elif want_oid is not None:
+        got = _digest(local, hashlib.sha1(usedforsecurity=False),
+                      (f"blob {size}\0".encode(),))
+        if got != want_oid.lower():
+            raise ContentMismatch(f"{path}: the bytes that arrived are not the store's")
+    return size
+
+
+def _digest(local: Path, digest: Any, prefix: Iterable[bytes]) -> str:
+    for part in prefix:
+        digest.update(part)
+    with local.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return str(digest.hexdigest())
+
+
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(c in "0123456789abcdef" for c in text.lower())
