@@ -46,10 +46,12 @@ def _commit_tail(ctx: Context, text: str) -> bool:
             f.write(text)
         # Fenced: once Mark seals the fence no periodic tail lands, not even one that is
         # in flight now (the marker's commit outdates it at the store).
+        path = ctx.require_payload().dest.path(console_name(ctx))
         return ctx.tail_store().commit(
-            {ctx.require_payload().dest.path(console_name(ctx)): Path(tmp)},
+            {path: Path(tmp)},
             message=f"Console tail {console_name(ctx)}",
             fence=ctx.fence,
+            optional=[path],  # a repo whose .gitignore matches it keeps none: not an error
         )
     finally:
         Path(tmp).unlink(missing_ok=True)
