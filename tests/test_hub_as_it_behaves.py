@@ -104,12 +104,14 @@ def test_a_console_tail_the_repo_ignores_is_left_out_and_the_marker_lands(
     hub_run: HubRun,
 ) -> None:
     """The repo's ``.gitignore`` matches the console tail: preupload says ``shouldIgnore``,
-    the tail is left out, and the marker (which it does not match) lands: exit 0."""
+    the tail (periodic, and in the final commit of a failed worker) is left out, and the
+    marker, which it does not match, lands."""
     hub_run.server.add_file(REPO, ".gitignore", "*.txt\n")
-    hub_run.write_worker("print('training', flush=True); complete()")
+    hub_run.write_worker("print('training', flush=True); sys.exit(1)")
     proc = hub_run.cli()
-    assert proc.returncode == 0, _last_line(proc)
-    assert hub_run.marker() is not None
+    marker = hub_run.marker()
+    assert marker is not None, _last_line(proc)
+    assert (proc.returncode, marker["rule"]) == (1, "worker-failed"), _last_line(proc)
     assert not (hub_run.repo_dir / CONSOLE).exists()
 
 

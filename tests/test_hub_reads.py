@@ -1,19 +1,19 @@
-"""The Hub adapter's own client (``fsm.store.hub_http``) and where the library still works.
+"""The Hub adapter's calls, each one through ``huggingface_hub``, and what the adapter adds.
 
-The adapter reads and makes small commits over plain HTTP, so these tests check what the
-library used to guarantee and what the client adds: one GET per file, checked against the
-store's digest (a corrupted transfer is retried, never kept); redirects to a content host
-(the Hub's LFS answer) followed without the token; a keep-alive connection the server
-dropped sent again once; proxies from the environment; commits as the library makes them,
-a no-op skipped and a .gitignore'd file refused; and huggingface_hub never imported by a
-plain attempt, but still taking the large transfers: an LFS commit, a large model file.
+Every read and commit is the library's (``fsm.store.hub_client``); these tests check what
+the adapter adds on top and what the library must still do for it: a folder fetched is
+exactly the repo's tree (no library cache folder left in the code root), each download
+checked against the store's digest (a corrupted transfer is retried, never kept),
+redirects to a content host followed without the token, proxies from the environment,
+warmed models in the library's own cache, commits with a no-op skipped, an LFS file
+handed to the library's upload, and a ``.gitignore``'d file refused unless optional.
 """
 
 from __future__ import annotations
 
 import http.client
 import http.server
-import json
+import os
 import subprocess
 import sys
 import threading
@@ -26,7 +26,6 @@ from conftest import Events, make_store
 
 from fsm.errors import FatalError, FlashError, StoreUnavailable
 from fsm.store import PRELOAD_IGNORE_PATTERNS
-from fsm.store import hub as hub_module
 from fsm.testing import LocalHubServer
 
 pytestmark = pytest.mark.hub
@@ -50,13 +49,13 @@ def _resolves(server: LocalHubServer) -> list[str]:
             if "/resolve/" in r.path]
 
 
-def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
+def test_a_folder_is_the_repos_tree_and_an_empty_file_costs_no_request(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
     events: Events,
 ) -> None:
-    """No HEAD before a GET, no request for an empty file (its digest is known), no
-    library cache folder in the code root: the tree is exactly the repo's. The fetch
-    reports its progress (``fetch.progress``), start and end, in files and bytes."""
+    """No request for an empty file (its digest is known), no library cache folder in
+    the code root: the tree is exactly the repo's. The fetch reports its progress
+    (``fetch.progress``), start and end, in files and bytes."""
     _fill(hub_server, hub_dataset, CODE)
     store = make_store(hub_server, hub_dataset, hub_token)
     hub_server.clear_requests()
@@ -64,7 +63,8 @@ def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
     assert store.fetch_folder("code", dest) == len(CODE)
     for path, data in CODE.items():
         assert (dest / path).read_bytes() == data
-    assert sorted(_resolves(hub_server)) == ["GET __main__.py", "GET weights.bin"]
+    gets = sorted(name for name in _resolves(hub_server) if name.startswith("GET"))
+    assert gets == ["GET __main__.py", "GET weights.bin"]
     assert sorted(p.relative_to(dest).as_posix()
                   for p in dest.rglob("*") if p.is_file()) == sorted(CODE)
     progress = [e for e in events if e["event"] == "fetch.progress"]
@@ -77,7 +77,7 @@ def test_a_folder_is_one_get_per_file_and_none_for_an_empty_one(
 def test_content_on_another_host_is_fetched_without_the_token(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
 ) -> None:
-    """The Hub answers an LFS file with a redirect to a content host: the reader follows it,
+    """The Hub answers an LFS file with a redirect to a content host: the library follows it,
     checks the bytes against the ``X-Linked-Etag`` sha256, and never sends the token
     there (the CDN's records show no Authorization header; the Hub's always do)."""
     _fill(hub_server, hub_dataset, CODE)
@@ -116,45 +116,6 @@ def test_bytes_that_are_not_the_stores_are_retried_and_never_kept(
     assert [e["error"] for e in events if e["event"] == "store.retry"] == ["ContentMismatch"]
 
 
-def test_a_dropped_keep_alive_connection_is_sent_again_once(
-    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
-    events: Events,
-) -> None:
-    """A server that closes a kept-alive connection between two requests (an idle timeout)
-    costs a resend on a fresh connection, not a failed try."""
-    _fill(hub_server, hub_dataset, CODE)
-    store = make_store(hub_server, hub_dataset, hub_token)
-    assert store.list_folder("code") == frozenset()  # opens the kept-alive connection
-    hub_server.drop("GET", r"/tree/", times=1)
-    assert store.list_folder("code/flash/engine/worker") == {"__init__.py", "__main__.py"}
-    assert not [e for e in events if e["event"] == "store.retry"]
-
-
-def test_a_plain_attempt_never_imports_huggingface_hub(
-    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
-) -> None:
-    """Through the runner process, ``-X importtime`` listing every module it imports: a
-    training attempt reads its code and commits its marker without huggingface_hub (its
-    import, 80 to 130 ms, is for large transfers only)."""
-    _fill(hub_server, hub_dataset, CODE)
-    payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps({
-        "hf_repo": hub_dataset, "hf_prefix": "sft/r1", "flash_arm": "lambda", "attempt": 0,
-        "run_id": "reads-1", "max_wall_s": 120, "phase": "sft", "seed": 0,
-        "job_spec_json": json.dumps({"hf_prefix": "sft/r1"}), "env": {"HF_TOKEN": hub_token},
-    }))
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "fsm", "run", "--payload", str(payload),
-         "--store", hub_server.url, "--code-root", str(tmp_path / "runcode"),
-         "--scratch-dir", str(tmp_path / "scratch")],
-        capture_output=True, text=True, timeout=120, check=False)
-    imported = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
-    assert any("fsm.store.hub_http" in line for line in imported), done.stderr[-3000:]
-    assert not [line for line in imported if "huggingface_hub" in line]
-    marker = hub_server.repo_dir(hub_dataset) / "sft/r1/lambda_attempt0.json"
-    assert json.loads(marker.read_text())["attempt"] == 0
-
-
 class _ForwardProxy:
     """A plain-HTTP forward proxy on 127.0.0.1 (absolute URLs in, the target's answer
     out) that records each request's target and whether it carried Proxy-Authorization."""
@@ -181,10 +142,13 @@ class _ForwardProxy:
                 answer = upstream.getresponse()
                 body = answer.read()
                 self.send_response(answer.status)
+                head = self.command == "HEAD"  # its Content-Length is the file's: kept
                 for key, value in answer.getheaders():
-                    if key.lower() not in ("connection", "transfer-encoding", "content-length"):
+                    if key.lower() not in ("connection", "transfer-encoding") and (
+                            head or key.lower() != "content-length"):
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
+                if not head:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
                 upstream.close()
@@ -201,34 +165,49 @@ class _ForwardProxy:
         self.server.server_close()
 
 
+_FETCH = """
+import sys
+from pathlib import Path
+from fsm.clock import Deadline
+from fsm.store.hub import HubStore
+
+store = HubStore(sys.argv[2], token=sys.argv[3], deadline=Deadline.after(30),
+                 endpoint=sys.argv[1], max_attempts=1)
+print(store.fetch_folder("code", Path(sys.argv[4])))
+"""
+
+
 def test_reads_go_through_the_environments_proxy_with_its_credentials(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``HTTP_PROXY`` (credentials in its URL) is honoured as the library honours it: every
-    read goes through the proxy with ``Proxy-Authorization``; ``NO_PROXY`` naming the
-    host sends them direct."""
+    """``HTTP_PROXY`` (credentials in its URL) in a process's environment: every read goes
+    through the proxy with ``Proxy-Authorization`` (and the Hub's token); ``NO_PROXY``
+    naming the host sends them direct. (A process's own: the library reads the proxy
+    settings when it makes its session.)"""
     _fill(hub_server, hub_dataset, CODE)
     proxy = _ForwardProxy()
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["HTTP_PROXY"] = proxy.url.replace("http://", "http://u%40x:p@")
+
+    def fetch(dest: Path, **more: str) -> None:
+        done = subprocess.run([sys.executable, "-c", _FETCH, hub_server.url, hub_dataset,
+                               hub_token, str(dest)], env={**env, **more},
+                              capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+
     try:
-        for key in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTPS_PROXY",
-                    "ALL_PROXY", "NO_PROXY"):
-            monkeypatch.delenv(key, raising=False)
-        monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://u%40x:p@"))
-        store = make_store(hub_server, hub_dataset, hub_token)
-        assert store.fetch_folder("code", tmp_path / "via") == len(CODE)
+        fetch(tmp_path / "via")
         assert proxy.seen and all(auth and hub for _, auth, hub in proxy.seen)
         assert all(url.startswith(hub_server.url) for url, _, _ in proxy.seen)
         through = len(proxy.seen)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        store = make_store(hub_server, hub_dataset, hub_token)
-        assert store.fetch_folder("code", tmp_path / "direct") == len(CODE)
+        fetch(tmp_path / "direct", NO_PROXY="127.0.0.1")
         assert len(proxy.seen) == through
     finally:
         proxy.close()
 
 
-# --- warming a model: the reader for small files, the library for large ones --------------
+# --- warming a model: every file through the library, into its own cache ------------------
 
 MODEL = "org/tiny-model"
 MODEL_FILES = {
@@ -255,13 +234,10 @@ def _snapshot(cache: Path, **kw: Any) -> Path:
 
 def test_a_warmed_model_is_the_librarys_cache_and_an_online_snapshot_fetches_nothing(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Files under the large-file threshold come through the reader, the one above it
-    through huggingface_hub (the accelerator's path), into one cache: the library finds
-    the snapshot offline, and an online snapshot_download of it afterwards downloads no
-    file (every blob is named as the library names it)."""
-    monkeypatch.setattr(hub_module, "LARGE_FILE", 40_000)  # model.safetensors is 64 KiB
+    """Every kept file comes through huggingface_hub (the accelerator's path) into its
+    cache, checked against the listing: the library finds the snapshot offline, and an
+    online snapshot_download of it afterwards downloads no file."""
     _model(hub_server)
     store = make_store(hub_server, hub_dataset, hub_token)
     cache = tmp_path / "cache"
@@ -270,8 +246,6 @@ def test_a_warmed_model_is_the_librarys_cache_and_an_online_snapshot_fetches_not
     gets = sorted(r.path.rsplit("/", 1)[-1] for r in hub_server.requests
                   if r.method == "GET" and "/resolve/" in r.path)
     assert gets == ["config.json", "model.safetensors", "tokenizer.json"]
-    heads = [r.path.rsplit("/", 1)[-1] for r in hub_server.requests if r.method == "HEAD"]
-    assert heads == ["model.safetensors"]  # only the library asks first
     snapshot = _snapshot(cache, local_files_only=True)
     assert {p: (snapshot / p).read_bytes() for p in KEPT} == {p: MODEL_FILES[p] for p in KEPT}
     assert not (snapshot / "original").exists()
@@ -280,6 +254,27 @@ def test_a_warmed_model_is_the_librarys_cache_and_an_online_snapshot_fetches_not
     assert _snapshot(cache, token=hub_token, endpoint=hub_server.url) == snapshot
     assert not [r for r in hub_server.requests if r.method == "GET" and "/resolve/" in r.path]
     assert store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS)) == "cached"
+
+
+def test_a_model_file_that_is_not_the_stores_is_never_left_in_the_cache(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """A content host serving other bytes than the listing's digest: the warm fails
+    (retriable), and neither a blob nor a snapshot link of that file is left behind."""
+    _model(hub_server)
+    with LocalHubServer(tmp_path / "cdn-root") as cdn:
+        cdn.create_repo(MODEL, "model")
+        for path, data in MODEL_FILES.items():
+            cdn.add_file(MODEL, path, b"\0" * len(data), "model")
+        hub_server.redirect_content(cdn.url)
+        store = make_store(hub_server, hub_dataset, hub_token, max_attempts=2)
+        cache = tmp_path / "cache"
+        with pytest.raises(StoreUnavailable, match="ContentMismatch"):
+            store.warm_model(MODEL, cache, list(PRELOAD_IGNORE_PATTERNS))
+    folder = cache / "models--org--tiny-model"
+    assert not [p for p in (folder / "blobs").glob("*") if p.is_file()]
+    assert not [p for p in folder.glob("snapshots/*/*") if p.is_symlink() or p.is_file()]
+    assert not (folder / "refs" / "main").exists()
 
 
 def test_with_the_hub_down_a_cached_model_is_still_cached_and_a_new_one_is_not(
@@ -315,14 +310,14 @@ def test_a_warm_stopped_half_way_leaves_no_reference_to_its_snapshot(
         MODEL_FILES["tokenizer.json"]
 
 
-# --- commits: small regular files inline, anything else through the library ---------------
+# --- commits: create_commit, and what the repo's .gitignore leaves out ----------------------
 
 
-def test_a_commit_is_one_preupload_and_one_commit_and_a_repeat_is_none(
+def test_a_commit_is_one_preupload_and_one_commit_and_a_repeat_commits_nothing(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
 ) -> None:
     """Two files land in one commit; committing the same content again asks the Hub and
-    commits nothing (the library skips a no-op commit the same way)."""
+    commits nothing (the library skips a no-op commit)."""
     (tmp_path / "m.json").write_text('{"ok": true}')
     (tmp_path / "c.txt").write_text("tail\n")
     store = make_store(hub_server, hub_dataset, hub_token)
@@ -334,32 +329,40 @@ def test_a_commit_is_one_preupload_and_one_commit_and_a_repeat_is_none(
     assert (repo / "run/m.json").read_text() == '{"ok": true}'
     hub_server.clear_requests()
     assert store.commit(files, message="marker again") is True
-    assert [r.path.rsplit("/", 2)[-2] for r in hub_server.requests] == ["preupload"]
+    assert not [r for r in hub_server.requests if "/commit/" in r.path]
 
 
-def test_a_file_the_hub_wants_in_lfs_goes_through_the_library(
+def test_a_file_the_hub_wants_in_lfs_goes_through_the_librarys_upload(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
 ) -> None:
-    """The Hub answers ``lfs`` for a path: the commit is handed to huggingface_hub (its own
-    preupload follows ours), whose LFS or Xet upload, which this server does not
-    implement, is what fails."""
+    """The Hub answers ``lfs`` for a path: the library's LFS or Xet upload, which this
+    server does not implement, is what fails; nothing lands."""
     hub_server.answer_preupload(r"\.bin$", "lfs")
     (tmp_path / "w.bin").write_bytes(b"\1" * 1000)
     store = make_store(hub_server, hub_dataset, hub_token, max_attempts=1)
     with pytest.raises(FlashError):
         store.commit({"run/w.bin": tmp_path / "w.bin"}, message="weights")
-    assert len([r for r in hub_server.requests if "/preupload/" in r.path]) == 2
+    assert [r for r in hub_server.requests if "/preupload/" in r.path]
     assert not (hub_server.repo_dir(hub_dataset) / "run/w.bin").exists()
 
 
-def test_a_file_the_repo_ignores_is_a_clear_refusal_not_a_silent_no_op(
+def test_a_file_the_repo_ignores_is_a_clear_refusal_unless_it_is_optional(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
 ) -> None:
-    """A marker path matched by the repo's .gitignore would never land: the commit fails
-    saying so (fatal, not retried), instead of returning as if it had landed."""
-    hub_server.answer_preupload(r"attempt0\.json$", "ignored")
+    """The repo's ``.gitignore`` matches the marker (preupload ``shouldIgnore``): the
+    library would leave it out and report a commit; the adapter refuses for good, naming
+    the ``.gitignore``. A matched optional file (a console tail) is left out, and the
+    rest lands."""
+    hub_server.add_file(hub_dataset, ".gitignore", "*_attempt*.json\nconsole_*.txt\n")
     (tmp_path / "m.json").write_text("{}")
+    (tmp_path / "c.txt").write_text("tail")
     store = make_store(hub_server, hub_dataset, hub_token)
-    with pytest.raises(FatalError, match=r"ignored by the repo's \.gitignore"):
-        store.commit({"run/lambda_attempt0.json": tmp_path / "m.json"}, message="marker")
-    assert [r.path.rsplit("/", 2)[-2] for r in hub_server.requests] == ["preupload"]
+    marker = {"run/lambda_attempt0.json": tmp_path / "m.json"}
+    with pytest.raises(FatalError, match=r"ignored by the repo's \.gitignore") as refused:
+        store.commit(marker, message="marker")
+    assert "run/lambda_attempt0.json" in str(refused.value)
+    assert len([r for r in hub_server.requests if "/preupload/" in r.path]) == 1  # no retry
+    both = {"run/console_sft.txt": tmp_path / "c.txt", "run/m.json": tmp_path / "m.json"}
+    assert store.commit(both, message="marker", optional=["run/console_sft.txt"]) is True
+    repo = hub_server.repo_dir(hub_dataset)
+    assert (repo / "run/m.json").exists() and not (repo / "run/console_sft.txt").exists()

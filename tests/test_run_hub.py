@@ -135,10 +135,11 @@ def test_the_code_fetch_recovers_from_transient_503s(hub_run: HubRun) -> None:
     for pattern in (listing, snapshot, files):
         seen = _statuses(server, "GET", pattern)
         assert seen[:2] == [503, 503] and seen[-1] == 200, (pattern, seen)
-    # The adapter logged its own retries (the library may retry some requests itself).
+    # The adapter logged its own retries; the library retries some requests itself (2.x:
+    # the listing, 1 s then 2 s), which the adapter's bound may cut short (no status).
     retries = [e for e in hub_run.logs if e.get("event") == "store.retry"]
-    assert retries and {e["status"] for e in retries} == {503}
-    assert {e["op"] for e in retries} >= {"list"}
+    assert retries and {e["status"] for e in retries} <= {503, None}
+    assert {e["op"] for e in retries} & {"head", "list", "fetch"}
 
 
 def test_a_store_answering_503_to_the_code_fetch_is_retriable_and_the_marker_still_lands(
