@@ -1,23 +1,20 @@
 """The Hugging Face store: one dataset repo (plus model repos to warm) on the Hub.
 
-Two clients, each for what it does best. The adapter's own (:mod:`fsm.store.hub_http`,
-the standard library's ``http.client``) makes the calls every attempt makes: the head
-commit, tree listings, file downloads (checked against the Hub's digests) and commits of
-small regular files. ``huggingface_hub`` takes the large transfers, where its accelerator
-counts: a commit the Hub wants through LFS, a model file of :data:`LARGE_FILE` or more.
-A plain attempt therefore never imports the library (80 to 130 ms of every start). Both
-hub lines are supported: 0.x (``requests``, optional ``hf_transfer``) and 1.x/2.x
-(``httpx2``, ``hf_xet``); the library is imported lazily, after
-:func:`configure_transfer` has put the fast-transfer switch into the environment: the hub
-freezes its settings at the first import.
+One client: every call is ``huggingface_hub``'s (:mod:`fsm.store.hub_client`), on both
+supported lines, 0.36.x (``requests``, optional ``hf_transfer``) and 2.x (``httpx2``,
+``hf_xet``), so the library's handling of the Hub (its redirects, proxies, certificate
+store, rate-limit headers) is the adapter's. The library is imported in the background
+from the runner's first instruction (``fsm.hub_import`` calls :func:`import_library`),
+after the fast-transfer switch is in the environment: it freezes its settings then.
 
 Every call is bounded. Each runs in a daemon thread and is waited for with a bound
 (``call_timeout_s`` for metadata and small uploads, ``transfer_timeout_s`` for downloads),
-never past the attempt deadline (the library has no timeout on several requests). A call
-still running after its bound is abandoned (the daemon thread cannot keep the interpreter
-alive) and counts as a timeout. The adapter's client never retries inside a call: the
-tries, their waits and ``Retry-After`` are this adapter's (the library may retry within
-the large transfers it takes).
+never past the attempt deadline (the library has no timeout on several requests), and a
+signal that stops the budget ends the wait at once. A call still running after its bound
+is abandoned (the daemon thread cannot keep the interpreter alive) and counts as a
+timeout. The tries, their waits and the store's requested wait (``Retry-After``, or an
+exhausted ``RateLimit`` window's reset) are this adapter's; where the library retries
+inside a call (2.x: listings, preupload, 429s), the bound still covers the whole call.
 
 Failures are classified by walking the exception's cause chain (the transport exception
 types differ between the hub lines):
@@ -38,9 +35,11 @@ nothing. On 412 the head is read again and the commit tried once more, then give
 (:class:`~fsm.errors.StoreUnavailable`).
 
 The hub's settings (``HF_HUB_*``, ``HF_XET_*``) are taken from the environment the adapter
-was given (the runner's merged with the payload's ``env``): they are put into the process
-environment before ``huggingface_hub`` is first imported, since it freezes them then. A
-setting that differs after that import cannot take effect; it is logged by name.
+was given (the runner's merged with the payload's ``env``): before ``huggingface_hub`` is
+first imported they are put into the process environment; after it (the background
+import) they are set in its frozen ``constants`` where it keeps them under their own
+names, and any other one is logged by name. ``HF_HUB_OFFLINE`` is never obeyed by these
+calls: it is the worker's setting (the store is what the runner must reach).
 
 The token is passed explicitly on every call (never read from the ambient environment or
 a saved login) and never appears in a log event or in the text of an error raised here:
@@ -93,9 +92,6 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 _T = TypeVar("_T")
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
-#: A model file this large or larger is left to huggingface_hub's download, where the
-#: accelerator takes it (hf_transfer's own threshold is 50 MiB); smaller ones are read here.
-LARGE_FILE = 50 << 20
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 _configured: Accelerator | None = None
@@ -294,6 +290,7 @@ class _Failure:
     status: int | None = None
     retry_after: float | None = None
     hung: bool = False  # no answer within the try's bound
+    error_code: str | None = None  # the answer's X-Error-Code (RepoNotFound, EntryNotFound)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -391,6 +388,15 @@ def _refusal_fix(status: int | None, repo_id: str) -> str:
             f"({repo_id}), hf_prefix and HF_TOKEN")
 
 
+def _error_code(response: object) -> str | None:
+    headers = getattr(response, "headers", None)
+    try:
+        code = headers.get("X-Error-Code") if headers is not None else None
+    except Exception:
+        return None
+    return code if isinstance(code, str) else None
+
+
 def classify(exc: BaseException) -> _Failure:
     """How a store call failed, from the exception and its cause chain."""
     chain = list(_chain(exc))
@@ -401,7 +407,7 @@ def classify(exc: BaseException) -> _Failure:
             continue
         reason = f"HTTP {status}"
         if status in (401, 403):
-            return _Failure("auth", reason, status)
+            return _Failure("auth", reason, status, error_code=_error_code(response))
         if status == 404:
             return _Failure("not_found", reason, status)
         if status in _TRANSIENT_4XX or status >= 500:
@@ -499,6 +505,9 @@ class HubStore:
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
         self._http: HubClient | None = None
+        #: Whether the store has answered a call of this handle (then a 401 RepoNotFound is
+        #: a mirror's word for a missing path, not a refused token).
+        self._answered = False
 
     def __repr__(self) -> str:  # the default would show the token
         return f"HubStore({self.describe()!r})"
@@ -783,12 +792,19 @@ class HubStore:
                 raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s",
                                           hung=True))
             try:
-                return call.result()
+                result = call.result()
+                self._answered = True
+                return result
             except Exception as exc:
                 failure = classify(exc)
                 if failure.kind == "unknown":
                     raise
             self.stats.count(throttled=failure.status == 429)
+            if (failure.kind == "auth" and failure.status == 401 and self._answered
+                    and failure.error_code == "RepoNotFound"):
+                # A mirror's answer for a path missing from a repo it has just answered
+                # for (olah: 401 RepoNotFound where the Hub answers 404 EntryNotFound).
+                raise StoreNotFound(f"{where}: {missing}")
             if failure.kind == "auth":
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
             if failure.kind == "not_found":
