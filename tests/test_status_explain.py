@@ -371,11 +371,12 @@ def test_a_refused_token_is_one_line_exit_1(hub: LocalHubServer, hub_token: str)
 @pytest.mark.hub
 def test_an_unavailable_hub_is_one_line_exit_1(hub: LocalHubServer, hub_token: str) -> None:
     env = {"HF_TOKEN": hub_token, "FLASH_STORE_MAX_ATTEMPTS": "1"}
-    # The listing is one request per try (the library's own retries are not used for it)
+    # One try of the adapter's; within it huggingface_hub 2.x retries a listing itself (5
+    # more, 1 to 8 s apart, inside the --timeout bound), 0.x does not.
     hub.fail("GET", r"/tree/", status=503, times=100)
     line = one_line(fsm_cli(*on_hub(hub, "status"), env=env, secrets=(hub_token,)), 1)
     assert "store unavailable" in line and "HTTP 503" in line
-    assert len([r for r in hub.requests if "/tree/" in r.path]) == 1
+    assert 1 <= len([r for r in hub.requests if "/tree/" in r.path]) <= 6
     hub.clear_faults()
     hub.fail("GET", r"/resolve/.*lambda_attempt1\.json", status=507, times=100)
     line = one_line(fsm_cli(*on_hub(hub, "explain", "--attempt", "1"), env=env), 1)

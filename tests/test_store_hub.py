@@ -301,7 +301,7 @@ def test_hub_settings_come_from_the_adapters_environment(tmp_path: Path) -> None
         store = HubStore("o/r", token=None, deadline=Deadline.after(60),
                          endpoint="http://127.0.0.1:9",
                          environ={"HF_HUB_ETAG_TIMEOUT": "7", "HF_TOKEN": "hf_not_copied"})
-        store._api()
+        store._client()
         from huggingface_hub import constants
         print(json.dumps({"etag_timeout": constants.HF_HUB_ETAG_TIMEOUT,
                           "token_env": os.environ.get("HF_TOKEN")}))
@@ -313,6 +313,41 @@ def test_hub_settings_come_from_the_adapters_environment(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout.decode().splitlines()[-1]) == {
         "etag_timeout": 7, "token_env": None}
+
+
+def test_hub_settings_read_after_the_background_import_are_set_in_its_constants(
+    tmp_path: Path,
+) -> None:
+    """The runner imports huggingface_hub before the payload is read: a payload's
+    HF_HUB_* setting the library keeps under its own name is set in its frozen constants
+    (typed as they are), HF_HUB_OFFLINE is not obeyed by the runner's calls, and a
+    setting the library has no constant for is logged as frozen."""
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        import structlog
+        from fsm.clock import Deadline
+        from fsm.store import hub
+        hub.import_library()  # what fsm.hub_import does from the first instruction
+        from huggingface_hub import constants
+        with structlog.testing.capture_logs() as logs:
+            store = hub.HubStore("o/r", token=None, deadline=Deadline.after(60),
+                                 endpoint="http://127.0.0.1:9",
+                                 environ={"HF_HUB_ETAG_TIMEOUT": "7", "HF_HUB_OFFLINE": "1",
+                                          "HF_HUB_NO_SUCH_SETTING": "1"})
+            store._client()
+        print(json.dumps({"etag_timeout": constants.HF_HUB_ETAG_TIMEOUT,
+                          "offline": constants.HF_HUB_OFFLINE,
+                          "frozen": [e.get("ignored") for e in logs
+                                     if e["event"] == "store.settings_frozen"]}))
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_HUB_", "HF_XET_"))}
+    env["HF_HUB_OFFLINE"] = "1"  # the runner's own, too: its store calls reach the store
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout.decode().splitlines()[-1]) == {
+        "etag_timeout": 7, "offline": False, "frozen": [["HF_HUB_NO_SUCH_SETTING"]]}
 
 
 def test_a_commit_of_several_files_is_one_commit_request(

@@ -770,6 +770,7 @@ class HubStore:
         """
         where = f"store {op} {path}"
         tries = self.max_attempts if tries is None else tries
+        self._client()  # the library loaded (and set up) before any try's bound starts
 
         def once(attempt: int) -> _T:
             if fence is not None and fence.sealed:
