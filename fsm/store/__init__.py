@@ -1,8 +1,9 @@
 """The artifact store: the port (``fsm.store.base``) and how to open an adapter for a URL.
 
-Adapters are imported lazily inside :func:`open_store`: the Hub adapter pulls in
-``huggingface_hub``, which must only be imported once the transfer settings are in the
-environment (``fsm.store.hub.configure_transfer``).
+Adapters are imported lazily inside :func:`open_store`. The Hub adapter speaks through
+``huggingface_hub``, which ``flash-bootstrap run`` imports in the background from its first
+instruction, the transfer settings put in the environment first (``fsm.hub_import``,
+``fsm.store.hub.import_library``).
 """
 
 from __future__ import annotations
