@@ -24,6 +24,10 @@ if sys.argv[1:2] == ["run"]:
     # The first thing a runner does: a signal during the imports below is remembered.
     interrupt.install_early()
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
+    # The GPUs are asked now, in the background: the answer is due before any setup.
+    from fsm.host import HostProbe
+
+    HostProbe.start_early(os.environ)
 
 import argparse
 import contextlib

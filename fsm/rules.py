@@ -71,9 +71,14 @@ HOST_GPU_MISSING: Final = _retriable(
 )
 HOST_GPU_UNHEALTHY: Final = _retriable(
     "host-gpu-unhealthy", ANY,
-    "a GPU reports uncorrectable ECC errors, pending page retirement or row remapping, or a "
-    "row-remapping failure (before setup), or new uncorrectable ECC errors while the worker "
-    "ran (the host watch stopped it); or nvidia-smi hung before setup",
+    "before setup, a GPU reports uncorrectable ECC errors, pending page retirement or row "
+    "remapping, or a row-remapping failure, or cannot be reached by NVML, or nvidia-smi hung; "
+    "or new uncorrectable ECC errors while the worker ran (the host watch stopped it)",
+)
+HOST_GPU_BUSY: Final = _retriable(
+    "host-gpu-busy", ANY,
+    "a GPU already holds more than 1 GiB of memory or lists a compute process the attempt did "
+    "not start (the previous tenant's leftover), before setup",
 )
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+from pathlib import Path
 
-from fsm import gpus, rules, table
+from fsm import disks, gpus, rules, table
 from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import (
@@ -80,14 +81,15 @@ def verify_remote(ctx: Context) -> str:
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=worker.get("oom_killed") is True,
         console=_console_tail(ctx),
-        gpus_changed=_gpus_changed(ctx),
         env_hides_gpus=hidden_by_env(ctx.host_start, p.env.get("CUDA_VISIBLE_DEVICES")),
+        disk_short_at_start=any(
+            disks.short(fs, ctx.tuning.disk_short_mib) for fs in ctx.disks_start),
+        **_gpus_since_start(ctx),
     )
     rule, match = judge_worker(facts)
     if match is not None:
-        ctx.evidence["host_fault" if match.signature.retriable else "job_fault"] = (
-            match.evidence()
-        )
+        ctx.evidence["host_fault" if rule.retriable else "job_fault"] = match.evidence()
+        _space_evidence(ctx, match.signature.id)
     error = RetriableError if rule.retriable else FatalError
     raise error(
         f"{_reason(ctx, p, rule, match, missing)}; see error_{p.phase}.txt and "
@@ -119,6 +121,8 @@ def _reason(
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
+    if match is not None and match.signature.id in ("disk-full", "shm-exhausted"):
+        return _space_reason(ctx, rule, match, exited, missing)
     if match is not None and rule is rules.WORKER_HOST_FAULT:
         sig = match.signature
         return (f"host fault, retry on a fresh host: {sig.meaning} ({sig.id}); worker "
@@ -129,6 +133,30 @@ def _reason(
                 f"console shows the job's own fault, which fails on any host: {sig.meaning} "
                 f"({sig.id}): {match.line}")
     return f"worker {exited} without completion artifacts ({missing} missing)"
+
+
+def _space_reason(
+    ctx: Context, rule: Rule, match: ConsoleMatch, exited: str, missing: str
+) -> str:
+    """A full disk or /dev/shm, with the filesystem's own figures."""
+    if match.signature.id == "shm-exhausted":
+        shm = ctx.evidence.get("shm", {})
+        size = f"{shm['total_mib']} MiB" if "total_mib" in shm else "of unknown size"
+        return (f"worker {exited} without {missing}: shared memory ran out (/dev/shm is "
+                f"{size}); that is the container's configuration (--shm-size, --ipc=host) or "
+                f"the job's own use (fewer DataLoader workers), the same on any host: "
+                f"{match.line}")
+    before = ctx.evidence.get("disk", {}).get("before_setup", [])
+    if rule.retriable:
+        was = [fs for fs in before if fs.get("short")]
+        names = ", ".join(f"{fs['role']} {fs['path']} had {fs['free_mib']} MiB free of "
+                          f"{fs['total_mib']} MiB" for fs in was)
+        return (f"host fault, retry on a fresh host: the disk was full before the attempt "
+                f"wrote anything ({names} before setup); worker {exited} without {missing}; "
+                f"its console: {match.line}")
+    room = ", ".join(f"{fs['role']} {fs['free_mib']} MiB free" for fs in before)
+    return (f"worker {exited} without {missing}: the job filled a disk ({room or 'no figures'} "
+            f"before setup), which it would on any host of the kind: {match.line}")
 
 
 def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
@@ -146,22 +174,40 @@ def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
     )
 
 
-def _gpus_changed(ctx: Context) -> bool:
+def _gpus_since_start(ctx: Context) -> dict[str, bool]:
     """After a worker ended without its completion artifacts: the GPUs asked again, and
     compared with what they said before setup (a GPU gone or out of reach, new
-    uncorrectable ECC errors). Within the snapshot's own bound, and never more than half of
-    what verification has left; no snapshot before setup, no comparison."""
+    uncorrectable ECC errors): ``gpus_changed``, or ``gpus_fine`` when every GPU answered
+    the same. Within the snapshot's own bound, and never more than half of what
+    verification has left; no snapshot before setup, no comparison."""
     start = ctx.host_start
     if not watchable(start) or start is None:
-        return False
+        return {}
     left = ctx.begin_end().verify_budget().remaining()
     now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(gpus.SNAPSHOT_S, left / 2)))
     verdict = gpus.changed(start, now)
     if not verdict:
-        return False
+        fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)
+        return {"gpus_fine": fine}
     ctx.evidence["gpu_change"] = {"when": "after the worker ended",
                                   "findings": verdict.evidence(), "text": verdict.describe()}
-    return True
+    return {"gpus_changed": True}
+
+
+def _space_evidence(ctx: Context, signature: str) -> None:
+    """The filesystems beside a console that says a disk or /dev/shm is full."""
+    if signature == "disk-full":
+        now = disks.measure((fs.role, Path(fs.path)) for fs in ctx.disks_start)
+        ctx.evidence["disk"] = {
+            "before_setup": [{"role": fs.role, **fs.evidence(),
+                              "short": disks.short(fs, ctx.tuning.disk_short_mib)}
+                             for fs in ctx.disks_start],
+            "now": [{"role": fs.role, **fs.evidence()} for fs in now],
+        }
+    elif signature == "shm-exhausted":
+        shm = disks.space("shm", disks.SHM)
+        if shm is not None:
+            ctx.evidence["shm"] = shm.evidence()
 
 
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:

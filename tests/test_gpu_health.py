@@ -334,7 +334,8 @@ def test_the_fake_refuses_what_nvidia_smi_refuses() -> None:
 def test_the_fake_answers_hostprobe_as_the_marker_shows_it_and_a_snapshot_agrees(
     fake: FakeNvidiaSmi,
 ) -> None:
-    """Today's host evidence from the fake, and the snapshot's host_evidence, are equal."""
+    """The host evidence HostProbe gives (from one snapshot) and the snapshot's own
+    host_evidence are equal."""
     probe = HostProbe(fake.env())
     facts = probe.facts(PROBE_S)
     snap = gpus.snapshot(fake.env())
@@ -342,7 +343,8 @@ def test_the_fake_answers_hostprobe_as_the_marker_shows_it_and_a_snapshot_agrees
     assert facts is not None and facts.problem is None
     assert snap.host_evidence(os.uname().nodename) == facts.evidence()
     assert len(facts.gpus) == 8 and facts.driver == "550.54.15"
-    assert "--query-gpu=name,uuid,memory.total,driver_version" in fake.calls()[0]
+    assert {call[0].split("=")[0] for call in fake.calls()} == {
+        "--query-gpu", "--query-remapped-rows", "--query-compute-apps"}
 
 
 # --- snapshots through the fake ------------------------------------------------------------

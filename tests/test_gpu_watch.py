@@ -22,7 +22,7 @@ from conftest import CANARY, Layout, read_until
 
 from fsm import gpus
 from fsm.gpu_watch import GpuWatch, hidden_by_env
-from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
+from fsm.testing.nvidia_smi import DRIVER_UNREACHABLE, FakeHost, FakeNvidiaSmi
 
 WATCH_S = 5.0
 
@@ -210,17 +210,29 @@ def test_with_unchanged_gpus_a_job_fault_stays_the_jobs(
     assert "gpu_change" not in marker
 
 
-@pytest.mark.parametrize(("visible", "rule"), [("7", "worker-failed"), (None, "worker-host-fault")],
-                         ids=["the-jobs-env-hides-every-gpu", "no-env"])
-def test_no_cuda_gpus_is_the_jobs_fault_when_its_own_env_hides_every_gpu(
-    layout: Layout, smi: FakeNvidiaSmi, visible: str | None, rule: str
+def _driver_gone(host: FakeHost) -> None:
+    host.failure = DRIVER_UNREACHABLE
+
+
+@pytest.mark.parametrize(
+    ("visible", "change", "rule"),
+    [("7", _nothing, "worker-failed"), (None, _nothing, "worker-failed"),
+     (None, _driver_gone, "worker-host-fault")],
+    ids=["the-jobs-env-hides-every-gpu", "gpus-fine-before-and-after", "driver-gone-after"])
+def test_no_cuda_gpus_is_the_hosts_fault_only_when_the_gpus_say_so(
+    layout: Layout, smi: FakeNvidiaSmi, visible: str | None, change: Any, rule: str
 ) -> None:
     """"No CUDA GPUs are available" on a 2-GPU host: with the payload's own
-    CUDA_VISIBLE_DEVICES=7 (no such GPU) it is the job's doing, fatal; without it the host's."""
+    CUDA_VISIBLE_DEVICES=7 (no such GPU) it is the job's doing, fatal; with nvidia-smi
+    listing both GPUs the same before setup and after the death, something inside the job
+    hid them (ray-project/ray#37225), fatal; with the driver gone after the death, the
+    host's."""
     extra = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    marker = _dies(layout, smi, "RuntimeError: No CUDA GPUs are available", _nothing,
+    marker = _dies(layout, smi, "RuntimeError: No CUDA GPUs are available", change,
                    env=_env(FLASH_HOST_WATCH_S="0", **extra))
     assert marker["rule"] == rule
+    if rule == "worker-failed":
+        assert marker["job_fault"]["signature"] == "cuda-no-gpus"
 
 
 # --- the pieces ------------------------------------------------------------------------------

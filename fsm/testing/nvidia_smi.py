@@ -14,7 +14,7 @@ want to see how their job meets a sick, busy or vanishing GPU without owning one
         fake.set(host)                               # the next call answers from this
         assert any("--query-compute-apps" in a[0] for a in fake.calls())
 
-The executable is a two-line shell script that runs this file with the interpreter that
+The executable is a two-line shell script that imports this file with the interpreter that
 created it (``python -I -S``: the standard library only, no site packages): each call reads
 the state file afresh, so a test changes the host between two calls with :meth:`set`.
 :func:`render` is the same answer as a pure function, for tests that need no process.
@@ -471,9 +471,13 @@ class FakeNvidiaSmi:
         self.calls_path = self.directory / "nvidia-smi-calls.jsonl"
         self.set(host if host is not None else FakeHost.h100s(8))
         self.path = self.bindir / "nvidia-smi"
+        # The module is imported, not run as a script: its compiled form is cached, so a
+        # call costs an interpreter start and the module's imports, not a compile.
+        launch = (f"import sys; sys.path.insert(0, {os.path.dirname(MODULE)!r}); "
+                  "import nvidia_smi; sys.exit(nvidia_smi.main(sys.argv[1:]))")
         self.path.write_text(
             "#!/bin/sh\n"
-            f"exec {shlex.quote(python)} -I -S {shlex.quote(MODULE)} "
+            f"exec {shlex.quote(python)} -I -S -c {shlex.quote(launch)} "
             f"--fake-state {shlex.quote(str(self.state_path))} \"$@\"\n"
         )
         self.path.chmod(0o755)
@@ -509,7 +513,8 @@ class FakeNvidiaSmi:
         for entry in self._log():
             if entry.get("hang"):
                 with contextlib.suppress(OSError):
-                    if MODULE.encode() in Path(f"/proc/{entry['pid']}/cmdline").read_bytes():
+                    cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes()
+                    if str(self.state_path).encode() in cmdline:
                         os.kill(entry["pid"], signal.SIGKILL)
 
     def _log(self) -> list[dict[str, Any]]:
