@@ -20,7 +20,8 @@ from fsm import exits, table
 ANY: Final = "*"
 
 EXIT_OK: Final = exits.SUCCEEDED.code
-EXIT_FAILED: Final = exits.FAILED.code
+EXIT_FAILED: Final = exits.FAILED_FATAL.code
+EXIT_RETRIABLE: Final = exits.FAILED_RETRIABLE.code
 EXIT_UNUSABLE: Final = exits.UNUSABLE.code
 EXIT_DEADLINE: Final = exits.DEADLINE.code
 
@@ -45,7 +46,7 @@ class Rule(NamedTuple):
 
 
 def _retriable(rule_id: str, where: str, what: str) -> Rule:
-    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT)
+    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT, EXIT_RETRIABLE)
 
 
 def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILED) -> Rule:
@@ -54,7 +55,7 @@ def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILE
 
 INTERRUPTED: Final = Rule(
     "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
-    True, table.INTERRUPTED,
+    True, table.INTERRUPTED, EXIT_RETRIABLE,
 )
 DEADLINE: Final = Rule(
     "deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",
