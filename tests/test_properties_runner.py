@@ -781,7 +781,7 @@ def test_a_signal_is_retriable_even_when_the_marker_commit_carrying_the_tail_fai
     with attempt(plan) as ran:
         commits = ran.journal.marker_commits
         assert CONSOLE_PATH in commits[0]["files"] and commits[0]["fault"] == "unavailable"
-        assert commits[-1]["landed"] and ran.exit_code == 1
+        assert commits[-1]["landed"] and ran.exit_code == 75
 
 
 def test_the_deadline_is_fatal_deadline_even_when_the_marker_commit_carrying_the_tail_fails_first(
