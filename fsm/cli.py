@@ -77,7 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="list the attempts under a run's prefix")
     _fleet_options(status)
-    status.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    status.add_argument("--json", action="store_true", help="JSON instead of a table")
+    status.add_argument(
+        "--recursive", action="store_true",
+        help="the latest attempt of every run in a folder below the prefix, and a summary",
+    )
 
     explain = sub.add_parser(
         "explain", help="one attempt: its marker, rule, console tail and path"
@@ -294,7 +298,7 @@ def _fleet(args: argparse.Namespace) -> int:
     common: dict[str, Any] = {"repo": args.repo, "prefix": args.prefix, "url": url,
                               "environ": os.environ, "timeout_s": args.timeout, "say": _say}
     if args.command == "status":
-        return fleet.status(as_json=args.json, **common)
+        return fleet.status(as_json=args.json, recursive=args.recursive, **common)
     return fleet.explain(attempt=args.attempt, arm=args.arm, **common)
 
 

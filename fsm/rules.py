@@ -53,6 +53,12 @@ def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILE
     return Rule(rule_id, where, what, False, table.FAILED_FATAL_EVENT, exit_status)
 
 
+# The rules below repeat one shape (a name, ``_retriable``/``_fatal``, an id, a state, the
+# words) on purpose: they are the policy's data, written as literals so that a reader sees
+# every rule at once, and each is a module constant so that a handler names the rule it
+# raises (``rules.CODE_MISSING``) and mypy and a rename find every use. A loop over a table
+# of tuples would say the same with the names lost; fsm.policy orders them and renders the
+# table the docs carry.
 INTERRUPTED: Final = Rule(
     "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
     True, table.INTERRUPTED, EXIT_RETRIABLE,

@@ -77,6 +77,8 @@ def _commands(store: Path) -> dict[str, list[str]]:
         "diagram-dot": ["diagram", "--format", "dot"],
         "status": ["status", *at],
         "status-json": ["status", "--json", *at],
+        "status-recursive": ["status", "--recursive", *at[:2], "--prefix", "sft",
+                             *at[4:]],
         "explain": ["explain", *at, "--attempt", "7"],
         "help": ["--help"],
         "status-help": ["status", "--help"],
@@ -84,8 +86,8 @@ def _commands(store: Path) -> dict[str, list[str]]:
     }
 
 
-_NAMES = ["policy", "diagram", "diagram-dot", "status", "status-json", "explain", "help",
-          "status-help", "demo"]
+_NAMES = ["policy", "diagram", "diagram-dot", "status", "status-json", "status-recursive",
+          "explain", "help", "status-help", "demo"]
 
 
 @pytest.mark.parametrize("name", _NAMES)
