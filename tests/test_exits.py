@@ -162,3 +162,27 @@ def test_every_status_of_the_table_is_distinct_and_each_class_has_its_own() -> N
     assert exits.failed(True) is exits.FAILED_RETRIABLE
     assert exits.failed(False) is exits.FAILED_FATAL
     assert all(0 <= c <= 125 for c in codes)  # 126+ are the shell's and the signals'
+
+
+@pytest.mark.parametrize("case", ["unusable", "deadline"])
+def test_the_unusable_payload_and_the_deadline_leave_their_status_in_the_message(
+    layout: Layout, tmp_path: Path, case: str
+) -> None:
+    """2 (a payload with a usable destination but a bad field: its fatal marker is
+    published) and 124 (the worker outlived the attempt's deadline), said the same way."""
+    layout.write_worker("time.sleep(60)\n")
+    if case == "unusable":
+        layout.write_payload(seed="three")
+    else:
+        layout.write_payload(max_wall_s=4, env={"HF_TOKEN": CANARY, "FLASH_EXIT_RESERVE_S": "1",
+                                                "FLASH_STOP_GRACE_S": "1"})
+    log = tmp_path / "termination-log"
+    proc = layout.cli(*layout.run_args(), env={"FLASH_TERMINATION_LOG": str(log)})
+    stderr = proc.stderr.decode("utf-8", "replace")
+    status, rule = (2, "payload-invalid") if case == "unusable" else (124, "deadline")
+    assert proc.returncode == status, stderr[-3000:]
+    said = _message(log)
+    assert (said["status"], said["name"], said["class"], said["rule"]) == (
+        status, exits.by_code(status).name, "fatal", rule)  # type: ignore[union-attr]
+    assert said["reason"] == stderr.strip().splitlines()[-1].removeprefix("flash-bootstrap: ")
+    assert CANARY not in log.read_text()
