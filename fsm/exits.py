@@ -43,6 +43,9 @@ class Exit(NamedTuple):
     batch: Batch
 
 
+# The rows below repeat one shape on purpose: they are the table's data, one constant each
+# so that the runner names the status it exits with (``exits.DEADLINE.code``), written out
+# so that a reader sees every status, its meaning and each engine's action at once.
 SUCCEEDED: Final = Exit(
     0, "succeeded", "the attempt succeeded (`Succeeded`) and its marker was published",
     "replays the same marker", None, None,

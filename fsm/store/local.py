@@ -131,20 +131,11 @@ class LocalStore:
         return [rel for rel, _ in self._files(source, folder, limit=limit, check_files=False)]
 
     def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
-        self._check_time()
-        self._root_readable()
-        source = self._checked(path_in_repo)
-        if not source.is_file():
-            raise StoreNotFound(f"local store: {path_in_repo} not found")
-        with open(source, "rb") as file:
+        with open(self._file(path_in_repo), "rb") as file:
             return file.read(max_bytes + 1)
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
-        self._check_time()
-        self._root_readable()
-        source = self._checked(path_in_repo)
-        if not source.is_file():
-            raise StoreNotFound(f"local store: {path_in_repo} not found")
+        source = self._file(path_in_repo)
         target = dest_dir / path_in_repo
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic_copy(source, target)
@@ -211,6 +202,15 @@ class LocalStore:
         if any(part in ("", ".", "..") for part in parts):
             raise ValueError(f"not a repo path: {path_in_repo!r}")
         return self.root.joinpath(*parts)
+
+    def _file(self, path_in_repo: str) -> Path:
+        """The file ``path_in_repo``, checked (in time, links), else StoreNotFound."""
+        self._check_time()
+        self._root_readable()
+        source = self._checked(path_in_repo)
+        if not source.is_file():
+            raise StoreNotFound(f"local store: {path_in_repo} not found")
+        return source
 
     def _checked(self, path_in_repo: str) -> Path:
         """The path of ``path_in_repo``, after checking every link on the way to it."""
