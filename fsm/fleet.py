@@ -390,8 +390,10 @@ def status(
     prefix = prefix.strip("/")
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
+        unread = 0
         if recursive:
             rows = _latest_rows(store, prefix)
+            unread = sum(row.problem == NOT_READ for row in rows)
         else:
             rows = [_row(store, prefix, m) for m in marker_files(store.list_folder(prefix))]
         now = time.time()
@@ -407,6 +409,10 @@ def status(
             emit(status_table(rows, now, columns))
             if recursive:
                 emit(summary_line(summary(rows)))
+        if unread:  # what was read is shown; what was not is said, and the status says it
+            say(f"status: --timeout {timeout_s:g}s reached: {unread} of {len(rows)} markers "
+                f"not read (shown as unreadable, {NOT_READ!r}); a longer --timeout reads them")
+            return 1
         return 0
 
     return _session("status", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
@@ -431,10 +437,15 @@ def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) 
     return Row(marker_file, marker, problem, folder, attempts)
 
 
+#: The problem of a marker that ``status --recursive`` had no time left to read.
+NOT_READ = "not read: --timeout reached"
+
+
 def _latest_rows(store: Store, prefix: str) -> list[Row]:
     """The latest attempt of every folder under ``prefix`` that holds attempt markers (a
     run's hf_prefix): one bounded listing of the whole tree, then one download per marker
-    shown (every arm of that attempt, when several ran it)."""
+    shown (every arm of that attempt, when several ran it). Once ``--timeout`` is reached,
+    the markers left are rows of :data:`NOT_READ`: what was read is still shown."""
     paths = store.list_tree(prefix, MAX_LISTED)
     if len(paths) > MAX_LISTED:
         raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
@@ -443,15 +454,23 @@ def _latest_rows(store: Store, prefix: str) -> list[Row]:
     for path in paths:
         folder, _, name = path.rpartition("/")
         folders.setdefault(folder, []).append(name)
-    rows = []
+    rows: list[Row] = []
     for folder in sorted(folders):
         found = marker_files(folders[folder])
         if not found:
             continue
         last = found[-1].attempt
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
-        rows += [_row(store, run, m, attempts=len(found))
-                 for m in found if m.attempt == last]
+        for m in found:
+            if m.attempt != last:
+                continue
+            if rows and rows[-1].problem == NOT_READ:
+                rows.append(Row(m, None, NOT_READ, run, len(found)))
+                continue
+            try:
+                rows.append(_row(store, run, m, attempts=len(found)))
+            except DeadlineExceeded:
+                rows.append(Row(m, None, NOT_READ, run, len(found)))
     return rows
 
 

@@ -195,3 +195,27 @@ def test_the_fleet_view_on_the_hub_reads_every_page_and_each_shown_marker_once(
     gets = sorted(r.path.split("/resolve/main/", 1)[-1] for r in requests
                   if "/resolve/" in r.path)
     assert gets == sorted(f"{folder}/lambda_attempt1.json" for folder, _, _ in expected)
+
+
+@pytest.mark.hub
+def test_on_a_store_too_slow_for_the_timeout_what_was_read_is_shown_and_the_rest_said(
+    hub_server: LocalHubServer, hub_token: str
+) -> None:
+    """A marker whose download hangs past --timeout: the runs before it are shown, it and
+    the runs after it are rows "not read", and one line says how many (exit 1)."""
+    runs = 12
+    hub_server.create_repo(REPO)
+    _lay_out(lambda path, text: hub_server.add_file(REPO, path, text), runs, time.time())
+    order = sorted(range(runs), key=_folder)
+    stuck = _folder(order[5])
+    hub_server.hang("GET", f"/resolve/main/{stuck}/lambda_attempt1.json", seconds=60, times=5)
+    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft", "--recursive", "--json",
+                   "--timeout", "4", "--store", hub_server.url, env={"HF_TOKEN": hub_token})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (
+        "flash-bootstrap: status: --timeout 4s reached: 7 of 12 markers not read (shown as "
+        "unreadable, 'not read: --timeout reached'); a longer --timeout reads them")
+    rows = json.loads(proc.stdout)["runs"]
+    assert [r["run"] for r in rows] == [_folder(r) for r in order]
+    assert [r["outcome"] == "unreadable" for r in rows] == [False] * 5 + [True] * 7
+    assert {r.get("problem") for r in rows[5:]} == {fleet.NOT_READ}
