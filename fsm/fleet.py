@@ -636,7 +636,12 @@ def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[Mark
     if others:
         head += ("\n  note: the prefix holds other attempts' markers too; this is the last "
                  "tail uploaded under it, which may be another attempt's")
-    return "\n".join([head, *(f"  | {line}" for line in shown)])
+    return _quoted(head, shown)
+
+
+def _quoted(head: str, lines: Iterable[str]) -> str:
+    """A file's lines as explain shows them (the console tail, the stacks): under a head."""
+    return "\n".join([head, *(f"  | {line}" for line in lines)])
 
 
 def _stall(marker: Mapping[str, Any] | None) -> str | None:
@@ -667,7 +672,7 @@ def _stacks_head(store: Store, prefix: str, name: str, scratch: Path) -> str:
     lines = text.split("\n")
     shown = [_printable(line) for line in lines[:STACKS_LINES]]
     head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"
-    return "\n".join([head, *(f"  | {line}" for line in shown)])
+    return _quoted(head, shown)
 
 
 def _path(marker: Mapping[str, Any] | None) -> str:
