@@ -45,7 +45,7 @@ FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
 REGENERATE = ("python -m fsm.diagram --write diagrams --doc docs/policy.md --doc README.md "
-              "--doc docs/contract.md")
+              "--doc docs/contract.md --doc deploy/README.md")
 
 
 class DiagramUnavailable(Exception):

@@ -20,7 +20,8 @@ from fsm import exits, table
 ANY: Final = "*"
 
 EXIT_OK: Final = exits.SUCCEEDED.code
-EXIT_FAILED: Final = exits.FAILED.code
+EXIT_FAILED: Final = exits.FAILED_FATAL.code
+EXIT_RETRIABLE: Final = exits.FAILED_RETRIABLE.code
 EXIT_UNUSABLE: Final = exits.UNUSABLE.code
 EXIT_DEADLINE: Final = exits.DEADLINE.code
 
@@ -45,16 +46,22 @@ class Rule(NamedTuple):
 
 
 def _retriable(rule_id: str, where: str, what: str) -> Rule:
-    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT)
+    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT, EXIT_RETRIABLE)
 
 
 def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILED) -> Rule:
     return Rule(rule_id, where, what, False, table.FAILED_FATAL_EVENT, exit_status)
 
 
+# The rules below repeat one shape (a name, ``_retriable``/``_fatal``, an id, a state, the
+# words) on purpose: they are the policy's data, written as literals so that a reader sees
+# every rule at once, and each is a module constant so that a handler names the rule it
+# raises (``rules.CODE_MISSING``) and mypy and a rename find every use. A loop over a table
+# of tuples would say the same with the names lost; fsm.policy orders them and renders the
+# table the docs carry.
 INTERRUPTED: Final = Rule(
     "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
-    True, table.INTERRUPTED,
+    True, table.INTERRUPTED, EXIT_RETRIABLE,
 )
 DEADLINE: Final = Rule(
     "deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",

@@ -1,10 +1,11 @@
 """One attempt, start to finish: build the context, arm the signals and the watchdog,
 drive the machine, and say how it ended.
 
-The exit status is a fact about what was published (CONTRACT section 2): 0 or 1 only when
-the marker landed, 3 when the outcome was decided and persisted but the marker could not
-be published, 2 for an unusable payload, 124 for the deadline, and 75 when this runner
-never owned the attempt (another live runner holds its lock) and so wrote nothing.
+The exit status is a fact about what was published (CONTRACT section 2, ``fsm.exits``): 0,
+1 (fatal) or 75 (retriable) only when the marker landed, 3 when the outcome was decided and
+persisted but the marker could not be published, 2 for an unusable payload, 124 for the
+deadline, and 73 when this runner never owned the attempt (another live runner holds its
+lock) and so wrote nothing.
 """
 
 from __future__ import annotations
@@ -154,11 +155,20 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     else:
         reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
-        return _said(ctx, rule.exit_status, terminal, reason)
+        return _said(ctx, _published_status(rule, record), terminal, reason)
     code, unpublished = published.unpublished()
     if rule.exit_status == EXIT_UNUSABLE:
         code = EXIT_UNUSABLE  # the payload is what to fix first
     return _said(ctx, code, terminal, f"{unpublished}; {reason}")
+
+
+def _published_status(rule: Rule, record: dict[str, Any]) -> int:
+    """The status of a published marker: the rule's own (0, 2, 124), else its class, which
+    the marker itself states (a replayed marker of another runner version included)."""
+    if rule.exit_status not in (rules.EXIT_FAILED, rules.EXIT_RETRIABLE):
+        return rule.exit_status
+    retriable = record.get("retriable")
+    return exits.failed(retriable if isinstance(retriable, bool) else rule.retriable).code
 
 
 def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:

@@ -965,7 +965,7 @@ def test_a_run_whose_index_refuses_uv_ends_retriable(
     with open(layout.root / "stdout.bin", "ab") as out:
         outcome = run_attempt(layout.settings(), runner_env, out_fd=out.fileno(),
                               python=str(python), handle_signals=False)
-    assert outcome.exit_code == 1
+    assert outcome.exit_code == 75
     marker = layout.marker()
     assert marker is not None
     assert (marker["retriable"], marker["rule"], marker["path"]) == (

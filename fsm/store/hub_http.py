@@ -141,8 +141,9 @@ class HubClient:
                      if isinstance(b, dict) and b.get("name") == "main"), None)
 
     def tree(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
-             recursive: bool) -> list[Entry]:
-        """The files of ``folder`` (below it too when ``recursive``), every page."""
+             recursive: bool, limit: int | None = None) -> list[Entry]:
+        """The files of ``folder`` (below it too when ``recursive``), every page (with
+        ``limit``: no further page once more than that many were found)."""
         url: str | None = (
             f"{self.endpoint}/api/{repo_type}s/{repo_id}/tree/{quote(revision, safe='')}"
             + (f"/{quote(folder, safe='')}" if folder else "") + "?"
@@ -157,6 +158,8 @@ class HubClient:
                         if isinstance(item, dict) and item.get("type") == "file"]
             found = _NEXT_LINK.search(link or "")
             url = urljoin(url, found.group(1)) if found else None
+            if limit is not None and len(entries) > limit:
+                break
         return entries
 
     def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:
