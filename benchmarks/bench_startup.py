@@ -10,7 +10,10 @@ overhead = T(run -> first worker line) - T(bare interpreter start) - T(worker ->
 ``nvidia-smi`` on PATH, ``N`` a host of N healthy, idle H100s answered by the fake
 ``nvidia-smi`` of ``fsm.testing.nvidia_smi`` (a Python process per call: slower to start
 than the real tool's binary, faster than a real driver's NVML initialisation). Without
-``--gpus``, only the host without ``nvidia-smi``.
+``--gpus``, only the host without ``nvidia-smi``. With a fake host, ``gpu_snapshot_ms`` is
+what the three nvidia-smi queries took together, and ``preflight_waited_ms`` what of it
+LoadPayload waited for before setup (the rest overlapped the runner's imports, the payload,
+the lock and the store): the preflight's cost on the attempt's path.
 """
 
 from __future__ import annotations
@@ -33,15 +36,25 @@ print("first line", flush=True)
 """
 
 
+#: The GPU snapshot's log line: what it took, and what of it LoadPayload waited for.
+WAITED: list[float] = []
+TOOK: list[float] = []
+
+
 def _first_line_s(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     elapsed = time.perf_counter() - started
     assert line, "no output"
-    proc.wait()
+    _, err = proc.communicate()
+    for text in err.decode("utf-8", "replace").splitlines():
+        if '"host.gpus"' in text:
+            event = json.loads(text)
+            WAITED.append(event["waited_s"])
+            TOOK.append(event["seconds"])
     return elapsed
 
 
@@ -122,6 +135,10 @@ def main() -> None:
         run_ms = statistics.median(values)
         result[f"run_to_first_line_ms[{host}]"] = round(run_ms * 1000, 1)
         result[f"runner_overhead_ms[{host}]"] = round((run_ms - worker_ms - interp_ms) * 1000, 1)
+    if WAITED:
+        # the preflight's cost to the attempt: what LoadPayload waited for the answer
+        result["gpu_snapshot_ms"] = round(statistics.median(TOOK) * 1000, 1)
+        result["preflight_waited_ms"] = round(statistics.median(WAITED) * 1000, 1)
     result.update(import_fsm_us=statistics.median(imports), rounds=args.rounds)
     for key, value in result.items():
         print(f"{key:48} {value}")

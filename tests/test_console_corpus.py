@@ -327,7 +327,7 @@ def test_a_corpus_text_on_a_real_workers_console_decides_the_marker(
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
         False, host, "worker-host-fault" if host else "worker-failed", "VerifyRemote"
     ), stderr[-3000:]
-    assert proc.returncode == 75, stderr[-3000:]
+    assert proc.returncode == (75 if host else 1), stderr[-3000:]
     assert marker["path"] == [*TRAIN_PATH[:-2], "Mark"]
     if host:
         assert expected is not None
