@@ -8,8 +8,9 @@ overhead = T(run -> first worker line) - T(bare interpreter start) - T(worker ->
 
 ``--gpus`` lists the hosts to measure, interleaved round by round: ``0`` is a host without
 ``nvidia-smi`` on PATH, ``N`` a host of N healthy, idle H100s answered by the fake
-``nvidia-smi`` of ``fsm.testing.nvidia_smi`` (a Python process per call: slower to start
-than the real tool's binary, faster than a real driver's NVML initialisation). Without
+``nvidia-smi`` of ``fsm.testing.nvidia_smi``, the runner's three queries precomputed (the
+script ``cat``s their answers: cheaper than the real binary's NVML initialisation, which
+is the host's cost, not the runner's). Without
 ``--gpus``, only the host without ``nvidia-smi``. With a fake host, ``gpu_snapshot_ms`` is
 what the three nvidia-smi queries took together, and ``preflight_waited_ms`` what of it
 LoadPayload waited for before setup (the rest overlapped the runner's imports, the payload,
@@ -29,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fsm.gpus import QUERIES
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 WORKER = """
@@ -108,7 +110,10 @@ def main() -> None:
         if count == 0:
             envs[count] = env
         else:
-            fake = FakeNvidiaSmi(root / f"smi{count}", FakeHost.h100s(count))
+            # the runner's three queries answered by the script itself (cat), so the figure
+            # is the runner's cost, not a Python interpreter's per call
+            fake = FakeNvidiaSmi(root / f"smi{count}", FakeHost.h100s(count),
+                                 precompute=list(QUERIES.values()))
             fakes.append(fake)
             envs[count] = {**env, **fake.env(env)}
     worker_env = {**env, "PYTHONPATH": str(store / "code")}

@@ -744,3 +744,25 @@ def test_the_fake_nvidia_smi_example_of_docs_testing_md_runs_and_passes(tmp_path
 
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
+
+
+def test_a_precomputed_fake_answers_as_the_python_one_does(tmp_path: Path) -> None:
+    """The benchmarks' fake (the runner's queries answered by ``cat``) gives the snapshot
+    the Python fake gives, before and after the host changes."""
+    host = FakeHost.h100s(4)
+    host.apps.append(FakeApp(host.gpus[1].uuid, 4242, "/usr/bin/python3", 30000))
+    plain = FakeNvidiaSmi(tmp_path / "plain", host)
+    quick = FakeNvidiaSmi(tmp_path / "quick", host, precompute=list(gpus.QUERIES.values()))
+
+    def same() -> None:
+        a, b = gpus.snapshot(plain.env()), gpus.snapshot(quick.env())
+        assert (a.gpus, a.apps, a.lost, a.problem) == (b.gpus, b.apps, b.lost, b.problem)
+
+    same()
+    assert quick.calls() == []  # answered by the script alone
+    host.gpus[2].ecc_uncorrected = 3
+    host.gpus[3].unreachable = "Unknown Error"  # a failing answer: Python answers it
+    plain.set(host)
+    quick.set(host)
+    same()
+    assert quick.calls() != []
