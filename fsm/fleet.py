@@ -571,6 +571,9 @@ def explain(
         stall = _stall(marker)
         if stall:
             emit(stall + "\n")
+        gpus = _gpus(marker)
+        if gpus:
+            emit(gpus + "\n")
         stacks = _stacks_file(marker, names)
         if stacks is not None:
             emit(_stacks_head(store, prefix, stacks, scratch) + "\n")
@@ -658,6 +661,33 @@ def _stall(marker: Mapping[str, Any] | None) -> str | None:
         lines.append(f"  stalled in the same place in attempt "
                      f"{_printable(str(previous.get('attempt', '?')), 20)} too")
     return "\n".join(lines)
+
+
+#: The GPU evidence explain shows (CONTRACT section 8), and how it heads each.
+GPU_EVIDENCE = (("gpu_health", "gpus before setup"), ("gpu_change", "gpus changed"))
+
+
+def _gpus(marker: Mapping[str, Any] | None) -> str | None:
+    """The GPUs' findings the marker carries (before setup, or a change since), a line a
+    GPU, or None."""
+    if marker is None:
+        return None
+    lines: list[str] = []
+    for key, head in GPU_EVIDENCE:
+        facts = marker.get(key)
+        if not isinstance(facts, dict) or not isinstance(facts.get("findings"), list):
+            continue
+        findings = facts["findings"]
+        when = facts.get("when") if isinstance(facts.get("when"), str) else None
+        lines.append(f"{head}{f' ({_printable(when, 60)})' if when else ''}")
+        for finding in findings[:16]:
+            if not isinstance(finding, dict):
+                continue
+            gpu = " ".join(_printable(str(finding[k]), 60) for k in ("index", "uuid", "bus_id")
+                           if finding.get(k) is not None)
+            lines.append(f"  {_printable(str(finding.get('kind', '?')), 40)}: "
+                         f"GPU {gpu or '?'}")
+    return "\n".join(lines) or None
 
 
 def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str | None:

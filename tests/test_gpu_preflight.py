@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TRAIN_PATH, Layout
+from conftest import PREFIX, REPO, TRAIN_PATH, Layout
 
 from fsm.testing.nvidia_smi import FakeApp, FakeGpu, FakeHost, FakeNvidiaSmi
 
@@ -223,3 +223,19 @@ def test_a_short_host_is_named_before_a_sick_gpu(layout: Layout, smi: FakeNvidia
     _, marker = _run(layout, smi, expect_gpus=8)
 
     _assert_ended_before_setup(layout, marker, "host-gpu-missing")
+
+
+def test_explain_names_the_sick_gpu_of_the_marker(layout: Layout, smi: FakeNvidiaSmi) -> None:
+    """The operator's one command: which GPU, by index and UUID, and what it reported."""
+    host = smi.host()
+    host.gpus[4].remap_failure = True
+    smi.set(host)
+    _run(layout, smi)
+
+    proc = layout.cli("explain", "--repo", REPO, "--prefix", PREFIX, "--store",
+                      layout.store_url, "--attempt", "0", timeout=30)
+
+    assert proc.returncode == 0, proc.stderr.decode()
+    shown = proc.stdout.decode()
+    assert "gpus before setup" in shown
+    assert f"row-remap-failure: GPU 4 {host.gpus[4].uuid}" in shown
