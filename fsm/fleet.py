@@ -393,9 +393,9 @@ def status(
         unread = 0
         if recursive:
             rows = _latest_rows(store, prefix)
-            unread = sum(row.problem == NOT_READ for row in rows)
         else:
-            rows = [_row(store, prefix, m) for m in marker_files(store.list_folder(prefix))]
+            rows = _read_rows(store, [(prefix, m, 1) for m in marker_files(_names(store, prefix))])
+        unread = sum(row.problem == NOT_READ for row in rows)
         now = time.time()
         columns = RECURSIVE_COLUMNS if recursive else COLUMNS
         listed = [row.as_json(now, columns) for row in rows]
@@ -417,6 +417,17 @@ def status(
 
     return _session("status", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
                     say=say, body=body)
+
+
+def _names(store: Store, prefix: str) -> frozenset[str]:
+    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
+    file that is a hostile link is listed, and refused only when it is read, so one such
+    entry does not hide the others (the runner's own listing refuses it at once)."""
+    paths = store.list_tree(prefix, MAX_LISTED)
+    if len(paths) > MAX_LISTED:
+        raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
+                           f"{store.describe()}: choose a narrower --prefix")
+    return frozenset(path for path in paths if "/" not in path)
 
 
 def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) -> Row:
@@ -454,23 +465,29 @@ def _latest_rows(store: Store, prefix: str) -> list[Row]:
     for path in paths:
         folder, _, name = path.rpartition("/")
         folders.setdefault(folder, []).append(name)
-    rows: list[Row] = []
+    wanted: list[tuple[str, MarkerFile, int]] = []
     for folder in sorted(folders):
         found = marker_files(folders[folder])
         if not found:
             continue
         last = found[-1].attempt
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
-        for m in found:
-            if m.attempt != last:
-                continue
-            if rows and rows[-1].problem == NOT_READ:
-                rows.append(Row(m, None, NOT_READ, run, len(found)))
-                continue
-            try:
-                rows.append(_row(store, run, m, attempts=len(found)))
-            except DeadlineExceeded:
-                rows.append(Row(m, None, NOT_READ, run, len(found)))
+        wanted += [(run, m, len(found)) for m in found if m.attempt == last]
+    return _read_rows(store, wanted)
+
+
+def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> list[Row]:
+    """One download per marker (folder, marker, attempts of its run), in order; once
+    ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
+    rows: list[Row] = []
+    for folder, m, attempts in wanted:
+        if rows and rows[-1].problem == NOT_READ:
+            rows.append(Row(m, None, NOT_READ, folder, attempts))
+            continue
+        try:
+            rows.append(_row(store, folder, m, attempts=attempts))
+        except DeadlineExceeded:
+            rows.append(Row(m, None, NOT_READ, folder, attempts))
     return rows
 
 
@@ -539,7 +556,7 @@ def explain(
     prefix = prefix.strip("/")
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
-        names = store.list_folder(prefix)
+        names = _names(store, prefix)
         every = marker_files(names)
         candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
         if not candidates:

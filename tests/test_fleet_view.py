@@ -219,3 +219,25 @@ def test_on_a_store_too_slow_for_the_timeout_what_was_read_is_shown_and_the_rest
     assert [r["run"] for r in rows] == [_folder(r) for r in order]
     assert [r["outcome"] == "unreadable" for r in rows] == [False] * 5 + [True] * 7
     assert {r.get("problem") for r in rows[5:]} == {fleet.NOT_READ}
+
+
+@pytest.mark.hub
+def test_plain_status_on_a_store_too_slow_for_the_timeout_shows_what_it_read(
+    hub_server: LocalHubServer, hub_token: str
+) -> None:
+    """One run's folder of many attempts, one download hanging past --timeout: the
+    attempts before it are shown, the rest are rows "not read" (issue 26 item 5)."""
+    hub_server.create_repo(REPO)
+    now = time.time()
+    for attempt in range(8):
+        hub_server.add_file(REPO, f"sft/r/lambda_attempt{attempt}.json", json.dumps(
+            {"ok": False, "ts": now - 60, "attempt": attempt, "retriable": True,
+             "error": "x", "rule": "worker-host-fault"}))
+    hub_server.hang("GET", "/resolve/main/sft/r/lambda_attempt3.json", seconds=60, times=5)
+    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft/r", "--json", "--timeout", "4",
+                   "--store", hub_server.url, env={"HF_TOKEN": hub_token})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "5 of 8 markers not read" in proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["attempt"] for r in rows] == list(range(8))
+    assert [r["outcome"] == "unreadable" for r in rows] == [False] * 3 + [True] * 5
