@@ -308,8 +308,22 @@ def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
     return f"the store at {where} refused: {text}"
 
 
+#: A console tail or stacks file explain reads at most this much of (the runner's own are
+#: at most 64,000 bytes and a few hundred KiB).
+FILE_MAX_BYTES = 4 << 20
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def _read(store: Store, path: str, scratch: Path) -> bytes:
-    return store.download_file(path, scratch).read_bytes()
+    """A file explain quotes, bounded: a larger one is not the runner's (``_TooLarge``)."""
+    data = store.read_file(path, FILE_MAX_BYTES)
+    if len(data) > FILE_MAX_BYTES:
+        raise _TooLarge(f"{_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
+                        "file the runner wrote; not shown")
+    return data
 
 
 def _session(
@@ -646,7 +660,10 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
 
 
 def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[MarkerFile]) -> str:
-    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    try:
+        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    except _TooLarge as exc:
+        return f"console tail  {exc}"
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -715,7 +732,10 @@ def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str
 
 
 def _stacks_head(store: Store, prefix: str, name: str, scratch: Path) -> str:
-    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    try:
+        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    except _TooLarge as exc:
+        return f"stacks  {exc}"
     lines = text.split("\n")
     shown = [_printable(line) for line in lines[:STACKS_LINES]]
     head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"

@@ -418,3 +418,15 @@ def test_hostile_store_contents_are_skipped_and_said_never_fatal_to_the_rest(
     assert explained.returncode == 0, explained.stderr
     assert "worker exited 1; GPU fault" in explained.stdout
     assert "look-alike" not in fsm_cli(*local(layout, "explain", "--attempt", "1")).stdout
+
+
+def test_explain_reads_a_huge_console_file_no_further_than_its_bound(layout: Layout) -> None:
+    folder = layout.store / PREFIX
+    folder.mkdir(parents=True)
+    (folder / "lambda_attempt0.json").write_text(json.dumps(marker(0)))
+    with open(folder / "console_sft.txt", "wb") as huge:
+        huge.truncate(200 << 20)
+    proc = fsm_cli(*local(layout, "explain", "--attempt", "0"))
+    assert proc.returncode == 0, proc.stderr
+    assert "larger than 4,194,304 bytes, not a file the runner wrote; not shown" in proc.stdout
+    assert len(proc.stdout) < 20_000
