@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from fsm import driver, exits, outcome, outlet, policy, rules, table
+from fsm import driver, exits, outcome, outlet, policy, procs, rules, table
 from fsm import interrupt as interrupts
 from fsm import log as log_config
 from fsm.budget import Budget
@@ -180,16 +180,36 @@ def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome
     return said
 
 
+def _on_child(_signum: int, _frame: object) -> None:
+    """SIGCHLD: nothing to do here; its byte on the wakeup descriptor wakes the supervisor,
+    which reaps the worker's orphans (``fsm.procs.reap_orphans``)."""
+
+
+def _hold_ground() -> None:
+    """The process's hold on the host (``fsm.procs``): a child subreaper, so no descendant
+    of the worker escapes to the host's init; woken by SIGCHLD (restarting system calls),
+    so orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
+    permitted."""
+    subreaper = procs.become_subreaper()
+    signal.signal(signal.SIGCHLD, _on_child)
+    signal.siginterrupt(signal.SIGCHLD, False)
+    lowered = procs.lower_own_oom_score()
+    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
+
+
 @contextmanager
 def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set the interrupt flag (as PID 1 nothing else would catch them),
-    and whichever thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
+    """The stop signals (``fsm.interrupt.STOP_SIGNALS``) set the interrupt flag (as PID 1
+    nothing else would catch them), the ignored ones are caught and counted, and whichever
+    thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
     if not enabled:
         yield
         return
     armed = interrupts.wakeup_fd() is None
     interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
-    previous = {sig: signal.signal(sig, ctx.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, ctx.on_signal) for sig in interrupts.STOP_SIGNALS}
+    interrupts.install_ignored()
+    _hold_ground()
     try:
         yield
     finally:

@@ -65,6 +65,7 @@ from typing import Literal, Protocol
 
 import structlog
 
+from fsm import procs
 from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.outlet import STDOUT_CAPACITY, Outlet
@@ -77,6 +78,7 @@ TAIL_BYTES = 64_000
 _CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
 _PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
 _KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
+_ESCAPEE_ROUNDS = 4  # looks for processes outside the group, each after killing those found
 _JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
 _OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buffer
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
@@ -313,6 +315,8 @@ def _wait_and_stop(
         log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid,
                     grace_s=round(max(0.0, grace_end - time.monotonic()), 3))
         _killpg(run.pid, signal.SIGTERM)
+        # Those that left the group (setsid) get the same SIGTERM, found by the process table.
+        procs.stop_all(run.escapees(), signal.SIGTERM)
 
         # The grace ends early when the leader exits, and is cut when a signal comes now.
         def over() -> bool:
@@ -335,6 +339,7 @@ def _wait_and_stop(
         log.warning(f"{run.name}.killing", pgid=run.pid, pids=survivors)
     _killpg(run.pid, signal.SIGKILL)
     kill_end = time.monotonic() + _KILL_WAIT_S
+    run.kill_escapees(kill_end)  # before the reap: the leader's pid still names the run
     if not waker.wait_until(lambda: exited() and eof(), kill_end):
         log.error(f"{run.name}.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
     run.pump.finish()
@@ -363,6 +368,9 @@ def _wait(
     exited = run.exited.is_set
 
     def ended() -> bool:
+        # Every wake (a SIGCHLD wakes the signal descriptor too) reaps the group's orphans
+        # that died meanwhile: as PID 1 or subreaper nobody else would (fsm.procs).
+        procs.reap_orphans(run.pid, run.pid)
         return exited() or interrupt.is_set()
 
     while True:
@@ -706,20 +714,23 @@ class _Run:
         name: str,
     ) -> None:
         self.name = name
+        #: Marks every process of this run, so an orphan that left the group is found.
+        self.token = procs.new_token()
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
             with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
                 fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-            self.proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=w,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+            with procs.oom_first():  # the OOM killer's first choice, and its children's
+                self.proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env={**env, procs.TOKEN_VAR: self.token},
+                    stdin=subprocess.DEVNULL,
+                    stdout=w,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except BaseException:
             os.close(r)
             raise
@@ -737,6 +748,25 @@ class _Run:
             self.close()
             raise
 
+    def escapees(self) -> list[procs.Proc]:
+        """The run's live processes outside its group (``setsid``, or orphaned and
+        re-parented to the runner): ``killpg`` does not reach them."""
+        return [p for p in procs.descendants(self.pid, self.token) if p.pgrp != self.pid]
+
+    def kill_escapees(self, until_mono: float) -> None:
+        """SIGKILL every process of the run outside its group, until none is found (an
+        escapee's children are orphaned by its death and found at the next look)."""
+        for _ in range(_ESCAPEE_ROUNDS):
+            found = self.escapees()
+            if not found:
+                return
+            structlog.get_logger().warning(f"{self.name}.escapees_killed", pgid=self.pid,
+                                           pids=[p.pid for p in found])
+            left = procs.stop_all(found, signal.SIGKILL, wait_until=until_mono)
+            if left:
+                structlog.get_logger().error(f"{self.name}.escapees_survive", pids=left)
+                return
+
     def reap(self, timeout: float | None = None) -> None:
         """Wait for the leader and collect its status (the caller forgets the group first)."""
         on_group, self._on_group = self._on_group, None
@@ -748,6 +778,7 @@ class _Run:
         """Make sure the group is dead and the leader reaped (also when unwinding)."""
         if self.proc.returncode is None:
             _killpg(self.pid, signal.SIGKILL)  # unreaped leader: the group id is still ours
+            self.kill_escapees(time.monotonic() + _KILL_WAIT_S)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.reap(_KILL_WAIT_S)
         if hasattr(self, "pump"):  # absent when the pump thread could not be started
