@@ -157,9 +157,10 @@ def wakeup_fd() -> int | None:
 PROCESS_FLAG = InterruptFlag()
 
 
-def install_early(flag: InterruptFlag = PROCESS_FLAG) -> None:
+def install_early(flag: InterruptFlag = PROCESS_FLAG, *, wakeup: bool = True) -> None:
     """Route the stop signals to ``flag`` (the runner installs its own handler later) and
-    catch the ignored ones, so that none of the table's signals ends the process."""
+    catch the ignored ones, so that none of the table's signals ends the process; with
+    ``wakeup`` also arm the wakeup descriptor (else the caller does, once it may open one)."""
 
     def handler(signum: int, _frame: object) -> None:
         flag.trigger(signum)
@@ -167,4 +168,5 @@ def install_early(flag: InterruptFlag = PROCESS_FLAG) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     install_ignored()
-    arm_wakeup()
+    if wakeup:
+        arm_wakeup()
