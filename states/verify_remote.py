@@ -35,6 +35,7 @@ from fsm.payload import Payload
 from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
 from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
+from fsm.worker_files import heartbeat_says_retriable
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"
@@ -248,16 +249,11 @@ def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
     target = ctx.scratch / "heartbeat"
     try:
         local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
-        beat = json.loads(local.read_text(encoding="utf-8"))
+        return heartbeat_says_retriable(local, p.dest.attempt)  # typed strictly
     except (StoreNotFound, OSError, ValueError):
         return False
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return (
-        isinstance(beat, dict)
-        and beat.get("retriable") is True
-        and beat.get("attempt") == p.dest.attempt
-    )
 
 
 def _exit_text(ctx: Context) -> str:
