@@ -36,7 +36,8 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
         "run_id": ctx.evidence.get("run_id"),
     }
-    for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change"):
+    for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
+                "storage"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
     # Commits landed before the marker's own, and the 429s the attempt met.

@@ -314,6 +314,8 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.HOST_GPU_UNHEALTHY, Claim()),
+    (rules.HOST_STORAGE, Claim()),
+    (rules.HOST_STORAGE_FILLED, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_REFUSED, Claim((StoreRefused,))),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),

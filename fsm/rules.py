@@ -53,7 +53,9 @@ def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILE
 
 
 INTERRUPTED: Final = Rule(
-    "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
+    "interrupted", ANY,
+    "a stop signal reached the runner: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPWR or SIGXCPU "
+    "(host stop, preemption)",
     True, table.INTERRUPTED,
 )
 DEADLINE: Final = Rule(
@@ -74,6 +76,18 @@ HOST_GPU_UNHEALTHY: Final = _retriable(
     "a GPU reports uncorrectable ECC errors, pending page retirement or row remapping, or a "
     "row-remapping failure (before setup), or new uncorrectable ECC errors while the worker "
     "ran (the host watch stopped it); or nvidia-smi hung before setup",
+)
+HOST_STORAGE: Final = _retriable(
+    "host-storage", ANY,
+    "a write of the runner's own (code root, scratch, payload dir, cache) failed for the "
+    "host's storage: read-only (EROFS), or full (ENOSPC, EDQUOT, no inode left) on a "
+    "filesystem already short of room when the attempt started (FLASH_STORAGE_FLOOR_BYTES)",
+)
+HOST_STORAGE_FILLED: Final = _fatal(
+    "host-storage-filled", ANY,
+    "a write of the runner's own failed for a full filesystem (ENOSPC, EDQUOT, inodes) "
+    "that had room when the attempt started: the attempt ran out of it, and a fresh host of "
+    "the same shape runs out again",
 )
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(

@@ -114,6 +114,10 @@ def run_attempt(
         started_at=time.time(),
     )
     log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
+    from fsm import storage  # the filesystems at the start: a full one is judged against them
+
+    ctx.storage_start = storage.snapshot(
+        [settings.payload_path.parent, settings.code_root, settings.scratch_dir])
     watchdog = Watchdog(ctx, exit=hard_exit, say=say or _stderr_line)
     with _signals(ctx, handle_signals):
         watchdog.start()
@@ -154,6 +158,8 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     else:
         reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
+        if published.persist_error is not None:  # a restart would not find it: say so
+            reason = f"{reason}; {published.persist_error}"
         return _said(ctx, rule.exit_status, terminal, reason)
     code, unpublished = published.unpublished()
     if rule.exit_status == EXIT_UNUSABLE:

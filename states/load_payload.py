@@ -155,7 +155,11 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
     lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
     wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
-    got = lock.acquire(wait, ctx.budget)
+    try:
+        got = lock.acquire(wait, ctx.budget)
+    except OSError:  # no lock can exist here, for any runner: the marker says why (storage)
+        ctx.dest = dest
+        raise
     if got == "held":
         ctx.lock = lock  # held until the process ends (released by the runner)
         return
