@@ -121,6 +121,10 @@ class WorkerExit:
     console_path: Path
     console_bytes: int  # the console file's size when supervise returned, cap line included
     silent_s: float | None = None
+    #: The console file as this process holds it open (``/proc/self/fd/N``), for as long as
+    #: this object lives: what the worker deletes or replaces at ``console_path`` changes
+    #: nothing read through it. None where it could not be held.
+    console_held: Path | None = None
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
@@ -208,8 +212,14 @@ def supervise(
     log = structlog.get_logger()
     started = time.monotonic()
     console_fd = os.open(
-        console_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
+        console_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
     )
+    # Read back through this descriptor, never by the path: the worker may empty its
+    # scratch dir, and the console is the runner's evidence (issue 26).
+    held = Path(f"/proc/self/fd/{console_fd}")
+    if not held.exists():  # no /proc: the path is all there is
+        held = console_path
+    keep_open = False
     out = Outlet(out_fd, "out", capacity=_OUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
         out_fd, int) else out_fd
     waker = _Waker()
@@ -220,7 +230,8 @@ def supervise(
             reason: ExitReason = "interrupted" if interrupt.is_set() else "deadline"
             log.warning(f"{name}.not_started", reason=reason)
             _append_console(console_fd, _cap_line(reason, interrupt, name, after=b""), name)
-            return _result(reason, None, started, console_path, console_fd)
+            keep_open = True
+            return _result(reason, None, started, console_path, console_fd, held=held)
         run = _Run(
             argv,
             cwd=cwd,
@@ -233,7 +244,7 @@ def supervise(
             name=name,
         )
         log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
-        stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s, name)
+        stop_ticks = _start_ticks(tail_sink, held, tail_interval_s, name)
         try:
             watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
             reason, silent_s = _wait_and_stop(
@@ -259,7 +270,8 @@ def supervise(
             stop_ticks.set()
             run.close()
         result = _result(reason, run.proc.returncode, started, console_path, console_fd,
-                         silent_s)
+                         silent_s, held=held)
+        keep_open = True
         log.info(
             f"{name}.exited",
             reason=result.reason,
@@ -271,7 +283,8 @@ def supervise(
         return result
     finally:
         unsubscribe()
-        os.close(console_fd)
+        if not keep_open:  # else closed with the result that holds it
+            os.close(console_fd)
         if out is not None and out is not out_fd:  # this call's own: what it holds goes now
             out.close(drain_s=_OUT_DRAIN_S)
         if out is not None and out.broken:
@@ -444,9 +457,12 @@ def _result(
     console_path: Path,
     console_fd: int,
     silent_s: float | None = None,
+    *,
+    held: Path | None = None,
 ) -> WorkerExit:
+    """The result; it owns ``console_fd`` from here on (closed when it is collected)."""
     sig = -returncode if returncode is not None and returncode < 0 else None
-    return WorkerExit(
+    result = WorkerExit(
         reason=reason,
         returncode=None if sig is not None else returncode,
         signal=sig,
@@ -454,7 +470,10 @@ def _result(
         console_path=console_path,
         console_bytes=os.fstat(console_fd).st_size,
         silent_s=silent_s,
+        console_held=held if held != console_path else None,
     )
+    weakref.finalize(result, _close_fds, console_fd)
+    return result
 
 
 class _Waker:

@@ -352,3 +352,29 @@ def test_an_oom_in_the_container_kills_the_worker_not_the_runner(layout: Layout)
         with open(group / "cgroup.procs") as f:  # empty by now: the run is over
             assert f.read().strip() == ""
         group.rmdir()
+
+
+@pytest.mark.parametrize("how", ["emptied", "replaced"])
+def test_a_worker_that_empties_its_scratch_dir_cannot_change_the_verdict(
+    layout: Layout, how: str
+) -> None:
+    """The console is read back through the descriptor the runner holds, not by its path:
+    a worker that deletes (or replaces) everything in its scratch dir on exit leaves the
+    host fault its console showed the verdict (was: fatal worker-failed)."""
+    action = ('shutil.rmtree(entry) if entry.is_dir() else entry.unlink()' if how == "emptied"
+              else '(entry.unlink(), entry.write_text("all good\\n")) if entry.is_file() else None')
+    layout.write_worker(f"""
+        print("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+              flush=True)
+        for entry in SCRATCH.iterdir():
+            {action}
+        sys.exit(1)
+    """)
+    layout.write_payload()
+    proc = _start(layout)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr.decode()[-3000:]
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["retriable"], marker["rule"]) == (True, "worker-host-fault"), marker
+    assert b"fallen off the bus" in layout.artifact("console_sft.txt").read_bytes()
