@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import secrets
 import select
@@ -42,6 +43,7 @@ __all__ = [
     "RUNNER_OOM_SCORE_ADJ",
     "TOKEN_VAR",
     "Proc",
+    "await_exit",
     "become_subreaper",
     "descendants",
     "lower_own_oom_score",
@@ -181,25 +183,33 @@ def stop_all(procs: Iterable[Proc], sig: int, *, wait_until: float | None = None
             fds[fd] = proc.pid
         if wait_until is None:
             return list(fds.values())
-        poll = select.poll()
-        for fd in fds:
-            poll.register(fd, select.POLLIN)
-        pending = dict(fds)
-        while pending:
-            left = wait_until - time.monotonic()
-            if left <= 0:
-                break
-            for fd, _ in poll.poll(max(1, int(left * 1000))):
-                poll.unregister(fd)
-                pending.pop(fd, None)
+        pending = await_exit(fds, wait_until)
         for pid in fds.values():
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)  # an orphan re-parented to us: no zombie left
-        return list(pending.values())
+        return [fds[fd] for fd in pending]
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def await_exit(pidfds: Iterable[int], until_mono: float) -> set[int]:
+    """Wait (bounded, monotonic) until each pidfd turns readable, that is its process
+    exited; returns the pidfds still pending."""
+    poll = select.poll()
+    pending = set(pidfds)
+    for fd in pending:
+        poll.register(fd, select.POLLIN)
+    while pending:
+        left = until_mono - time.monotonic()
+        if left <= 0:
+            break
+        # At most a day per wait: poll refuses timeouts of about a month (TRAPS).
+        for fd, _ in poll.poll(math.ceil(min(left, 86_400.0) * 1000)):
+            poll.unregister(fd)
+            pending.discard(fd)
+    return pending
 
 
 def reap_orphans(pgid: int, leader: int) -> int:

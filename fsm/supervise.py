@@ -883,17 +883,7 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
                 continue
             except OSError:
                 return _group_members(pgid)
-        poll = select.poll()
-        for fd in fds:
-            poll.register(fd, select.POLLIN)
-        pending = len(fds)
-        while pending:
-            left = until_mono - time.monotonic()
-            if left <= 0:
-                break
-            for fd, _ in poll.poll(_poll_ms(left)):
-                poll.unregister(fd)
-                pending -= 1
+        procs.await_exit(fds, until_mono)
         return _group_members(pgid) if fds else []
     finally:
         _close_fds(*fds)

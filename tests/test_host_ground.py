@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import Layout, read_until, survivors
+from conftest import WAIT_FOR_GO, Layout, read_until, survivors
 
 UNSHARE = shutil.which("unshare")
 
@@ -198,18 +198,6 @@ def test_as_pid_1_the_runner_reaps_the_workers_orphans_and_keeps_its_exit_status
 def test_behind_an_init_the_runner_adopts_and_reaps_the_workers_orphans(layout: Layout) -> None:
     """Not PID 1 (a subreaper instead): the orphans are the runner's, reaped as they die."""
     _orphans_run(layout, None)
-
-
-#: A worker that says it is ready, waits for the test's go, then completes.
-WAIT_FOR_GO = """
-print("ready", flush=True)
-go = SCRATCH / "go"
-for _ in range(3000):
-    if go.exists():
-        break
-    time.sleep(0.01)
-complete()
-"""
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT, signal.SIGPWR])

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Layout, read_until
+from conftest import WAIT_FOR_GO, Layout, read_until
 
 
 def _mount_tmpfs(path: Path, options: str) -> bool:
@@ -168,16 +168,7 @@ def test_a_read_only_payload_dir_with_its_lock_still_keeps_a_second_runner_off(
     """A lock file left from before is locked read-only: a second runner of the attempt
     waits for it instead of training too; the first says its result could not be kept."""
     _tmpfs(mounts, layout.payload_path.parent, "size=1m")
-    layout.write_worker("""
-        (SCRATCH / "worker-ran").write_text("yes")
-        print("ready", flush=True)
-        go = SCRATCH / "go"
-        for _ in range(3000):
-            if go.exists():
-                break
-            time.sleep(0.01)
-        complete()
-    """)
+    layout.write_worker('(SCRATCH / "worker-ran").write_text("yes")\n' + WAIT_FOR_GO)
     layout.write_payload()
     lock = layout.payload_path.parent / ".flash-lambda_attempt0.lock"
     lock.write_text("")
