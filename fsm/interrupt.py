@@ -65,6 +65,19 @@ def _ignore(signum: int, _frame: object) -> None:
     IGNORED_COUNTS[signum] = IGNORED_COUNTS.get(signum, 0) + 1
 
 
+def ignored_evidence() -> dict[str, int]:
+    """The ignored signals that arrived, by name, with their counts."""
+    counts = dict(IGNORED_COUNTS)  # a copy: a handler may add to it meanwhile
+    return {_name(sig): n for sig, n in sorted(counts.items())}
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal past SIGRTMIN has no name of its own
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+
+
 def install_ignored() -> None:
     """Catch every signal of :data:`IGNORED_SIGNALS` with a handler that only counts it."""
     for sig in IGNORED_SIGNALS:

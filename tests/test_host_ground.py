@@ -238,6 +238,10 @@ def test_a_signal_the_table_ignores_leaves_the_attempt_running(
     assert proc.returncode == 0, stderr.decode()[-3000:]
     marker = layout.marker()
     assert marker is not None and marker["ok"] is True
+    name = signal.Signals(signum).name
+    # Two sent; a standard signal still pending when the next comes is delivered once.
+    assert set(marker["signals_ignored"]) == {name}, marker.get("signals_ignored")
+    assert 1 <= marker["signals_ignored"][name] <= 2
 
 
 @needs_pidns
