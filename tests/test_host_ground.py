@@ -370,3 +370,66 @@ def test_a_worker_that_empties_its_scratch_dir_cannot_change_the_verdict(
     assert marker is not None
     assert (marker["retriable"], marker["rule"]) == (True, "worker-host-fault"), marker
     assert b"fallen off the bus" in layout.artifact("console_sft.txt").read_bytes()
+
+
+PIDS_ROOT = Path("/sys/fs/cgroup/pids")
+
+#: A worker that forks 300 children, each leaving an orphaned grandchild that exits at
+#: once; a fork the pids limit refuses is tried again (bounded), and the worker exits 7
+#: only when all 300 went through.
+FORKS_UNDER_A_LIMIT = '''
+def one_orphan():
+    # A child that leaves a grandchild behind; False when the pids limit refused a fork.
+    try:
+        child = os.fork()
+    except BlockingIOError:  # EAGAIN: the pids limit
+        return False
+    if child == 0:
+        try:
+            if os.fork() == 0:
+                os._exit(0)
+        except BlockingIOError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(child, 0)[1] == 0
+
+refused = 0
+for _ in range(300):
+    for attempt in range(300):
+        if one_orphan():
+            break
+        refused += 1
+        time.sleep(0.01)  # a bounded retry, as a worker under a limit would
+    else:
+        print(f"forks refused for good after {refused} refusals", flush=True)
+        sys.exit(9)
+print(f"all forks done, {refused} refused on the way", flush=True)
+sys.exit(7)
+'''
+
+
+@needs_pidns
+def test_under_a_pids_limit_the_workers_orphans_do_not_eat_its_forks(layout: Layout) -> None:
+    """A real pids cgroup, the runner PID 1 of its namespace: orphaned grandchildren reaped
+    as they die leave the worker room to fork (unreaped, their zombies fill the limit and
+    every fork after fails)."""
+    group = PIDS_ROOT / f"flash-pids-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "pids.max").write_text("120")
+    except OSError:
+        pytest.skip("no writable cgroup v1 pids controller here")
+    try:
+        layout.write_worker(FORKS_UNDER_A_LIMIT)
+        layout.write_payload()
+        cmd = [*AS_PID_1, sys.executable, "-m", "fsm", *layout.run_args()]
+        proc = subprocess.Popen(
+            ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *cmd],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        out, stderr = proc.communicate(timeout=180)
+        marker = layout.marker()
+        assert marker is not None, stderr.decode()[-3000:]
+        assert marker["worker"]["exit_code"] == 7, out.decode()[-2000:]
+    finally:
+        group.rmdir()
