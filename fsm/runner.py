@@ -191,16 +191,17 @@ def _on_child(_signum: int, _frame: object) -> None:
     which reaps the worker's orphans (``fsm.procs.reap_orphans``)."""
 
 
-def _hold_ground() -> None:
+def _hold_ground() -> Any:
     """The process's hold on the host (``fsm.procs``): a child subreaper, so no descendant
     of the worker escapes to the host's init; woken by SIGCHLD (restarting system calls),
     so orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
     permitted."""
     subreaper = procs.become_subreaper()
-    signal.signal(signal.SIGCHLD, _on_child)
+    previous = signal.signal(signal.SIGCHLD, _on_child)
     signal.siginterrupt(signal.SIGCHLD, False)
     lowered = procs.lower_own_oom_score()
     log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
+    return previous  # the SIGCHLD handler to put back
 
 
 @contextmanager
@@ -215,7 +216,7 @@ def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
     interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
     previous = {sig: signal.signal(sig, ctx.on_signal) for sig in interrupts.STOP_SIGNALS}
     interrupts.install_ignored()
-    _hold_ground()
+    previous[signal.SIGCHLD] = _hold_ground()
     try:
         yield
     finally:

@@ -13,6 +13,13 @@ as its timeout. Writing to a pipe is safe inside a signal handler, where taking 
 not. Every timeout handed to the OS goes through :func:`fsm.clock.os_timeout`: ``poll`` and
 ``threading`` refuse waits of about a month (TRAPS), so a longer wait wakes and waits again.
 
+What left the group (a ``setsid`` helper, an orphan re-parented to the runner, which is a
+child subreaper) is found by the process table and the run's token (``fsm.procs``): it
+gets the group's SIGTERM, and is SIGKILLed, waited for and reaped before this returns, so
+nothing the worker started lands an upload after the marker. While the worker runs, every
+wake of the main thread (SIGCHLD wakes it) reaps the group's orphans that died, never the
+leader. Every process started here begins with ``oom_score_adj`` 1000.
+
 The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
 its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
 so ``killpg`` never reaches a stranger.
