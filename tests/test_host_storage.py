@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import WAIT_FOR_GO, Layout, read_until
+from hubrun import HubRun
 
 
 def _mount_tmpfs(path: Path, options: str) -> bool:
@@ -188,3 +189,20 @@ def test_a_read_only_payload_dir_with_its_lock_still_keeps_a_second_runner_off(
     assert first.returncode == 0, first_err.decode()[-2000:]
     last = first_err.decode().strip().splitlines()[-1]
     assert "result could not be persisted" in last, last
+
+
+def test_on_the_hub_a_full_code_root_is_the_hosts_storage_too(
+    hub_run: HubRun, mounts: list[Path]
+) -> None:
+    """The same full code root under the real Hub client against the local Hub server: the
+    client's write error is the host's storage, not the store's (nor unclassified)."""
+    _tmpfs(mounts, hub_run.code_root, "size=1m")
+    _fill(hub_run.code_root)
+    hub_run.write_worker("complete()")
+    done = hub_run.cli()
+    assert done.returncode == 1, done.stderr.decode()[-3000:]
+    marker = hub_run.marker()
+    assert marker is not None
+    assert (marker["retriable"], marker["rule"], marker["state"]) == (
+        True, "host-storage", "FetchCode"), marker["error"]
+    assert marker["storage"]["mount"] == str(hub_run.code_root)
