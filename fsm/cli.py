@@ -17,12 +17,19 @@ from __future__ import annotations
 import os
 import sys
 
-from fsm import deferred, exits, interrupt, outlet
+if sys.argv[1:2] == ["run"]:
+    # The first thing a runner does, before any other import: until its handlers exist a
+    # stop signal is dropped (PID 1) or kills it with nothing written. ``fsm.interrupt``
+    # imports only the standard library's cheapest modules, and opens no descriptor here.
+    from fsm import interrupt
+
+    interrupt.install_early(wakeup=False)
+
+from fsm import deferred, exits, interrupt, outlet  # after the handlers, on purpose
 
 outlet.reopen_closed()
 if sys.argv[1:2] == ["run"]:
-    # The first thing a runner does: a signal during the imports below is remembered.
-    interrupt.install_early()
+    interrupt.arm_wakeup()  # after reopen_closed: its pipe never takes descriptor 0, 1 or 2
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
     # The GPUs are asked now, in the background: the answer is due before any setup.
     from fsm.host import HostProbe

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsm.budget import Background, Budget
 from fsm.clock import Deadline
-from fsm.disks import DEFAULT_SHORT_MIB, Space, short_mib
 from fsm.errors import Interrupted, PayloadError
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
@@ -190,14 +189,12 @@ class Tuning:
     py_spy: str | None = None
     #: Seconds between looks at the GPUs while the worker runs (0: no host watch).
     host_watch_s: float = DEFAULT_HOST_WATCH_S
-    #: A filesystem with less free (MiB) before setup was short (fsm.disks).
-    disk_short_mib: int = DEFAULT_SHORT_MIB
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
         """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``,
-        ``FLASH_HOST_WATCH_S``) or ``FLASH_DISK_SHORT_MIB`` is an unusable payload:
-        :class:`~fsm.errors.PayloadError` naming it."""
+        ``FLASH_HOST_WATCH_S``) is an unusable payload: :class:`~fsm.errors.PayloadError`
+        naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
             console_upload_interval_s=max(
@@ -209,7 +206,6 @@ class Tuning:
             stall_s=watch_seconds(env, "FLASH_STALL_S", DEFAULT_STALL_S),
             py_spy=env.get("FLASH_PY_SPY") or None,
             host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", DEFAULT_HOST_WATCH_S),
-            disk_short_mib=short_mib(env),
         )
 
     def reserve_for(self, budget_s: float) -> float:
@@ -270,8 +266,6 @@ class Context:
     host: HostProbe | None = None
     #: The GPUs' health before setup (``fsm.gpus``): what later snapshots are compared with.
     host_start: Snapshot | None = None
-    #: The scratch, code and cache filesystems as they were before setup (fsm.disks).
-    disks_start: tuple[Space, ...] = ()
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
     failure: Failure | None = None
@@ -288,6 +282,9 @@ class Context:
     end: End | None = None
     _tail_store: Store | None = None
     _verify_store: Store | None = None
+    #: The filesystems under the runner's directories at its start (``fsm.storage``), by
+    #: mount point: a full disk is judged against them.
+    storage_start: dict[str, Any] = field(default_factory=dict)
     #: While False, a signal only sets the flag (the handler watches it itself).
     raise_on_interrupt: bool = False
 

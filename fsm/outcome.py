@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from fsm import interrupt as interrupt_mod
 from fsm import log as log_config
 from fsm import marker, outlet, rules, table, termination
 from fsm.budget import Budget
@@ -37,9 +38,13 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "run_id": ctx.evidence.get("run_id"),
     }
     for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
-                "gpu_health", "disk", "shm"):
+                "gpu_health", "disk", "shm", "storage"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
+    # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
+    ignored = interrupt_mod.ignored_evidence()
+    if ignored:
+        evidence["signals_ignored"] = ignored
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
     # What the runner's own stdout and stderr could not take (a reader gone or stuck).

@@ -389,9 +389,10 @@ HOST_EVIDENCE: tuple[Evidence, ...] = (
              "nvidia-smi answered before setup and after the worker died, every GPU the same",
              "job", "the GPUs were there and fine: something inside the job hid them (a "
              "scheduler's own placement, ray-project/ray#37225)"),
-    Evidence("`disk-full`", "a scratch or cache filesystem had less than 1 GiB (or 1 %) free "
-             "before setup", "host", "the host came full (a previous tenant's files): a "
-             "fresh host has the space"),
+    Evidence("`disk-full`", "a filesystem of the scratch, code, payload or cache directory "
+             "had less than `FLASH_STORAGE_FLOOR_BYTES` (256 MiB) or no inode free before "
+             "setup, as for the runner's own writes (`host-storage`)", "host",
+             "the host came full (a previous tenant's files): a fresh host has the space"),
     Evidence("`disk-full`", "otherwise (the filesystems had room before setup, or are "
              "unknown)", "job", "the attempt wrote the disk full; a fresh host of the same "
              "kind has the same disk"),
@@ -432,6 +433,8 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.HOST_GPU_UNHEALTHY, Claim()),
     (rules.HOST_GPU_BUSY, Claim()),
+    (rules.HOST_STORAGE, Claim()),
+    (rules.HOST_STORAGE_FILLED, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_REFUSED, Claim((StoreRefused,))),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),

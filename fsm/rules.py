@@ -60,7 +60,9 @@ def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILE
 # of tuples would say the same with the names lost; fsm.policy orders them and renders the
 # table the docs carry.
 INTERRUPTED: Final = Rule(
-    "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
+    "interrupted", ANY,
+    "a stop signal reached the runner: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPWR or SIGXCPU "
+    "(host stop, preemption)",
     True, table.INTERRUPTED, EXIT_RETRIABLE,
 )
 DEADLINE: Final = Rule(
@@ -86,6 +88,18 @@ HOST_GPU_BUSY: Final = _retriable(
     "host-gpu-busy", ANY,
     "a GPU already holds more than 1 GiB of memory or lists a compute process the attempt did "
     "not start (the previous tenant's leftover), before setup",
+)
+HOST_STORAGE: Final = _retriable(
+    "host-storage", ANY,
+    "a write of the runner's own (code root, scratch, payload dir, cache) failed for the "
+    "host's storage: read-only (EROFS), or full (ENOSPC, EDQUOT, no inode left) on a "
+    "filesystem already short of room when the attempt started (FLASH_STORAGE_FLOOR_BYTES)",
+)
+HOST_STORAGE_FILLED: Final = _fatal(
+    "host-storage-filled", ANY,
+    "a write of the runner's own failed for a full filesystem (ENOSPC, EDQUOT, inodes) "
+    "that had room when the attempt started: the attempt ran out of it, and a fresh host of "
+    "the same shape runs out again",
 )
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(

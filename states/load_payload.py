@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from fsm import attempt_start, disks, gpus, marker, payload, rules, table
+from fsm import attempt_start, gpus, marker, payload, rules, storage, table
 from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
@@ -100,7 +100,9 @@ def load_payload(ctx: Context) -> str:
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
         _check_host(ctx, ctx.host, parsed.expect_gpus)
-        ctx.disks_start = disks.measure(_disk_paths(ctx, parsed))
+        # The cache's filesystem too (the runner measured its own dirs at its start): a
+        # full disk is judged against the room it had before setup (fsm.storage).
+        ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
     if parsed.mode == "preload":
         return table.PRELOAD_REQUESTED
     if parsed.extra_pip:
@@ -163,7 +165,11 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
     lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
     wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
-    got = lock.acquire(wait, ctx.budget)
+    try:
+        got = lock.acquire(wait, ctx.budget)
+    except OSError:  # no lock can exist here, for any runner: the marker says why (storage)
+        ctx.dest = dest
+        raise
     if got == "held":
         ctx.lock = lock  # held until the process ends (released by the runner)
         return
@@ -200,13 +206,11 @@ def _check_host(ctx: Context, probe: HostProbe, expected: int | None) -> None:
             raise _unhealthy(ctx, probe.hostname, snap, verdict, verdict.describe(), rule)
 
 
-def _disk_paths(ctx: Context, p: payload.Payload) -> list[tuple[str, Path]]:
-    """The filesystems a run writes to: scratch, the code root, the Hugging Face cache."""
+def _cache_dir(ctx: Context, p: payload.Payload) -> Path:
+    """The Hugging Face cache the worker writes to."""
     env = {**ctx.environ, **p.env}
     cache = env.get("HF_HUB_CACHE") or env.get("HF_HOME")
-    home = Path(env.get("HOME") or Path.home())
-    return [("scratch", ctx.scratch), ("code", ctx.settings.code_root),
-            ("cache", Path(cache) if cache else home / ".cache" / "huggingface")]
+    return Path(cache) if cache else Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface"
 
 
 def _unhealthy(ctx: Context, hostname: str, snap: gpus.Snapshot, verdict: gpus.Verdict,

@@ -20,7 +20,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from fsm import disks, gpus, rules, table
+from fsm import gpus, rules, storage, table
 from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import (
@@ -36,6 +36,7 @@ from fsm.payload import Payload
 from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
 from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
+from fsm.worker_files import heartbeat_says_retriable
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"
@@ -82,8 +83,8 @@ def verify_remote(ctx: Context) -> str:
         oom_killed=worker.get("oom_killed") is True,
         console=_console_tail(ctx),
         env_hides_gpus=hidden_by_env(ctx.host_start, p.env.get("CUDA_VISIBLE_DEVICES")),
-        disk_short_at_start=any(
-            disks.short(fs, ctx.tuning.disk_short_mib) for fs in ctx.disks_start),
+        disk_short_at_start=any(storage.came_short(fs, storage.floor(ctx.merged_env()))
+                                for fs in ctx.storage_start.values()),
         **_gpus_since_start(ctx),
     )
     rule, match = judge_worker(facts)
@@ -149,12 +150,12 @@ def _space_reason(
     before = ctx.evidence.get("disk", {}).get("before_setup", [])
     if rule.retriable:
         was = [fs for fs in before if fs.get("short")]
-        names = ", ".join(f"{fs['role']} {fs['path']} had {fs['free_mib']} MiB free of "
+        names = ", ".join(f"{fs['mount'] or fs['path']} had {fs['free_mib']} MiB free of "
                           f"{fs['total_mib']} MiB" for fs in was)
         return (f"host fault, retry on a fresh host: the disk was full before the attempt "
                 f"wrote anything ({names} before setup); worker {exited} without {missing}; "
                 f"its console: {match.line}")
-    room = ", ".join(f"{fs['role']} {fs['free_mib']} MiB free" for fs in before)
+    room = ", ".join(f"{fs['mount'] or fs['path']} {fs['free_mib']} MiB free" for fs in before)
     return (f"worker {exited} without {missing}: the job filled a disk ({room or 'no figures'} "
             f"before setup), which it would on any host of the kind: {match.line}")
 
@@ -197,17 +198,28 @@ def _gpus_since_start(ctx: Context) -> dict[str, bool]:
 def _space_evidence(ctx: Context, signature: str) -> None:
     """The filesystems beside a console that says a disk or /dev/shm is full."""
     if signature == "disk-full":
-        now = disks.measure((fs.role, Path(fs.path)) for fs in ctx.disks_start)
+        floor = storage.floor(ctx.merged_env())
+        before = list(ctx.storage_start.values())
         ctx.evidence["disk"] = {
-            "before_setup": [{"role": fs.role, **fs.evidence(),
-                              "short": disks.short(fs, ctx.tuning.disk_short_mib)}
-                             for fs in ctx.disks_start],
-            "now": [{"role": fs.role, **fs.evidence()} for fs in now],
+            "before_setup": [{**_space(fs), "short": storage.came_short(fs, floor)}
+                             for fs in before],
+            "now": [_space(now) for now in (storage.usage(Path(fs.path)) for fs in before)
+                    if now is not None],
         }
     elif signature == "shm-exhausted":
-        shm = disks.space("shm", disks.SHM)
+        shm = storage.usage(SHM)
         if shm is not None:
-            ctx.evidence["shm"] = shm.evidence()
+            ctx.evidence["shm"] = _space(shm)
+
+
+#: Where shared memory lives.
+SHM = Path("/dev/shm")
+MIB = 1 << 20
+
+
+def _space(fs: storage.Usage) -> dict[str, object]:
+    return {"path": fs.path, "mount": fs.mount, "total_mib": fs.size_bytes // MIB,
+            "free_mib": fs.free_bytes // MIB, "free_inodes": fs.free_inodes}
 
 
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
@@ -294,16 +306,11 @@ def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
     target = ctx.scratch / "heartbeat"
     try:
         local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
-        beat = json.loads(local.read_text(encoding="utf-8"))
+        return heartbeat_says_retriable(local, p.dest.attempt)  # typed strictly
     except (StoreNotFound, OSError, ValueError):
         return False
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return (
-        isinstance(beat, dict)
-        and beat.get("retriable") is True
-        and beat.get("attempt") == p.dest.attempt
-    )
 
 
 def _exit_text(ctx: Context) -> str:

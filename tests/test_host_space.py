@@ -11,7 +11,6 @@ job's (the container's configuration), its ``shm`` evidence giving /dev/shm's si
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +19,13 @@ from typing import Any
 import pytest
 from conftest import Layout
 
-from fsm import disks
+from fsm import storage
+from fsm.storage import Usage
 
 TMPFS_MIB = 32
-#: What the tests count as short (FLASH_DISK_SHORT_MIB): far under the tmpfs's size.
+#: What the tests count as short (FLASH_STORAGE_FLOOR_BYTES): far under the tmpfs's size.
 SHORT_MIB = 4
+MIB = 1 << 20
 
 #: Writes into the cache until the filesystem is full, and dies of it as a training job
 #: saving a checkpoint does: the traceback on stderr.
@@ -57,16 +58,16 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def _run(layout: Layout, cache: Path, **env: str) -> dict[str, Any]:
     layout.write_worker(FILLS_THE_CACHE)
-    layout.write_payload(env={"HF_HOME": str(cache), "FLASH_DISK_SHORT_MIB": str(SHORT_MIB),
-                              **env})
+    layout.write_payload(env={"HF_HOME": str(cache),
+                              "FLASH_STORAGE_FLOOR_BYTES": str(SHORT_MIB * MIB), **env})
     proc = layout.cli(*layout.run_args(), timeout=60)
     marker = layout.marker()
     assert marker is not None, proc.stderr.decode("utf-8", "replace")[-3000:]
     return marker
 
 
-def _cache_entries(marker: dict[str, Any], when: str) -> list[dict[str, Any]]:
-    return [fs for fs in marker["disk"][when] if fs["role"] == "cache"]
+def _cache_entries(marker: dict[str, Any], when: str, mount: Path) -> list[dict[str, Any]]:
+    return [fs for fs in marker["disk"][when] if fs["mount"] == str(mount)]
 
 
 def test_a_disk_the_job_filled_is_the_jobs_fault(layout: Layout, tmpfs: Path) -> None:
@@ -75,9 +76,9 @@ def test_a_disk_the_job_filled_is_the_jobs_fault(layout: Layout, tmpfs: Path) ->
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, False,
                                                                    "worker-failed")
     assert marker["job_fault"]["signature"] == "disk-full"
-    [before] = _cache_entries(marker, "before_setup")
+    [before] = _cache_entries(marker, "before_setup", tmpfs)
     assert before["short"] is False and before["free_mib"] > SHORT_MIB
-    [now] = _cache_entries(marker, "now")
+    [now] = _cache_entries(marker, "now", tmpfs)
     assert now["free_mib"] == 0 and now["total_mib"] == TMPFS_MIB
     assert "the job filled a disk" in marker["error"]
 
@@ -94,10 +95,10 @@ def test_a_disk_already_full_before_setup_is_the_hosts_fault(
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, True,
                                                                    "worker-host-fault")
     assert marker["host_fault"]["signature"] == "disk-full"
-    [before] = _cache_entries(marker, "before_setup")
+    [before] = _cache_entries(marker, "before_setup", tmpfs)
     assert before["short"] is True and before["free_mib"] <= 2
     assert "the disk was full before the attempt wrote anything" in marker["error"]
-    assert str(tmpfs / "hf") in marker["error"]
+    assert f"{tmpfs} had 2 MiB free of {TMPFS_MIB} MiB" in marker["error"]
 
 
 def test_a_full_dev_shm_is_the_jobs_and_the_marker_gives_its_size(layout: Layout) -> None:
@@ -113,41 +114,19 @@ sys.exit(1)
 
     assert (marker["retriable"], marker["rule"]) == (False, "worker-failed")
     assert marker["job_fault"]["signature"] == "shm-exhausted"
-    shm = disks.space("shm", disks.SHM)
+    shm = storage.usage(Path("/dev/shm"))
     assert shm is not None
-    assert marker["shm"]["total_mib"] == shm.total_bytes // disks.MIB
+    assert marker["shm"]["total_mib"] == shm.size_bytes // MIB
     assert f"/dev/shm is {marker['shm']['total_mib']} MiB" in marker["error"]
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "1.5", "lots"])
-def test_an_unusable_disk_short_setting_makes_the_payload_unusable(
-    layout: Layout, value: str
-) -> None:
-    layout.write_worker("complete()")
-    layout.write_payload(env={"FLASH_DISK_SHORT_MIB": value})
-    proc = layout.cli(*layout.run_args(), timeout=60)
-    marker = layout.marker()
-    assert marker is not None, proc.stderr.decode()[-3000:]
-    assert (proc.returncode, marker["rule"]) == (2, "payload-invalid")
-    assert "FLASH_DISK_SHORT_MIB" in marker["error"]
+def test_a_filesystem_came_short_by_space_or_by_inodes() -> None:
+    def fs(free_mib: int, total_mib: int, inodes: tuple[int, int] = (0, 0)) -> Usage:
+        return Usage("/x", "/x", "tmpfs", free_mib * MIB, total_mib * MIB, inodes[0],
+                     inodes[1], False)
 
-
-def test_a_filesystem_is_short_by_space_or_by_inodes() -> None:
-    def fs(free_mib: int, total_mib: int, inodes: tuple[int, int] = (0, 0)) -> disks.Space:
-        return disks.Space("scratch", "/x", 1, total_mib * disks.MIB, free_mib * disks.MIB,
-                           inodes[1], inodes[0])
-
-    assert disks.short(fs(100, 1000), short_mib=200)
-    assert not disks.short(fs(300, 1000), short_mib=200)
-    assert disks.short(fs(5_000, 1_000_000), short_mib=200)  # under 1 % of a big disk
-    assert disks.short(fs(300, 1000, inodes=(5, 10_000)), short_mib=200)  # no inodes left
-    assert not disks.short(fs(0, 0), short_mib=200)  # a pseudo-filesystem: no figures
-
-
-def test_measuring_names_each_filesystem_once_through_its_nearest_existing_parent(
-    tmp_path: Path
-) -> None:
-    found = disks.measure([("scratch", tmp_path / "a"), ("code", tmp_path / "b" / "c"),
-                           ("cache", Path(os.devnull).parent)])
-    assert found[0].role == "scratch"
-    assert len({fs.device for fs in found}) == len(found)
+    floor = 200 * MIB
+    assert storage.came_short(fs(100, 1000), floor)
+    assert not storage.came_short(fs(300, 1000), floor)
+    assert storage.came_short(fs(300, 1000, inodes=(0, 10_000)), floor)  # no inode left
+    assert not storage.came_short(fs(300, 1000, inodes=(5, 10_000)), floor)

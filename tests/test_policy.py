@@ -33,6 +33,8 @@ STABLE_IDS = (
     "host-gpu-missing",
     "host-gpu-unhealthy",
     "host-gpu-busy",
+    "host-storage",
+    "host-storage-filled",
     "store-auth",
     "store-refused",
     "store-unavailable",
