@@ -241,3 +241,34 @@ def test_plain_status_on_a_store_too_slow_for_the_timeout_shows_what_it_read(
     rows = json.loads(proc.stdout)
     assert [r["attempt"] for r in rows] == list(range(8))
     assert [r["outcome"] == "unreadable" for r in rows] == [False] * 3 + [True] * 5
+
+
+@pytest.mark.hub
+def test_hostile_markers_on_the_hub_are_shown_unreadable_and_the_rest_read(
+    hub_server: LocalHubServer, hub_token: str
+) -> None:
+    """On the Hub: a 2 MB marker, one that is not JSON, NaN, a look-alike name beside good
+    markers (issue 26 item 5): status lists each attempt once, --json stays JSON, and
+    explain still explains a good one."""
+    hub_server.create_repo(REPO)
+    good = {"ok": False, "ts": time.time() - 60, "attempt": 0, "retriable": True,
+            "error": "worker exited 1", "rule": "worker-host-fault"}
+    hub_server.add_file(REPO, "sft/r/lambda_attempt0.json", json.dumps(good))
+    hub_server.add_file(REPO, "sft/r/lambda_attempt1.json",
+                        '{"ok": false, "ts": NaN, "attempt": 1, "retriable": true, "error": "n"}')
+    hub_server.add_file(REPO, "sft/r/lambda_attempt01.json", json.dumps({**good, "attempt": 1}))
+    hub_server.add_file(REPO, "sft/r/lambda_attempt2.json", "not json {")
+    hub_server.add_file(REPO, "sft/r/lambda_attempt3.json", "x" * (2 << 20))
+    env = {"HF_TOKEN": hub_token}
+    args = ("--repo", REPO, "--prefix", "sft/r", "--store", hub_server.url)
+
+    listed = fsm_cli("status", *args, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    rows = json.loads(listed.stdout)
+    assert [r["file"] for r in rows] == [f"lambda_attempt{i}.json" for i in range(4)]
+    assert [r["outcome"] for r in rows] == ["failed", "failed", "unreadable", "unreadable"]
+    assert rows[1]["ts"] is None
+
+    explained = fsm_cli("explain", *args, "--attempt", "0", env=env)
+    assert explained.returncode == 0, explained.stderr[-2000:]
+    assert "worker exited 1" in explained.stdout
