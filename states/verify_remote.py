@@ -40,6 +40,9 @@ from fsm.worker_files import heartbeat_says_retriable
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"
+#: Where shared memory lives (its size is the evidence of a full /dev/shm).
+SHM = Path("/dev/shm")
+MIB = 1 << 20
 
 
 def verify_remote(ctx: Context) -> str:
@@ -210,11 +213,6 @@ def _space_evidence(ctx: Context, signature: str) -> None:
         shm = storage.usage(SHM)
         if shm is not None:
             ctx.evidence["shm"] = _space(shm)
-
-
-#: Where shared memory lives.
-SHM = Path("/dev/shm")
-MIB = 1 << 20
 
 
 def _space(fs: storage.Usage) -> dict[str, object]:
