@@ -280,7 +280,9 @@ def test_a_hung_listing_during_the_code_fetch_is_bounded_and_retriable(
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
         False, True, "store-unavailable", "FetchCode")
-    assert "no answer within" in marker["error"]
+    # The adapter's bound and the HTTP client's own read timeout are the same length:
+    # whichever fires first names the failure (both say the call timed out).
+    assert "no answer within" in marker["error"] or "TimeoutError" in marker["error"]
     hung = [r for r in hub_run.server.requests if r.fault == "hang"]
     assert len(hung) == tries and all(r.status is None for r in hung)
 
