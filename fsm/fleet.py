@@ -433,14 +433,20 @@ def status(
                     say=say, body=body)
 
 
-def _names(store: Store, prefix: str) -> frozenset[str]:
-    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
-    file that is a hostile link is listed, and refused only when it is read, so one such
-    entry does not hide the others (the runner's own listing refuses it at once)."""
+def _listed(store: Store, prefix: str) -> list[str]:
+    """Every file under ``prefix`` (paths relative to it), in one bounded listing."""
     paths = store.list_tree(prefix, MAX_LISTED)
     if len(paths) > MAX_LISTED:
         raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
                            f"{store.describe()}: choose a narrower --prefix")
+    return paths
+
+
+def _names(store: Store, prefix: str) -> frozenset[str]:
+    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
+    file that is a hostile link is listed, and refused only when it is read, so one such
+    entry does not hide the others (the runner's own listing refuses it at once)."""
+    paths = _listed(store, prefix)
     return frozenset(path for path in paths if "/" not in path)
 
 
@@ -471,10 +477,7 @@ def _latest_rows(store: Store, prefix: str) -> list[Row]:
     run's hf_prefix): one bounded listing of the whole tree, then one download per marker
     shown (every arm of that attempt, when several ran it). Once ``--timeout`` is reached,
     the markers left are rows of :data:`NOT_READ`: what was read is still shown."""
-    paths = store.list_tree(prefix, MAX_LISTED)
-    if len(paths) > MAX_LISTED:
-        raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
-                           f"{store.describe()}: choose a narrower --prefix")
+    paths = _listed(store, prefix)
     folders: dict[str, list[str]] = {}
     for path in paths:
         folder, _, name = path.rpartition("/")
