@@ -17,13 +17,24 @@ from __future__ import annotations
 import os
 import sys
 
-from fsm import deferred, exits, interrupt, outlet
+if sys.argv[1:2] == ["run"]:
+    # The first thing a runner does, before any other import: until its handlers exist a
+    # stop signal is dropped (PID 1) or kills it with nothing written. ``fsm.interrupt``
+    # imports only the standard library's cheapest modules, and opens no descriptor here.
+    from fsm import interrupt
+
+    interrupt.install_early(wakeup=False)
+
+from fsm import deferred, exits, interrupt, outlet  # after the handlers, on purpose
 
 outlet.reopen_closed()
 if sys.argv[1:2] == ["run"]:
-    # The first thing a runner does: a signal during the imports below is remembered.
-    interrupt.install_early()
+    interrupt.arm_wakeup()  # after reopen_closed: its pipe never takes descriptor 0, 1 or 2
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
+    # The GPUs are asked now, in the background: the answer is due before any setup.
+    from fsm.host import HostProbe
+
+    HostProbe.start_early(os.environ)
     from fsm import hub_import
 
     hub_import.start()  # huggingface_hub loads while the payload is read (fsm.hub_import)
@@ -80,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="list the attempts under a run's prefix")
     _fleet_options(status)
-    status.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    status.add_argument("--json", action="store_true", help="JSON instead of a table")
+    status.add_argument(
+        "--recursive", action="store_true",
+        help="the latest attempt of every run in a folder below the prefix, and a summary",
+    )
 
     explain = sub.add_parser(
         "explain", help="one attempt: its marker, rule, console tail and path"
@@ -133,11 +148,61 @@ def entrypoint() -> NoReturn:
         code = main()
     except SystemExit as exc:  # argparse's own exits
         code = exc.code if isinstance(exc.code, int) else 2
-    except BaseException as exc:  # a defect: still one line, still leave. (An attempt's
-        # own defects end inside run_attempt, where its secrets are known; none are here.)
-        _last_say(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
-        code = EXIT_INTERNAL
+    except BrokenPipeError as exc:  # ``| head -1``: the reader is gone (not for ``run``,
+        # whose output never raises: one escaping it is a defect)
+        if sys.argv[1:2] == ["run"] or not _stdout_reader_gone():
+            code = _defect(exc)
+        else:
+            _die_of_sigpipe()
+    except BaseException as exc:
+        code = _defect(exc)
     outlet.leave(code)
+    raise AssertionError("unreachable")  # pragma: no cover - leave() ends the process
+
+
+def _defect(exc: BaseException) -> int:
+    """A defect: still one line, still leave. (An attempt's own defects end inside
+    run_attempt, where its secrets are known; none are here.) ``run`` still leaves its
+    termination message (fsm.termination)."""
+    reason = f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+    _last_say(reason)
+    if sys.argv[1:2] == ["run"]:
+        from fsm import termination
+        from fsm.redact import Redactor
+
+        with contextlib.suppress(Exception):
+            termination.write(os.environ, Redactor([os.environ.get("HF_TOKEN") or ""]),
+                              status=EXIT_INTERNAL, reason=reason)
+    return EXIT_INTERNAL
+
+
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe or socket whose reader has gone (``| head -1`` done):
+    poll reports an error on a write end with no reader left."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _die_of_sigpipe() -> NoReturn:
+    """Leave as a Unix tool leaves a pipe whose reader has gone: silently, killed by SIGPIPE
+    (the shell sees 141). The commands other than ``run`` write their output with plain
+    ``print``, and Python ignores SIGPIPE, so the write raised instead; ``run``'s own output
+    goes through outlets that never raise, and it ends with its attempt's status."""
+    import signal
+
+    with contextlib.suppress(OSError):  # nothing more may reach the dead pipe
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+    with contextlib.suppress(Exception):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(128 + signal.SIGPIPE)
     raise AssertionError("unreachable")  # pragma: no cover - leave() ends the process
 
 
@@ -250,7 +315,7 @@ def _fleet(args: argparse.Namespace) -> int:
     common: dict[str, Any] = {"repo": args.repo, "prefix": args.prefix, "url": url,
                               "environ": os.environ, "timeout_s": args.timeout, "say": _say}
     if args.command == "status":
-        return fleet.status(as_json=args.json, **common)
+        return fleet.status(as_json=args.json, recursive=args.recursive, **common)
     return fleet.explain(attempt=args.attempt, arm=args.arm, **common)
 
 

@@ -282,6 +282,9 @@ class Context:
     end: End | None = None
     _tail_store: Store | None = None
     _verify_store: Store | None = None
+    #: The filesystems under the runner's directories at its start (``fsm.storage``), by
+    #: mount point: a full disk is judged against them.
+    storage_start: dict[str, Any] = field(default_factory=dict)
     #: While False, a signal only sets the flag (the handler watches it itself).
     raise_on_interrupt: bool = False
 

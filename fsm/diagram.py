@@ -45,7 +45,7 @@ FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
 REGENERATE = ("python -m fsm.diagram --write diagrams --doc docs/policy.md --doc README.md "
-              "--doc docs/contract.md")
+              "--doc docs/contract.md --doc deploy/README.md")
 
 
 class DiagramUnavailable(Exception):
@@ -97,9 +97,10 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     fallback = table.FAILED_RETRIABLE_EVENT if retriable else table.FAILED_FATAL_EVENT
     failed_by = None if ok else BY_ID[rule].event if rule in BY_ID else fallback
     worker = marker.get("worker")
-    # Train left by worker_stalled when the runner stopped the worker as stalled
-    stalled = isinstance(worker, Mapping) and worker.get("reason") == "stalled"
-    steps = ((s, d, _event_between(s, d, failed_by, stalled=stalled))
+    # Train left by worker_stalled (host_failed) when the runner stopped the worker as
+    # stalled (for its GPUs, the host watch)
+    reason = worker.get("reason") if isinstance(worker, Mapping) else None
+    steps = ((s, d, _event_between(s, d, failed_by, reason=reason))
              for s, d in itertools.pairwise(path))
     state, watchdog = marker.get("state"), marker.get("watchdog") is True
     attempt, run_id, error = marker.get("attempt"), marker.get("run_id"), marker.get("error")
@@ -122,18 +123,25 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     )
 
 
+#: Train's ways out besides the worker's own exit, by the marker's ``worker.reason``.
+_STOPPED_BY = {"stalled": table.WORKER_STALLED, "host": table.HOST_FAILED}
+
+
 def _event_between(
-    source: str, dest: str, failed_by: str | None, *, stalled: bool = False
+    source: str, dest: str, failed_by: str | None, *, reason: object = None
 ) -> str | None:
     """The event that took the attempt from ``source`` to ``dest`` (None when the table
-    has no such transition): ``failed_by`` into Mark; ``worker_stalled`` out of Train for
-    a worker the marker says was stalled; else the one progress event."""
+    has no such transition): ``failed_by`` into Mark; ``worker_stalled`` (``host_failed``)
+    out of Train for a worker the marker says was stopped as stalled (for its GPUs); else
+    the one progress event."""
     events = [e for e, s, d in table.TRANSITIONS if (s, d) == (source, dest)]
     if dest == table.MARK and failed_by in events:
         return failed_by
-    if stalled and table.WORKER_STALLED in events:
-        return table.WORKER_STALLED
-    progress = [e for e in events if e not in table.FAILURE_EVENTS and e != table.WORKER_STALLED]
+    stopped = _STOPPED_BY.get(reason) if isinstance(reason, str) else None
+    if stopped in events:
+        return stopped
+    progress = [e for e in events
+                if e not in table.FAILURE_EVENTS and e not in _STOPPED_BY.values()]
     return progress[0] if progress else None
 
 

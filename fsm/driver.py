@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import structlog
 
@@ -112,8 +113,40 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             # Whatever broke after a SIGTERM/SIGINT broke because of it (a pipe cut, a
             # process killed): the host is going away, and that is what decides.
             exc = Interrupted(ctx.interrupt.signum or 15)
+        exc = _storage(ctx, state, exc)
         rule = policy.classify(state, exc)
         return _failed(ctx, state, rule, describe(exc), type(exc).__name__)
+
+
+def _storage(ctx: Context, state: str, exc: BaseException) -> BaseException:
+    """``exc``, or the typed failure of the host's storage it is (``fsm.storage``): a full
+    or read-only filesystem under one of the runner's own writes, named with its evidence."""
+    from fsm import storage
+
+    found = storage.classify(exc, state=state, candidates=storage_dirs(ctx, state),
+                             start=ctx.storage_start, environ=ctx.merged_env())
+    if found is None:
+        return exc
+    typed, evidence = found
+    ctx.evidence["storage"] = evidence
+    return typed
+
+
+def storage_dirs(ctx: Context, state: str) -> list[Path]:
+    """The directories the runner writes in, those of ``state`` first."""
+    s = ctx.settings
+    cache = ctx.merged_env().get("HF_HOME")
+    by_state = {
+        table.LOAD_PAYLOAD: [s.payload_path.parent],
+        table.FETCH_CODE: [s.code_root],
+        table.RESOLVE_SPEC: [s.scratch_dir],
+        table.TRAIN: [s.scratch_dir, s.code_root],
+        table.PRELOAD: [Path(cache)] if cache else [],
+        table.MARK: [s.payload_path.parent, s.scratch_dir],
+    }
+    every = [s.payload_path.parent, s.code_root, s.scratch_dir, *([Path(cache)] if cache else [])]
+    first = by_state.get(state, [])
+    return [*first, *(d for d in every if d not in first)]
 
 
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
+    FatalError,
     FlashError,
     PayloadError,
     StoreAuthError,
@@ -49,8 +50,10 @@ __all__ = [
 ]
 
 #: An attempt marker directly in the prefix: ``<arm>_attempt<N>.json`` (the arm as the
-#: payload's ``flash_arm`` allows it). ASCII digits only, the whole name.
-MARKER_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(\d+)\.json", re.ASCII)
+#: payload's ``flash_arm`` allows it), ``N`` as the runner writes it: ASCII digits without a
+#: leading zero, at most 1,000,000 (``attempt01`` is no marker of attempt 1, nor of any).
+MARKER_RE = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.json", re.ASCII)
 #: A console tail the runner uploaded: ``console_<phase>.txt``.
 CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
 #: How many of the console tail's last lines ``explain`` shows.
@@ -143,6 +146,9 @@ class Row:
     file: MarkerFile
     marker: dict[str, Any] | None
     problem: str | None = None  # why the marker is unreadable
+    #: the run's folder (its hf_prefix), and how many attempt markers it holds
+    folder: str = ""
+    attempts: int = 1
 
     @property
     def outcome(self) -> str:
@@ -173,24 +179,56 @@ class Row:
     def field(self, key: str) -> Any:
         return self.marker.get(key) if self.marker is not None else None
 
-    def as_json(self, now: float) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "arm": self.file.arm,
-            "attempt": self.file.attempt,
-            "file": self.file.name,
-            "outcome": self.outcome,
-            "class": self.verdict,
-            "rule": self.field("rule"),
-            "ts": self.field("ts"),
-            "age_s": self.age_s(now),
-            "state": self.field("state"),
-            "run_id": self.field("run_id"),
-            "retriable": self.field("retriable"),
-            "error": self.field("error"),
-        }
+    @property
+    def host(self) -> str | None:
+        """The host the attempt ran on (the marker's ``host.hostname`` evidence)."""
+        host = self.field("host")
+        name = host.get("hostname") if isinstance(host, dict) else None
+        return name if isinstance(name, str) and name else None
+
+    def as_json(self, now: float, columns: Iterable[Column] | None = None) -> dict[str, Any]:
+        row = {c.key: c.value(self, now) for c in (COLUMNS if columns is None else columns)}
         if self.problem is not None:
             row["problem"] = self.problem
         return row
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of ``status``: its JSON key, its table header (None: JSON only), its
+    value, and how the table shows that value. The table and the JSON are both read off
+    the same columns (one render path, two notations)."""
+
+    key: str
+    header: str | None
+    value: Callable[[Row, float], Any]
+    cell: Callable[[Any], str] = lambda value: _cell(value)
+
+
+#: The columns of ``status``, in the table's order.
+COLUMNS: tuple[Column, ...] = (
+    Column("arm", "ARM", lambda r, now: r.file.arm),
+    Column("attempt", "ATTEMPT", lambda r, now: r.file.attempt, str),
+    Column("file", None, lambda r, now: r.file.name),
+    Column("outcome", "OUTCOME", lambda r, now: r.outcome, str),
+    Column("class", "CLASS", lambda r, now: r.verdict),
+    Column("rule", "RULE", lambda r, now: r.field("rule")),
+    Column("ts", None, lambda r, now: r.ts),
+    Column("age_s", "AGE", lambda r, now: r.age_s(now), lambda age: human_age(age)),
+    Column("state", "STATE", lambda r, now: r.field("state")),
+    Column("run_id", "RUN_ID", lambda r, now: r.field("run_id")),
+    Column("retriable", None, lambda r, now: r.field("retriable")),
+    Column("error", None, lambda r, now: r.field("error")),
+)
+#: ``status --recursive``: the run's folder first, how many attempts it holds, its host.
+RECURSIVE_COLUMNS: tuple[Column, ...] = (
+    Column("run", "RUN", lambda r, now: r.folder),
+    *COLUMNS[:2],
+    Column("attempts", None, lambda r, now: r.attempts),
+    *COLUMNS[2:9],
+    Column("host", "HOST", lambda r, now: r.host),
+    *COLUMNS[9:],
+)
 
 
 def human_age(seconds: float | None) -> str:
@@ -210,19 +248,15 @@ def human_age(seconds: float | None) -> str:
     return f"{s // 86_400}d"
 
 
-HEADER = ("ARM", "ATTEMPT", "OUTCOME", "CLASS", "RULE", "AGE", "STATE", "RUN_ID")
+HEADER = tuple(c.header for c in COLUMNS if c.header is not None)
 
 
-def status_table(rows: Iterable[Row], now: float) -> str:
+def status_table(rows: Iterable[Row], now: float, columns: Iterable[Column] = COLUMNS) -> str:
     """Aligned columns under a header, one line per marker."""
-    lines = [HEADER]
-    for row in rows:
-        lines.append((
-            _cell(row.file.arm), str(row.file.attempt), row.outcome, row.verdict or "-",
-            _cell(row.field("rule")), human_age(row.age_s(now)), _cell(row.field("state")),
-            _cell(row.field("run_id")),
-        ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    shown = [c for c in columns if c.header is not None]
+    lines = [tuple(c.header or "" for c in shown)]
+    lines += [tuple(c.cell(c.value(row, now)) for c in shown) for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(shown))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in lines
@@ -274,8 +308,22 @@ def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
     return f"the store at {where} refused: {text}"
 
 
+#: A console tail or stacks file explain reads at most this much of (the runner's own are
+#: at most 64,000 bytes and a few hundred KiB).
+FILE_MAX_BYTES = 4 << 20
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def _read(store: Store, path: str, scratch: Path) -> bytes:
-    return store.download_file(path, scratch).read_bytes()
+    """A file explain quotes, bounded: a larger one is not the runner's (``_TooLarge``)."""
+    data = store.read_file(path, FILE_MAX_BYTES)
+    if len(data) > FILE_MAX_BYTES:
+        raise _TooLarge(f"{_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
+                        "file the runner wrote; not shown")
+    return data
 
 
 def _session(
@@ -330,6 +378,16 @@ def _session(
 # --- status -------------------------------------------------------------------------------
 
 
+#: ``status --recursive`` lists at most this many files under the prefix (one listing, in
+#: pages on the Hub); a prefix holding more is refused with a line saying so.
+MAX_LISTED = 200_000
+#: A marker is at most a few KiB (its ``error`` at most 2,000 characters); ``status`` reads no
+#: more of one than this, and shows a longer one as unreadable.
+MARKER_MAX_BYTES = 1 << 20
+#: The summary line names at most this many hosts.
+SUMMARY_HOSTS = 10
+
+
 def status(
     *,
     repo: str,
@@ -339,33 +397,162 @@ def status(
     environ: Mapping[str, str],
     timeout_s: float,
     say: Say,
+    recursive: bool = False,
 ) -> int:
-    """``flash-bootstrap status``: every attempt marker under ``prefix``."""
+    """``flash-bootstrap status``: every attempt marker directly under ``prefix``; with
+    ``recursive``, the latest attempt of every run (folder) below it, and a summary."""
     prefix = prefix.strip("/")
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
-        found = marker_files(store.list_folder(prefix))
-        rows = []
-        for marker_file in found:
-            try:
-                data = _read(store, f"{prefix}/{marker_file.name}", scratch)
-            except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
-                rows.append(Row(marker_file, None, "listed, then not found when downloaded"))
-                continue
-            marker, problem = parse_marker(data)
-            rows.append(Row(marker_file, marker, problem))
+        unread = 0
+        if recursive:
+            rows = _latest_rows(store, prefix)
+        else:
+            rows = _read_rows(store, [(prefix, m, 1) for m in marker_files(_names(store, prefix))])
+        unread = sum(row.problem == NOT_READ for row in rows)
         now = time.time()
+        columns = RECURSIVE_COLUMNS if recursive else COLUMNS
+        listed = [row.as_json(now, columns) for row in rows]
         if as_json:
-            emit(json.dumps([row.as_json(now) for row in rows], indent=2))
+            value: Any = {"runs": listed, "summary": summary(rows)} if recursive else listed
+            emit(json.dumps(_finite(value), indent=2, ensure_ascii=False))
         elif not rows:
             emit(f"no attempt markers under {_printable(prefix)}/ in {store.describe()} "
                  "(none there, or no such folder or repo)")
         else:
-            emit(status_table(rows, now))
+            emit(status_table(rows, now, columns))
+            if recursive:
+                emit(summary_line(summary(rows)))
+        if unread:  # what was read is shown; what was not is said, and the status says it
+            say(f"status: --timeout {timeout_s:g}s reached: {unread} of {len(rows)} markers "
+                f"not read (shown as unreadable, {NOT_READ!r}); a longer --timeout reads them")
+            return 1
         return 0
 
     return _session("status", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
                     say=say, body=body)
+
+
+def _listed(store: Store, prefix: str) -> list[str]:
+    """Every file under ``prefix`` (paths relative to it), in one bounded listing."""
+    paths = store.list_tree(prefix, MAX_LISTED)
+    if len(paths) > MAX_LISTED:
+        raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
+                           f"{store.describe()}: choose a narrower --prefix")
+    return paths
+
+
+def _names(store: Store, prefix: str) -> frozenset[str]:
+    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
+    file that is a hostile link is listed, and refused only when it is read, so one such
+    entry does not hide the others (the runner's own listing refuses it at once)."""
+    paths = _listed(store, prefix)
+    return frozenset(path for path in paths if "/" not in path)
+
+
+def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) -> Row:
+    """One marker of the run in ``folder``, downloaded once."""
+    path = f"{folder}/{marker_file.name}" if folder else marker_file.name
+    try:
+        data = store.read_file(path, MARKER_MAX_BYTES)
+    except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
+        return Row(marker_file, None, "listed, then not found when downloaded", folder,
+                   attempts)
+    except FatalError as exc:  # the store will not read it (a link out of its root)
+        return Row(marker_file, None, f"refused: {_printable(exc.message, 300)}", folder,
+                   attempts)
+    if len(data) > MARKER_MAX_BYTES:
+        return Row(marker_file, None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker",
+                   folder, attempts)
+    marker, problem = parse_marker(data)
+    return Row(marker_file, marker, problem, folder, attempts)
+
+
+#: The problem of a marker that ``status --recursive`` had no time left to read.
+NOT_READ = "not read: --timeout reached"
+
+
+def _latest_rows(store: Store, prefix: str) -> list[Row]:
+    """The latest attempt of every folder under ``prefix`` that holds attempt markers (a
+    run's hf_prefix): one bounded listing of the whole tree, then one download per marker
+    shown (every arm of that attempt, when several ran it). Once ``--timeout`` is reached,
+    the markers left are rows of :data:`NOT_READ`: what was read is still shown."""
+    paths = _listed(store, prefix)
+    folders: dict[str, list[str]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        folders.setdefault(folder, []).append(name)
+    wanted: list[tuple[str, MarkerFile, int]] = []
+    for folder in sorted(folders):
+        found = marker_files(folders[folder])
+        if not found:
+            continue
+        last = found[-1].attempt
+        run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
+        wanted += [(run, m, len(found)) for m in found if m.attempt == last]
+    return _read_rows(store, wanted)
+
+
+def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> list[Row]:
+    """One download per marker (folder, marker, attempts of its run), in order; once
+    ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
+    rows: list[Row] = []
+    for folder, m, attempts in wanted:
+        if rows and rows[-1].problem == NOT_READ:
+            rows.append(Row(m, None, NOT_READ, folder, attempts))
+            continue
+        try:
+            rows.append(_row(store, folder, m, attempts=attempts))
+        except DeadlineExceeded:
+            rows.append(Row(m, None, NOT_READ, folder, attempts))
+    return rows
+
+
+def summary(rows: Iterable[Row]) -> dict[str, Any]:
+    """How many runs ended in each class and by each rule, and the hosts of the failures."""
+    rows = list(rows)
+    classes: dict[str, int] = {}
+    by_rule: dict[str, int] = {}
+    hosts: dict[str, int] = {}
+    for row in rows:
+        verdict = row.verdict or "unreadable"
+        classes[verdict] = classes.get(verdict, 0) + 1
+        rule = row.field("rule")
+        if isinstance(rule, str) and rule and verdict != "succeeded":
+            by_rule[rule] = by_rule.get(rule, 0) + 1
+        if row.host is not None and verdict in ("retriable", "fatal"):
+            hosts[row.host] = hosts.get(row.host, 0) + 1
+
+    def ranked(counts: dict[str, int]) -> dict[str, int]:
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+    return {"runs": len(rows), "class": ranked(classes), "rule": ranked(by_rule),
+            "failed_hosts": ranked(hosts)}
+
+
+def summary_line(counted: Mapping[str, Any]) -> str:
+    """The summary as one line: runs by class, failures by rule, the hosts that failed."""
+    def listed(counts: Mapping[str, int], limit: int | None = None) -> str:
+        items = list(counts.items())
+        shown = ", ".join(f"{_cell(name)} {n}" for name, n in items[:limit])
+        more = len(items) - len(items[:limit])
+        return shown + (f" and {more} more" if more > 0 else "") if items else "none"
+
+    return (f"{counted['runs']} runs: {listed(counted['class'])}; failed by rule: "
+            f"{listed(counted['rule'])}; hosts of the failures: "
+            f"{listed(counted['failed_hosts'], SUMMARY_HOSTS)}")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (JSON has none; a marker may hold them, as
+    Python's json reads them) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -386,7 +573,7 @@ def explain(
     prefix = prefix.strip("/")
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
-        names = store.list_folder(prefix)
+        names = _names(store, prefix)
         every = marker_files(names)
         candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
         if not candidates:
@@ -403,8 +590,9 @@ def explain(
             return 2
         chosen = candidates[0]
         path = f"{prefix}/{chosen.name}"
-        data = _read(store, path, scratch)
-        marker, problem = parse_marker(data)
+        data = store.read_file(path, MARKER_MAX_BYTES)
+        marker, problem = (None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker") if len(
+            data) > MARKER_MAX_BYTES else parse_marker(data)
         emit(f"marker  {_printable(path)}")
         if marker is None:
             emit(f"unreadable: {problem}")
@@ -417,6 +605,9 @@ def explain(
         stall = _stall(marker)
         if stall:
             emit(stall + "\n")
+        gpus = _gpus(marker)
+        if gpus:
+            emit(gpus + "\n")
         stacks = _stacks_file(marker, names)
         if stacks is not None:
             emit(_stacks_head(store, prefix, stacks, scratch) + "\n")
@@ -472,7 +663,10 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
 
 
 def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[MarkerFile]) -> str:
-    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    try:
+        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    except _TooLarge as exc:
+        return f"console tail  {exc}"
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -482,7 +676,12 @@ def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[Mark
     if others:
         head += ("\n  note: the prefix holds other attempts' markers too; this is the last "
                  "tail uploaded under it, which may be another attempt's")
-    return "\n".join([head, *(f"  | {line}" for line in shown)])
+    return _quoted(head, shown)
+
+
+def _quoted(head: str, lines: Iterable[str]) -> str:
+    """A file's lines as explain shows them (the console tail, the stacks): under a head."""
+    return "\n".join([head, *(f"  | {line}" for line in lines)])
 
 
 def _stall(marker: Mapping[str, Any] | None) -> str | None:
@@ -501,6 +700,33 @@ def _stall(marker: Mapping[str, Any] | None) -> str | None:
     return "\n".join(lines)
 
 
+#: The GPU evidence explain shows (CONTRACT section 8), and how it heads each.
+GPU_EVIDENCE = (("gpu_health", "gpus before setup"), ("gpu_change", "gpus changed"))
+
+
+def _gpus(marker: Mapping[str, Any] | None) -> str | None:
+    """The GPUs' findings the marker carries (before setup, or a change since), a line a
+    GPU, or None."""
+    if marker is None:
+        return None
+    lines: list[str] = []
+    for key, head in GPU_EVIDENCE:
+        facts = marker.get(key)
+        if not isinstance(facts, dict) or not isinstance(facts.get("findings"), list):
+            continue
+        findings = facts["findings"]
+        when = facts.get("when") if isinstance(facts.get("when"), str) else None
+        lines.append(f"{head}{f' ({_printable(when, 60)})' if when else ''}")
+        for finding in findings[:16]:
+            if not isinstance(finding, dict):
+                continue
+            gpu = " ".join(_printable(str(finding[k]), 60) for k in ("index", "uuid", "bus_id")
+                           if finding.get(k) is not None)
+            lines.append(f"  {_printable(str(finding.get('kind', '?')), 40)}: "
+                         f"GPU {gpu or '?'}")
+    return "\n".join(lines) or None
+
+
 def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str | None:
     """The stacks file the marker names, when the prefix holds it."""
     stacks = marker.get("stacks") if marker is not None else None
@@ -509,11 +735,14 @@ def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str
 
 
 def _stacks_head(store: Store, prefix: str, name: str, scratch: Path) -> str:
-    text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    try:
+        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
+    except _TooLarge as exc:
+        return f"stacks  {exc}"
     lines = text.split("\n")
     shown = [_printable(line) for line in lines[:STACKS_LINES]]
     head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"
-    return "\n".join([head, *(f"  | {line}" for line in shown)])
+    return _quoted(head, shown)
 
 
 def _path(marker: Mapping[str, Any] | None) -> str:

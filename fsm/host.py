@@ -1,10 +1,13 @@
 """What the runner learns about its host: the GPUs ``nvidia-smi`` reports, and the kernel's
 OOM kills counted by the container's memory cgroup.
 
-``HostProbe`` runs ``nvidia-smi`` once, in the background, from LoadPayload: the attempt
-never waits on it for more than ``PROBE_S`` (a hung ``nvidia-smi``, the classic sign of a
-GPU that fell off the bus, is killed and reported, never waited for). Its facts ride in
-every marker as the ``host`` evidence, so the control plane can stop renting a bad machine.
+``HostProbe`` asks the GPUs once (``fsm.gpus``), in the background, from the runner's
+first step: LoadPayload waits for the answer, never more than ``PROBE_S``, before any
+setup, and ends the attempt on a sick or busy GPU (CONTRACT section 8; a hung
+``nvidia-smi``, the classic sign of a GPU that fell off the bus, is killed and reported,
+never waited for). Its facts ride in every marker as the ``host`` evidence, so the control
+plane can stop renting a bad machine; the snapshot is the baseline the host watch and the
+after-death check compare with.
 
 ``oom_kills`` reads the ``oom_kill`` count of the runner's memory cgroup (cgroup v2
 ``memory.events``, v1 ``memory.oom_control``): Train reads it before and after the worker,
@@ -13,22 +16,16 @@ and a rise means the kernel's OOM killer ended (part of) the worker.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fsm import gpus
+
 #: The longest the attempt waits for ``nvidia-smi``; then it is killed and called hung.
-PROBE_S = 2.0
-QUERY = ("--query-gpu=name,uuid,memory.total,driver_version", "--format=csv,noheader,nounits")
-#: A failing ``nvidia-smi``'s message is its last output line, at most this long.
-MESSAGE_CHARS = 300
+PROBE_S = gpus.SNAPSHOT_S
 #: Overrides where the memory cgroup's OOM count is read (unusual mounts, tests).
 MEMORY_EVENTS_VAR = "FLASH_MEMORY_EVENTS"
 
@@ -73,94 +70,64 @@ class HostFacts(NamedTuple):
 
 
 class HostProbe:
-    """``nvidia-smi`` started at once in a daemon thread; ``facts(wait_s)`` waits at most
-    ``wait_s`` (and never past ``PROBE_S`` after the start) for its answer."""
+    """The GPUs asked once (``fsm.gpus``: ``--query-gpu``, ``--query-remapped-rows`` and
+    ``--query-compute-apps`` together) in a daemon thread, started at the runner's first
+    step. ``snapshot(wait_s)`` waits at most ``wait_s`` for the whole answer (it takes at
+    most ``PROBE_S`` plus the kill grace: a hung ``nvidia-smi`` is killed and reported);
+    ``facts(wait_s)`` is the same answer as the marker's ``host`` evidence."""
 
     def __init__(self, environ: Mapping[str, str], *, timeout_s: float = PROBE_S) -> None:
         self._hostname = os.uname().nodename
         self._timeout_s = timeout_s
         self._started = time.monotonic()
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._facts = HostFacts(self._hostname, problem="hung")  # until it answers
-        exe = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
-        if exe is None:
-            self._settle(HostFacts(self._hostname, problem="absent"))
-            return
-        env = {k: v for k, v in environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
-        threading.Thread(
-            target=self._run, args=(exe, env), name="host-probe", daemon=True
-        ).start()
+        self.path = environ.get("PATH")
+        self._pending = gpus.start(environ, timeout_s)
+
+    @classmethod
+    def start_early(cls, environ: Mapping[str, str]) -> None:
+        """Ask the GPUs at the runner's first instruction (``fsm.cli``), so that the answer
+        is in by the time LoadPayload needs it: it overlaps the runner's imports."""
+        global _early
+        _early = cls(environ)
+
+    @classmethod
+    def for_attempt(cls, environ: Mapping[str, str]) -> HostProbe:
+        """The probe started early, when it asked with the same PATH; else a new one."""
+        global _early
+        early, _early = _early, None
+        if early is not None and early.path == environ.get("PATH"):
+            return early
+        return cls(environ)
+
+    @property
+    def hostname(self) -> str:
+        return self._hostname
+
+    def snapshot(self, wait_s: float) -> gpus.Snapshot | None:
+        """The snapshot, waiting at most ``wait_s`` for it (None while it is under way)."""
+        return self._pending.result(max(0.0, wait_s))
 
     def facts(self, wait_s: float) -> HostFacts | None:
         """The answer, waiting at most ``wait_s`` for it: ``hung`` once ``nvidia-smi`` has
         had its time, None while it still may answer."""
-        left = self._started + self._timeout_s - time.monotonic()
-        if self._done.wait(max(0.0, min(wait_s, left))):
-            return self._facts
+        left = self._started + self._timeout_s + gpus.KILL_GRACE_S - time.monotonic()
+        snap = self.snapshot(min(wait_s, max(0.0, left)))
+        if snap is not None:
+            return facts_of(self._hostname, snap)
         if wait_s < left:
             return None
-        # Its time is up: hung, for good (an answer arriving later does not change what
-        # was already reported).
-        self._settle(HostFacts(self._hostname, problem="hung"))
-        return self._facts
-
-    def _settle(self, facts: HostFacts) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._facts = facts
-                self._done.set()
-
-    def _run(self, exe: str, env: dict[str, str]) -> None:
-        try:
-            proc = subprocess.Popen(
-                [exe, *QUERY], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, start_new_session=True,
-            )
-        except OSError as exc:
-            self._settle(self._failed(f"could not start ({exc.strerror or exc})"))
-            return
-        try:
-            out, err = proc.communicate(timeout=self._timeout_s)
-        except subprocess.TimeoutExpired:
-            self._settle(HostFacts(self._hostname, problem="hung"))
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()  # may never return (a process stuck in the driver): a daemon thread
-            return
-        text = out.decode("utf-8", "replace")
-        if proc.returncode != 0:
-            # Its message may be on either stream (a driver warning on stderr is no failure
-            # of a run that exits 0: the rows are on stdout).
-            said = _last_line(err.decode("utf-8", "replace") + "\n" + text)
-            self._settle(self._failed(f"exit {proc.returncode}: {said}"))
-            return
-        self._settle(_parse(self._hostname, text))
-
-    def _failed(self, detail: str) -> HostFacts:
-        return HostFacts(self._hostname, problem="failed", detail=detail[:MESSAGE_CHARS])
+        return HostFacts(self._hostname, problem="hung")
 
 
-def _parse(hostname: str, text: str) -> HostFacts:
-    gpus: list[Gpu] = []
-    drivers: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = [f.strip() for f in line.rsplit(",", 3)]
-        if len(fields) != 4:
-            return HostFacts(
-                hostname, problem="failed", detail=f"unreadable output: {line[:MESSAGE_CHARS]}"
-            )
-        name, uuid, memory, driver = fields
-        gpus.append(Gpu(name, uuid, int(memory) if memory.isdigit() else None))
-        drivers.append(driver)
-    return HostFacts(hostname, tuple(gpus), drivers[0] if drivers else None)
+_early: HostProbe | None = None
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
+    """A snapshot as the host facts every marker carries."""
+    drivers = [gpu.driver for gpu in snap.gpus if gpu.driver]
+    listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
+    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem,
+                     snap.detail)
 
 
 # --- the kernel's OOM kills ---------------------------------------------------------------

@@ -481,6 +481,13 @@ def install(
     """Install ``requirements`` (``extra_pip``) into ``python``'s environment with the
     installer :func:`choose` picks, and return its name (None: nothing to install).
 
+    Its keyword arguments repeat :func:`fsm.pip.install`'s on purpose: this is the front
+    that picks the installer and forwards them unchanged, and ``fsm.pip.install`` stays a
+    whole pip installer on its own (its tests and the benchmarks call it). What the two
+    installers share is not repeated: both run through :func:`fsm.pip.run_installer`, the
+    one loop of tries, backoff, deadline, interrupt, progress and output log, each with its
+    :class:`fsm.pip.Tool` (argv, evidence, console reader).
+
     Raises as :func:`fsm.pip.install` does, whichever installer ran: :class:`RetriableError`
     (``pip-network``) after ``tries`` network-shaped failures, :class:`FatalError`
     (``pip-failed``) on any other failure or an impossible choice,

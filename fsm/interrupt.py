@@ -1,9 +1,15 @@
-"""SIGTERM/SIGINT as a flag the whole runner can look at.
+"""The stop signals as a flag the whole runner can look at, and the table that says what
+the runner does with every signal whose default action would end it.
 
 The runner installs its own handlers (as PID 1 of a container a signal without a handler
-is ignored). A signal sets the flag and calls the listeners, so a supervisor waiting on
-the worker wakes at once; handlers that are interruptible get ``Interrupted`` raised in
-the main thread.
+is ignored; behind an init, a shell or run by hand the default action ends the process
+with no marker while the worker trains on, orphaned). A stop signal (:data:`STOP_SIGNALS`)
+sets the flag and calls the listeners, so a supervisor waiting on the worker wakes at
+once; handlers that are interruptible get ``Interrupted`` raised in the main thread. A
+signal of :data:`IGNORED_SIGNALS` is caught and counted, nothing more: no one who sends it
+means "stop the attempt", and a handler (unlike ``SIG_IGN``) is reset at ``exec``, so the
+worker still gets the default action. :data:`SIGNAL_TABLE` is the documented whole
+(docs/lifecycle.md, "Signals").
 
 ``trigger`` runs inside a signal handler, on the main thread, between two bytecodes of
 whatever the main thread was doing, so it takes no lock the main thread could be holding:
@@ -20,6 +26,63 @@ import time
 from collections.abc import Callable
 
 Listener = Callable[[int], None]
+
+#: Stopped like SIGTERM: the flag is set and the attempt ends ``interrupted`` (retriable).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPWR, signal.SIGXCPU,
+)
+#: Caught and counted, nothing else: the attempt goes on.
+IGNORED_SIGNALS: tuple[int, ...] = (
+    signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF,
+    signal.SIGIO, signal.SIGSTKFLT, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
+)
+
+#: Every signal whose default action ends the process: what the runner does with it, and why.
+SIGNAL_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("SIGTERM, SIGINT", "stop", "the host or an operator stops the container (docker stop, "
+     "Ctrl-C)"),
+    ("SIGHUP", "stop", "the session or terminal in front of the runner went away"),
+    ("SIGQUIT", "stop", "an operator asks it to quit (its default would dump core)"),
+    ("SIGPWR", "stop", "the host is losing power (UPS, hypervisor)"),
+    ("SIGXCPU", "stop", "the CPU-time limit's soft bound passed; the kernel kills at the hard one"),
+    ("SIGUSR1, SIGUSR2", "ignored", "tools send them to ask for something (a dump, a reload); "
+     "never a stop"),
+    ("SIGALRM, SIGVTALRM, SIGPROF", "ignored", "the runner sets no timers; a stray one is no stop"),
+    ("SIGIO, SIGSTKFLT, SIGRTMIN..SIGRTMAX", "ignored", "no meaning for the runner"),
+    ("SIGPIPE, SIGXFSZ", "ignored (by Python)", "a write then fails with an error the runner "
+     "handles where it writes"),
+    ("SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS", "default",
+     "a fault of the runner itself, which no handler can continue from; sent from outside to a "
+     "runner that is PID 1, the kernel drops them"),
+    ("SIGKILL", "default", "cannot be caught: the persisted start lets a restart continue"),
+)
+
+#: How many of each ignored signal arrived (signal number -> count); read for evidence.
+IGNORED_COUNTS: dict[int, int] = {}
+
+
+def _ignore(signum: int, _frame: object) -> None:
+    IGNORED_COUNTS[signum] = IGNORED_COUNTS.get(signum, 0) + 1
+
+
+def ignored_evidence() -> dict[str, int]:
+    """The ignored signals that arrived, by name, with their counts."""
+    counts = dict(IGNORED_COUNTS)  # a copy: a handler may add to it meanwhile
+    return {_name(sig): n for sig, n in sorted(counts.items())}
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal past SIGRTMIN has no name of its own
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+
+
+def install_ignored() -> None:
+    """Catch every signal of :data:`IGNORED_SIGNALS` with a handler that only counts it."""
+    for sig in IGNORED_SIGNALS:
+        with contextlib.suppress(OSError, ValueError):  # a platform without this signal
+            signal.signal(sig, _ignore)
 
 
 class InterruptFlag:
@@ -100,19 +163,23 @@ def wakeup_fd() -> int | None:
     return _wakeup[0] if _wakeup is not None else None
 
 
-#: The process's one flag. ``install_early`` points SIGTERM/SIGINT at it as the first thing
+#: The process's one flag. ``install_early`` points the stop signals at it as the first thing
 #: ``flash-bootstrap run`` does, before any heavy import, so a signal during start-up is
 #: remembered (and ends in a retriable marker once the destination is known) instead of
 #: killing the process with nothing written.
 PROCESS_FLAG = InterruptFlag()
 
 
-def install_early(flag: InterruptFlag = PROCESS_FLAG) -> None:
-    """Route SIGTERM and SIGINT to ``flag`` (the runner installs its own handler later)."""
+def install_early(flag: InterruptFlag = PROCESS_FLAG, *, wakeup: bool = True) -> None:
+    """Route the stop signals to ``flag`` (the runner installs its own handler later) and
+    catch the ignored ones, so that none of the table's signals ends the process; with
+    ``wakeup`` also arm the wakeup descriptor (else the caller does, once it may open one)."""
 
     def handler(signum: int, _frame: object) -> None:
         flag.trigger(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
-    arm_wakeup()
+    install_ignored()
+    if wakeup:
+        arm_wakeup()

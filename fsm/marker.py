@@ -223,13 +223,20 @@ class AttemptLock:
 
     def acquire(self, timeout_s: float, budget: Budget) -> LockWait:
         """Take the lock, waiting up to ``timeout_s`` for a previous runner to let go; a
-        signal or the deadline ends the wait at once. A lock file that cannot be made (a
-        read-only payload directory) has nothing to protect: "held"."""
+        signal or the deadline ends the wait at once.
+
+        A lock file that exists but cannot be opened for writing (a payload directory
+        mounted read-only since) is locked read-only: ``flock`` needs no write access. One
+        that cannot be made at all raises the ``OSError`` (a storage errno is the host's
+        storage, ``fsm.storage``): a lock that does not exist is never "held"."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
-            self._fd = -1
-            return "held"
+        except OSError as exc:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                raise OSError(exc.errno, f"the attempt's lock cannot be written: {exc.strerror}",
+                              str(self.path)) from None
         give_up = budget.clock() + timeout_s
         said = False
         while True:
@@ -257,7 +264,7 @@ class AttemptLock:
             budget.wait(min(LOCK_POLL_S, max(0.0, give_up - budget.clock())))
 
     def release(self) -> None:
-        if self._fd is not None and self._fd >= 0:
+        if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
         self._fd = None
 
@@ -271,6 +278,8 @@ class Published:
         self.landed = False
         self.error = ""
         self.persisted: Path | None = None
+        #: Why the result could not be persisted next to the payload (one line), if so.
+        self.persist_error: str | None = None
         self.refused: str | None = None
 
     def unpublished(self) -> tuple[int, str]:
@@ -344,6 +353,8 @@ class Publisher:
                 except OSError as exc:
                     log.warning("result.persist_failed", path=str(result_file),
                                 error=exc.strerror)
+                    result.persist_error = (f"the result could not be persisted in "
+                                            f"{result_file.parent} ({exc.strerror})")
             if fence is not None:
                 fence.seal()
             if store is None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import structlog
 
+from fsm import interrupt as interrupt_mod
 from fsm import log as log_config
-from fsm import marker, outlet, rules, table
+from fsm import marker, outlet, rules, table, termination
 from fsm.budget import Budget
 from fsm.context import END_MIN_S, Context, Failure
 from fsm.host import PROBE_S
@@ -36,9 +37,14 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
         "run_id": ctx.evidence.get("run_id"),
     }
-    for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change"):
+    for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
+                "gpu_health", "disk", "shm", "storage"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
+    # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
+    ignored = interrupt_mod.ignored_evidence()
+    if ignored:
+        evidence["signals_ignored"] = ignored
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
     # What the runner's own stdout and stderr could not take (a reader gone or stuck).
@@ -103,7 +109,8 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
     shipper's last line for the attempt answers the first question without opening the
     store. The end state, the class and rule, the exit status, where the marker is (or why
     it was not published, and where the result is kept), the seconds spent in each state,
-    and the one-line reason the process ends with."""
+    and the one-line reason the process ends with. Then the termination message: the same
+    verdict, for the container engine (``fsm.termination``)."""
     record = ctx.evidence.get("marker")
     if not isinstance(record, dict) and ctx.publisher.record is not None:
         record = ctx.publisher.record.marker
@@ -124,6 +131,11 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
             fields["persisted"] = str(published.persisted)
     fields["seconds"] = log_config.state_seconds()
     log.info("attempt.outcome", **fields, reason=reason)
+    # The same verdict where Kubernetes shows it (fsm.termination): after the last event,
+    # since it can never fail and never says anything.
+    termination.write(ctx.environ, ctx.redactor, status=exit_code, reason=reason,
+                      verdict=fields.get("class"), rule=fields.get("rule"),
+                      marker=fields.get("marker"))
 
 
 def event_for(record: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -74,10 +76,15 @@ class Payload:
 
 
 def read_raw(path: Path) -> dict[str, Any]:
-    """The payload file as a JSON object, or a PayloadError naming what is wrong."""
+    """The payload file as a JSON object, or a PayloadError naming what is wrong.
+
+    Only a regular file of at most :data:`MAX_PAYLOAD_BYTES` is read: a FIFO would block
+    the runner forever (no signal gets it out of ``open``), ``/dev/zero`` would be read
+    until memory runs out. It is opened without blocking and looked at before a byte is
+    read."""
     shown = _shown(path)
     try:
-        data = path.read_bytes()
+        data = _read_bounded(path, shown)
     except FileNotFoundError:
         raise PayloadError(f"payload file {shown} does not exist") from None
     except OSError as exc:
@@ -108,6 +115,44 @@ def read_raw(path: Path) -> dict[str, Any]:
                 "too long to be a number"
             )
     return raw
+
+
+#: The largest payload file read: far past any user_data (a large spec is spilled to the store).
+MAX_PAYLOAD_BYTES = 16 << 20
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_bounded(path: Path, shown: str) -> bytes:
+    """The bytes of the regular file at ``path``, at most :data:`MAX_PAYLOAD_BYTES`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(st.st_mode)), "not a file")
+            raise PayloadError(f"payload file {shown} is {kind}, not a regular file")
+        if st.st_size > MAX_PAYLOAD_BYTES:
+            raise PayloadError(
+                f"payload file {shown} is {st.st_size:,} bytes, more than the "
+                f"{MAX_PAYLOAD_BYTES:,} a payload may be"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_PAYLOAD_BYTES and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_PAYLOAD_BYTES:  # it grew while being read
+            raise PayloadError(
+                f"payload file {shown} grew past the {MAX_PAYLOAD_BYTES:,} bytes a payload "
+                "may be while it was read"
+            )
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def destination(raw: Mapping[str, Any]) -> Destination | None:

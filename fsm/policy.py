@@ -70,17 +70,23 @@ class Signature(NamedTuple):
     """A line of a failed worker's console that says who is at fault."""
 
     id: str
-    #: ``gpu``, ``driver`` or ``interconnect`` for the host's faults; ``job`` for the job's
+    #: ``gpu``, ``driver`` or ``interconnect`` for the host's faults; ``job`` for the job's,
+    #: and ``shm``, ``disk``, ``nccl-timeout`` for families whose words name no cause by
+    #: themselves (decided as ``HOST_EVIDENCE`` says)
     family: str
     pattern: str
     meaning: str
     #: True: the host is at fault (``worker-host-fault``, retried on a fresh host);
     #: False: the job is, and fails on any host (``worker-failed``)
     retriable: bool
+    #: a consequence rather than a cause (an NCCL watchdog's timeout): it decides only when
+    #: no other row matches, so a host row beside it (an InfiniBand error) wins
+    weak: bool = False
 
 
-def _job(sig_id: str, pattern: str, meaning: str) -> Signature:
-    return Signature(sig_id, "job", pattern, meaning, False)
+def _job(sig_id: str, pattern: str, meaning: str, *, family: str = "job",
+         weak: bool = False) -> Signature:
+    return Signature(sig_id, family, pattern, meaning, False, weak)
 
 
 def _host(sig_id: str, family: str, pattern: str, meaning: str) -> Signature:
@@ -89,8 +95,10 @@ def _host(sig_id: str, family: str, pattern: str, meaning: str) -> Signature:
 
 #: NVIDIA Xid codes of hardware, driver-firmware or fabric faults; the application Xids
 #: (13, 31, 43, 45: a kernel's own exception, page fault, stop, preemption) are not here.
-#: 154 is the driver's "GPU recovery action changed" (a GPU reset or node reboot required).
-HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+#: 154 is the driver's "GPU recovery action changed" (a GPU reset or node reboot required);
+#: 144-150 are NVLink5's link errors (SAW, RLW, TLW, TREX, NVLPW, NETIR, MSE: NVIDIA/nccl#2241).
+HOST_XIDS = (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 144, 145, 146, 147, 148, 149,
+             150, 154)
 
 #: Matched (case-insensitively) against a failed worker's console, NCCL's INFO lines
 #: aside. The job's rows come first and win: a job fault anywhere in the examined lines
@@ -103,6 +111,32 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          "a CUDA kernel's assertion failed (bad indices or labels)"),
     _job("illegal-memory-access", r"illegal memory access",
          "a CUDA kernel read or wrote out of bounds"),
+    _job("nccl-collective-mismatch",
+         r"collective mismatch error|Message truncated : receiv(?:ed|ing) \d+ bytes instead "
+         r"of \d+",
+         "NCCL: the ranks disagree on a collective, its sizes or their configuration (invalid "
+         "usage: NVIDIA/nccl#969, #1176)"),
+    _job("shm-exhausted",
+         r"insufficient shared memory \(shm\)|out of shared memory\. Please try to raise your "
+         r"shared memory limit|Error while creating shared memory segment|failed to extend "
+         r"/dev/shm|/dev/shm[^\n]*No space left on device|posix_fallocate failed[^\n]*No space "
+         r"left on device|unable to write to file </torch_",
+         "shared memory (/dev/shm) ran out: the container's size for it, the same on every "
+         "host the run is sent to, or the job's own use (DataLoader workers, NCCL segments)",
+         family="shm"),
+    _job("disk-full",
+         r"No space left on device|\[Errno 28\]|\bENOSPC\b|Disk quota exceeded|\bEDQUOT\b"
+         r"|PytorchStreamWriter failed writing file",
+         "a filesystem ran out of space or quota; the job's fault unless the host's scratch or "
+         "cache filesystem was already short before setup (see the host evidence below)",
+         family="disk"),
+    _job("nccl-timeout",
+         r"Watchdog caught collective operation timeout|Some NCCL operations have failed or "
+         r"timed out|ProcessGroupNCCL[^\n]*\bTimeout at NCCL work\b",
+         "an NCCL collective timed out (the watchdog): mostly a rank that stopped calling it "
+         "(unequal batches, a rank-0-only step, a dataset scan), a consequence that decides "
+         "only when no host row matches",
+         family="nccl-timeout", weak=True),
     _host("gpu-ecc-uncorrectable", "gpu", r"uncorrectable ECC error(?!s?\s*[:=]\s*0\b)",
           "the GPU's memory has an uncorrectable ECC error"),
     _host("gpu-fallen-off-bus", "gpu", r"fallen off the bus",
@@ -126,10 +160,24 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("cuda-no-device", "driver", r"no CUDA-capable device is detected",
           "CUDA sees no GPU in a container started with GPUs"),
     _host("cuda-driver-too-old", "driver",
-          r"CUDA driver version is insufficient for CUDA runtime version",
-          "the host's driver is older than the image's CUDA"),
+          r"CUDA driver version is insufficient for CUDA runtime version"
+          r"|The NVIDIA driver on your system is too old"
+          r"|nvidia-container-cli: requirement error: unsatisfied condition: cuda>=",
+          "the host's driver is older than the image's CUDA (hosts of a fleet differ in "
+          "driver; a fresh host may have a newer one)"),
+    _host("cuda-unknown-init", "driver",
+          r"CUDA unknown error - this may be due to an incorrectly set up environment"
+          r"|failed call to cuInit: CUDA_ERROR_UNKNOWN",
+          "CUDA could not start (error 999, CUDA_ERROR_UNKNOWN): the driver's state is broken "
+          "(nvidia_uvm lost, after a suspend or a driver fault); a reset or reboot cures it"),
     _host("nvml-init-failed", "driver", r"Failed to initialize NVML",
           "NVML cannot talk to the driver"),
+    _host("container-nvml-error", "driver",
+          r"nvidia-container-cli: detection error: nvml error",
+          "the NVIDIA container runtime cannot reach the GPUs through NVML: the host's driver "
+          "or NVML is broken"),
+    _host("nvml-no-devices", "driver", r"^\s*No devices were found\s*$",
+          "nvidia-smi lists no GPU (NVML sees none) in a container started with GPUs"),
     _host("driver-library-mismatch", "driver", r"Driver/library version mismatch",
           "the loaded kernel driver and the user-space library differ (driver upgraded "
           "without a reboot)"),
@@ -155,8 +203,19 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           r"|error in the Fabric Manager or NVSwitches",
           "NCCL: NVLink SHARP multicast failed: the Fabric Manager or the NVSwitches are in a "
           "bad state"),
+    _host("nccl-nvls-invalid-argument", "interconnect",
+          r"transport/nvls\.cc:\d+ NCCL WARN Cuda failure (?:\d+ )?'invalid argument'",
+          "NCCL: NVLink SHARP setup refused by the fabric (the fabric manager restarted while "
+          "GPUs held resources): the node needs a GPU reset or reboot"),
+    _host("nccl-graph-mismatch", "interconnect",
+          r"NCCL WARN XML Import Channel : dev \d+ not found",
+          "NCCL: the topology or graph file the node image sets (NCCL_GRAPH_FILE) names GPUs "
+          "or NICs the host does not have"),
     _host("nccl-system-error", "interconnect", r"unhandled system error|ncclSystemError",
           "NCCL: a system call, the device or the fabric failed"),
+    _host("nccl-cuda-error", "gpu", r"\bunhandled cuda error\b|\bncclUnhandledCudaError\b",
+          "NCCL: a CUDA call under it failed, the GPU or its driver faulted (a job's own bad "
+          "kernel shows its own row, which wins)"),
     _host("nccl-network", "interconnect",
           r"NET/(?:IB|Socket|OFI)\b[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
           r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed",
@@ -203,13 +262,15 @@ def _compiled() -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...]]:
 
 def console_verdict(tail: str) -> ConsoleMatch | None:
     """What the console's last ``CONSOLE_WINDOW_LINES`` lines say: a job fault if any line
-    shows one (fatal rows win), else the last line showing a host fault, else None."""
+    shows one (fatal rows win), else the last line showing a host fault, else the first
+    weak row's line (a consequence such as an NCCL timeout), else None."""
     anyone, rows = _compiled()
     lines = _LINE_BREAK.split(tail)
     if lines and lines[-1] == "":
         lines.pop()
     job: ConsoleMatch | None = None
     host: ConsoleMatch | None = None
+    weak: ConsoleMatch | None = None
     for line in lines[-CONSOLE_WINDOW_LINES:]:
         if anyone.search(line) is None or _INFO.search(line):
             continue
@@ -218,12 +279,14 @@ def console_verdict(tail: str) -> ConsoleMatch | None:
             if found is None:
                 continue
             match = ConsoleMatch(sig, _shown_line(line, found.start()))
-            if sig.retriable:
+            if sig.weak:
+                weak = weak or match
+            elif sig.retriable:
                 host = match
             elif job is None:
                 job = match
             break
-    return job or host
+    return job or host or weak
 
 
 def _shown_line(line: str, at: int) -> str:
@@ -255,6 +318,10 @@ class WorkerFacts(NamedTuple):
     gpus_changed: bool = False
     #: the job's own CUDA_VISIBLE_DEVICES names no GPU the host has
     env_hides_gpus: bool = False
+    #: nvidia-smi answered before setup and after the worker died, every GPU the same
+    gpus_fine: bool = False
+    #: a scratch or cache filesystem was already short of space before setup
+    disk_short_at_start: bool = False
 
 
 def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
@@ -291,16 +358,67 @@ def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
     return rules.WORKER_FAILED, match
 
 
-#: Console rows that say CUDA sees no GPU: the job's own CUDA_VISIBLE_DEVICES can say so too.
-NO_GPU_SIGNATURES = frozenset({"cuda-no-gpus", "cuda-no-device"})
+#: Console rows that say CUDA sees no GPU: the job's own doing too, when the GPUs are fine.
+NO_GPU_SIGNATURES = frozenset(
+    {"cuda-no-gpus", "cuda-no-device", "cuda-unknown-init", "nvml-no-devices"})
+
+
+class Evidence(NamedTuple):
+    """A row of the policy where the host's own evidence decides beside the console."""
+
+    #: the console rows it applies to (``*``: whatever the console says)
+    console: str
+    #: the evidence, in words
+    when: str
+    #: ``host`` (``worker-host-fault``, retriable) or ``job`` (``worker-failed``, fatal)
+    verdict: str
+    why: str
+
+
+#: How the GPUs' answers and the host's own facts decide beside the console (issue 24):
+#: ``judge_worker`` applies them in this order; ``render_table`` prints them.
+HOST_EVIDENCE: tuple[Evidence, ...] = (
+    Evidence("*", "the GPUs changed since before setup: a GPU gone or out of NVML's reach, "
+             "or new uncorrectable ECC errors (asked again after the worker died)", "host",
+             "a sick GPU makes any job fail, in words of the job's own (an ECC error "
+             "surfacing as a CUDA OOM, kubernetes/k8s-device-plugin#267): the GPUs win"),
+    Evidence(", ".join(f"`{i}`" for i in sorted(NO_GPU_SIGNATURES)),
+             "the job's own `CUDA_VISIBLE_DEVICES` (payload `env`) names no GPU the host has",
+             "job", "the job hid the GPUs from itself: it would on any host"),
+    Evidence(", ".join(f"`{i}`" for i in sorted(NO_GPU_SIGNATURES)),
+             "nvidia-smi answered before setup and after the worker died, every GPU the same",
+             "job", "the GPUs were there and fine: something inside the job hid them (a "
+             "scheduler's own placement, ray-project/ray#37225)"),
+    Evidence("`disk-full`", "a filesystem of the scratch, code, payload or cache directory "
+             "had less than `FLASH_STORAGE_FLOOR_BYTES` (256 MiB) or no inode free before "
+             "setup, as for the runner's own writes (`host-storage`)", "host",
+             "the host came full (a previous tenant's files): a fresh host has the space"),
+    Evidence("`disk-full`", "otherwise (the filesystems had room before setup, or are "
+             "unknown)", "job", "the attempt wrote the disk full; a fresh host of the same "
+             "kind has the same disk"),
+    Evidence("`shm-exhausted`", "always; the marker's `shm` evidence gives /dev/shm's size",
+             "job", "/dev/shm is the container's configuration (Docker's default is 64 MiB), "
+             "the same on every host the run is sent to, or the job's own use: a fresh host "
+             "changes nothing (13 of 15 threads of the corpus settled it so)"),
+    Evidence("`nccl-timeout`", "no host row matched", "job", "by Meta's account most "
+             "collective timeouts start on the CPU side: a rank that stopped calling the "
+             "collective (every such thread of the corpus settled it in the job)"),
+    Evidence("`cuda-driver-too-old`", "always", "host", "the hosts of a rented fleet differ "
+             "in driver; a fresh host may have a newer one (10 of 12 threads of the corpus "
+             "settled it as the host's driver), and the control plane's retry cap bounds "
+             "the rest"),
+)
 
 
 def _the_hosts(match: ConsoleMatch, facts: WorkerFacts) -> bool:
-    """Whether a console row's fault is the host's: a host row, unless it says CUDA sees
-    no GPU and the job's own environment hides every GPU the host has."""
-    if not match.signature.retriable:
-        return False
-    return not (facts.env_hides_gpus and match.signature.id in NO_GPU_SIGNATURES)
+    """Whether a console row's fault is the host's, the host's own evidence considered
+    (``HOST_EVIDENCE``)."""
+    sig = match.signature
+    if sig.id in NO_GPU_SIGNATURES:
+        return not (facts.env_hides_gpus or facts.gpus_fine)
+    if sig.id == "disk-full":
+        return facts.disk_short_at_start
+    return sig.retriable
 
 
 def _console_ids(*, retriable: bool) -> tuple[str, ...]:
@@ -314,6 +432,9 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.HOST_GPU_UNHEALTHY, Claim()),
+    (rules.HOST_GPU_BUSY, Claim()),
+    (rules.HOST_STORAGE, Claim()),
+    (rules.HOST_STORAGE_FILLED, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_REFUSED, Claim((StoreRefused,))),
     (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
@@ -503,8 +624,10 @@ def render_table() -> str:
         "that ended without completion artifacts, without a retriable heartbeat, a lost",
         "upload or an OOM kill. A `job` row anywhere in those lines wins (fatal, the job's",
         "own fault, on any host); otherwise the last line matching a host row decides",
-        "(`worker-host-fault`, retried on a fresh host). The marker's `host_fault` (or",
-        "`job_fault`) evidence names the row and the line.",
+        "(`worker-host-fault`, retried on a fresh host); a weak row (`nccl-timeout`, a",
+        "consequence) decides only when no other row matches. The marker's `host_fault` (or",
+        "`job_fault`) evidence names the row and the line. The host's own evidence then",
+        "decides beside the console as the table after this one says.",
         "",
         "| signature | family | pattern | meaning | class |",
         "|---|---|---|---|---|",
@@ -513,5 +636,19 @@ def render_table() -> str:
         f"| `{sig.id}` | {sig.family} | `{_cell(sig.pattern)}` | {sig.meaning} | "
         f"{'retriable' if sig.retriable else 'fatal'} |"
         for sig in CONSOLE_SIGNATURES
+    ]
+    lines += [
+        "",
+        "The host's own evidence beside the console (CONTRACT section 8), in this order; the",
+        "first row that applies decides:",
+        "",
+        "| when | console | verdict | why |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {_cell(row.when)} | {_cell(row.console) if row.console != '*' else 'any'} | "
+        f"{'`worker-host-fault`, retriable' if row.verdict == 'host' else '`worker-failed`, fatal'}"
+        f" | {_cell(row.why)} |"
+        for row in HOST_EVIDENCE
     ]
     return "\n".join(lines)

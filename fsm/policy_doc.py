@@ -5,8 +5,8 @@ A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end 
 ``policy`` holds ``fsm.policy.render_table()``, ``exits`` holds ``fsm.exits.render_table()``,
 ``diagram`` the table drawn by ``fsm.diagram.mermaid()`` in a fenced block.
 :func:`refresh_doc` rewrites every such block a page has; ``python -m fsm.diagram --doc
-README.md --doc docs/policy.md --doc docs/contract.md`` calls it, and the tests fail when a
-committed copy is stale.
+README.md --doc docs/policy.md --doc docs/contract.md --doc deploy/README.md`` calls it,
+and the tests fail when a committed copy is stale.
 """
 
 from __future__ import annotations

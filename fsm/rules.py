@@ -20,7 +20,8 @@ from fsm import exits, table
 ANY: Final = "*"
 
 EXIT_OK: Final = exits.SUCCEEDED.code
-EXIT_FAILED: Final = exits.FAILED.code
+EXIT_FAILED: Final = exits.FAILED_FATAL.code
+EXIT_RETRIABLE: Final = exits.FAILED_RETRIABLE.code
 EXIT_UNUSABLE: Final = exits.UNUSABLE.code
 EXIT_DEADLINE: Final = exits.DEADLINE.code
 
@@ -45,16 +46,24 @@ class Rule(NamedTuple):
 
 
 def _retriable(rule_id: str, where: str, what: str) -> Rule:
-    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT)
+    return Rule(rule_id, where, what, True, table.FAILED_RETRIABLE_EVENT, EXIT_RETRIABLE)
 
 
 def _fatal(rule_id: str, where: str, what: str, *, exit_status: int = EXIT_FAILED) -> Rule:
     return Rule(rule_id, where, what, False, table.FAILED_FATAL_EVENT, exit_status)
 
 
+# The rules below repeat one shape (a name, ``_retriable``/``_fatal``, an id, a state, the
+# words) on purpose: they are the policy's data, written as literals so that a reader sees
+# every rule at once, and each is a module constant so that a handler names the rule it
+# raises (``rules.CODE_MISSING``) and mypy and a rename find every use. A loop over a table
+# of tuples would say the same with the names lost; fsm.policy orders them and renders the
+# table the docs carry.
 INTERRUPTED: Final = Rule(
-    "interrupted", ANY, "SIGTERM or SIGINT reached the runner (host stop, preemption)",
-    True, table.INTERRUPTED,
+    "interrupted", ANY,
+    "a stop signal reached the runner: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPWR or SIGXCPU "
+    "(host stop, preemption)",
+    True, table.INTERRUPTED, EXIT_RETRIABLE,
 )
 DEADLINE: Final = Rule(
     "deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",
@@ -71,9 +80,26 @@ HOST_GPU_MISSING: Final = _retriable(
 )
 HOST_GPU_UNHEALTHY: Final = _retriable(
     "host-gpu-unhealthy", ANY,
-    "a GPU reports uncorrectable ECC errors, pending page retirement or row remapping, or a "
-    "row-remapping failure (before setup), or new uncorrectable ECC errors while the worker "
-    "ran (the host watch stopped it); or nvidia-smi hung before setup",
+    "before setup, a GPU reports uncorrectable ECC errors, pending page retirement or row "
+    "remapping, or a row-remapping failure, or cannot be reached by NVML, or nvidia-smi hung; "
+    "or new uncorrectable ECC errors while the worker ran (the host watch stopped it)",
+)
+HOST_GPU_BUSY: Final = _retriable(
+    "host-gpu-busy", ANY,
+    "a GPU already holds more than 1 GiB of memory or lists a compute process the attempt did "
+    "not start (the previous tenant's leftover), before setup",
+)
+HOST_STORAGE: Final = _retriable(
+    "host-storage", ANY,
+    "a write of the runner's own (code root, scratch, payload dir, cache) failed for the "
+    "host's storage: read-only (EROFS), or full (ENOSPC, EDQUOT, no inode left) on a "
+    "filesystem already short of room when the attempt started (FLASH_STORAGE_FLOOR_BYTES)",
+)
+HOST_STORAGE_FILLED: Final = _fatal(
+    "host-storage-filled", ANY,
+    "a write of the runner's own failed for a full filesystem (ENOSPC, EDQUOT, inodes) "
+    "that had room when the attempt started: the attempt ran out of it, and a fresh host of "
+    "the same shape runs out again",
 )
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(

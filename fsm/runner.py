@@ -1,10 +1,11 @@
 """One attempt, start to finish: build the context, arm the signals and the watchdog,
 drive the machine, and say how it ended.
 
-The exit status is a fact about what was published (CONTRACT section 2): 0 or 1 only when
-the marker landed, 3 when the outcome was decided and persisted but the marker could not
-be published, 2 for an unusable payload, 124 for the deadline, and 75 when this runner
-never owned the attempt (another live runner holds its lock) and so wrote nothing.
+The exit status is a fact about what was published (CONTRACT section 2, ``fsm.exits``): 0,
+1 (fatal) or 75 (retriable) only when the marker landed, 3 when the outcome was decided and
+persisted but the marker could not be published, 2 for an unusable payload, 124 for the
+deadline, and 73 when this runner never owned the attempt (another live runner holds its
+lock) and so wrote nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from fsm import driver, exits, outcome, outlet, policy, rules, table
+from fsm import driver, exits, outcome, outlet, policy, procs, rules, table
 from fsm import interrupt as interrupts
 from fsm import log as log_config
 from fsm.budget import Budget
@@ -114,6 +115,10 @@ def run_attempt(
         started_at=time.time(),
     )
     log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
+    from fsm import storage  # the filesystems at the start: a full one is judged against them
+
+    ctx.storage_start = storage.snapshot(
+        [settings.payload_path.parent, settings.code_root, settings.scratch_dir])
     watchdog = Watchdog(ctx, exit=hard_exit, say=say or _stderr_line)
     with _signals(ctx, handle_signals):
         watchdog.start()
@@ -154,11 +159,22 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     else:
         reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
-        return _said(ctx, rule.exit_status, terminal, reason)
+        if published.persist_error is not None:  # a restart would not find it: say so
+            reason = f"{reason}; {published.persist_error}"
+        return _said(ctx, _published_status(rule, record), terminal, reason)
     code, unpublished = published.unpublished()
     if rule.exit_status == EXIT_UNUSABLE:
         code = EXIT_UNUSABLE  # the payload is what to fix first
     return _said(ctx, code, terminal, f"{unpublished}; {reason}")
+
+
+def _published_status(rule: Rule, record: dict[str, Any]) -> int:
+    """The status of a published marker: the rule's own (0, 2, 124), else its class, which
+    the marker itself states (a replayed marker of another runner version included)."""
+    if rule.exit_status not in (rules.EXIT_FAILED, rules.EXIT_RETRIABLE):
+        return rule.exit_status
+    retriable = record.get("retriable")
+    return exits.failed(retriable if isinstance(retriable, bool) else rule.retriable).code
 
 
 def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
@@ -180,16 +196,37 @@ def _said(ctx: Context, code: int, terminal: str | None, reason: str) -> Outcome
     return said
 
 
+def _on_child(_signum: int, _frame: object) -> None:
+    """SIGCHLD: nothing to do here; its byte on the wakeup descriptor wakes the supervisor,
+    which reaps the worker's orphans (``fsm.procs.reap_orphans``)."""
+
+
+def _hold_ground() -> Any:
+    """The process's hold on the host (``fsm.procs``): a child subreaper, so no descendant
+    of the worker escapes to the host's init; woken by SIGCHLD (restarting system calls),
+    so orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
+    permitted."""
+    subreaper = procs.become_subreaper()
+    previous = signal.signal(signal.SIGCHLD, _on_child)
+    signal.siginterrupt(signal.SIGCHLD, False)
+    lowered = procs.lower_own_oom_score()
+    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
+    return previous  # the SIGCHLD handler to put back
+
+
 @contextmanager
 def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set the interrupt flag (as PID 1 nothing else would catch them),
-    and whichever thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
+    """The stop signals (``fsm.interrupt.STOP_SIGNALS``) set the interrupt flag (as PID 1
+    nothing else would catch them), the ignored ones are caught and counted, and whichever
+    thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
     if not enabled:
         yield
         return
     armed = interrupts.wakeup_fd() is None
     interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
-    previous = {sig: signal.signal(sig, ctx.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, ctx.on_signal) for sig in interrupts.STOP_SIGNALS}
+    interrupts.install_ignored()
+    previous[signal.SIGCHLD] = _hold_ground()
     try:
         yield
     finally:

@@ -13,6 +13,13 @@ as its timeout. Writing to a pipe is safe inside a signal handler, where taking 
 not. Every timeout handed to the OS goes through :func:`fsm.clock.os_timeout`: ``poll`` and
 ``threading`` refuse waits of about a month (TRAPS), so a longer wait wakes and waits again.
 
+What left the group (a ``setsid`` helper, an orphan re-parented to the runner, which is a
+child subreaper) is found by the process table and the run's token (``fsm.procs``): it
+gets the group's SIGTERM, and is SIGKILLed, waited for and reaped before this returns, so
+nothing the worker started lands an upload after the marker. While the worker runs, every
+wake of the main thread (SIGCHLD wakes it) reaps the group's orphans that died, never the
+leader. Every process started here begins with ``oom_score_adj`` 1000.
+
 The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
 its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
 so ``killpg`` never reaches a stranger.
@@ -65,6 +72,7 @@ from typing import Literal, Protocol
 
 import structlog
 
+from fsm import procs
 from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.outlet import STDOUT_CAPACITY, Outlet
@@ -77,6 +85,7 @@ TAIL_BYTES = 64_000
 _CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
 _PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
 _KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
+_ESCAPEE_ROUNDS = 4  # looks for processes outside the group, each after killing those found
 _JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
 _OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buffer
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
@@ -119,6 +128,10 @@ class WorkerExit:
     console_path: Path
     console_bytes: int  # the console file's size when supervise returned, cap line included
     silent_s: float | None = None
+    #: The console file as this process holds it open (``/proc/self/fd/N``), for as long as
+    #: this object lives: what the worker deletes or replaces at ``console_path`` changes
+    #: nothing read through it. None where it could not be held.
+    console_held: Path | None = None
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
@@ -206,8 +219,14 @@ def supervise(
     log = structlog.get_logger()
     started = time.monotonic()
     console_fd = os.open(
-        console_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
+        console_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
     )
+    # Read back through this descriptor, never by the path: the worker may empty its
+    # scratch dir, and the console is the runner's evidence (issue 26).
+    held = Path(f"/proc/self/fd/{console_fd}")
+    if not held.exists():  # no /proc: the path is all there is
+        held = console_path
+    keep_open = False
     out = Outlet(out_fd, "out", capacity=_OUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
         out_fd, int) else out_fd
     waker = _Waker()
@@ -218,7 +237,8 @@ def supervise(
             reason: ExitReason = "interrupted" if interrupt.is_set() else "deadline"
             log.warning(f"{name}.not_started", reason=reason)
             _append_console(console_fd, _cap_line(reason, interrupt, name, after=b""), name)
-            return _result(reason, None, started, console_path, console_fd)
+            keep_open = True
+            return _result(reason, None, started, console_path, console_fd, held=held)
         run = _Run(
             argv,
             cwd=cwd,
@@ -231,7 +251,7 @@ def supervise(
             name=name,
         )
         log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
-        stop_ticks = _start_ticks(tail_sink, console_path, tail_interval_s, name)
+        stop_ticks = _start_ticks(tail_sink, held, tail_interval_s, name)
         try:
             watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
             reason, silent_s = _wait_and_stop(
@@ -257,7 +277,8 @@ def supervise(
             stop_ticks.set()
             run.close()
         result = _result(reason, run.proc.returncode, started, console_path, console_fd,
-                         silent_s)
+                         silent_s, held=held)
+        keep_open = True
         log.info(
             f"{name}.exited",
             reason=result.reason,
@@ -269,7 +290,8 @@ def supervise(
         return result
     finally:
         unsubscribe()
-        os.close(console_fd)
+        if not keep_open:  # else closed with the result that holds it
+            os.close(console_fd)
         if out is not None and out is not out_fd:  # this call's own: what it holds goes now
             out.close(drain_s=_OUT_DRAIN_S)
         if out is not None and out.broken:
@@ -313,6 +335,8 @@ def _wait_and_stop(
         log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid,
                     grace_s=round(max(0.0, grace_end - time.monotonic()), 3))
         _killpg(run.pid, signal.SIGTERM)
+        # Those that left the group (setsid) get the same SIGTERM, found by the process table.
+        procs.stop_all(run.escapees(), signal.SIGTERM)
 
         # The grace ends early when the leader exits, and is cut when a signal comes now.
         def over() -> bool:
@@ -335,6 +359,7 @@ def _wait_and_stop(
         log.warning(f"{run.name}.killing", pgid=run.pid, pids=survivors)
     _killpg(run.pid, signal.SIGKILL)
     kill_end = time.monotonic() + _KILL_WAIT_S
+    run.kill_escapees(kill_end)  # before the reap: the leader's pid still names the run
     if not waker.wait_until(lambda: exited() and eof(), kill_end):
         log.error(f"{run.name}.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
     run.pump.finish()
@@ -363,6 +388,9 @@ def _wait(
     exited = run.exited.is_set
 
     def ended() -> bool:
+        # Every wake (a SIGCHLD wakes the signal descriptor too) reaps the group's orphans
+        # that died meanwhile: as PID 1 or subreaper nobody else would (fsm.procs).
+        procs.reap_orphans(run.pid, run.pid)
         return exited() or interrupt.is_set()
 
     while True:
@@ -436,9 +464,12 @@ def _result(
     console_path: Path,
     console_fd: int,
     silent_s: float | None = None,
+    *,
+    held: Path | None = None,
 ) -> WorkerExit:
+    """The result; it owns ``console_fd`` from here on (closed when it is collected)."""
     sig = -returncode if returncode is not None and returncode < 0 else None
-    return WorkerExit(
+    result = WorkerExit(
         reason=reason,
         returncode=None if sig is not None else returncode,
         signal=sig,
@@ -446,7 +477,10 @@ def _result(
         console_path=console_path,
         console_bytes=os.fstat(console_fd).st_size,
         silent_s=silent_s,
+        console_held=held if held != console_path else None,
     )
+    weakref.finalize(result, _close_fds, console_fd)
+    return result
 
 
 class _Waker:
@@ -706,20 +740,23 @@ class _Run:
         name: str,
     ) -> None:
         self.name = name
+        #: Marks every process of this run, so an orphan that left the group is found.
+        self.token = procs.new_token()
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
             with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
                 fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-            self.proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=w,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+            with procs.oom_first():  # the OOM killer's first choice, and its children's
+                self.proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env={**env, procs.TOKEN_VAR: self.token},
+                    stdin=subprocess.DEVNULL,
+                    stdout=w,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except BaseException:
             os.close(r)
             raise
@@ -737,6 +774,25 @@ class _Run:
             self.close()
             raise
 
+    def escapees(self) -> list[procs.Proc]:
+        """The run's live processes outside its group (``setsid``, or orphaned and
+        re-parented to the runner): ``killpg`` does not reach them."""
+        return [p for p in procs.descendants(self.pid, self.token) if p.pgrp != self.pid]
+
+    def kill_escapees(self, until_mono: float) -> None:
+        """SIGKILL every process of the run outside its group, until none is found (an
+        escapee's children are orphaned by its death and found at the next look)."""
+        for _ in range(_ESCAPEE_ROUNDS):
+            found = self.escapees()
+            if not found:
+                return
+            structlog.get_logger().warning(f"{self.name}.escapees_killed", pgid=self.pid,
+                                           pids=[p.pid for p in found])
+            left = procs.stop_all(found, signal.SIGKILL, wait_until=until_mono)
+            if left:
+                structlog.get_logger().error(f"{self.name}.escapees_survive", pids=left)
+                return
+
     def reap(self, timeout: float | None = None) -> None:
         """Wait for the leader and collect its status (the caller forgets the group first)."""
         on_group, self._on_group = self._on_group, None
@@ -748,6 +804,7 @@ class _Run:
         """Make sure the group is dead and the leader reaped (also when unwinding)."""
         if self.proc.returncode is None:
             _killpg(self.pid, signal.SIGKILL)  # unreaped leader: the group id is still ours
+            self.kill_escapees(time.monotonic() + _KILL_WAIT_S)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.reap(_KILL_WAIT_S)
         if hasattr(self, "pump"):  # absent when the pump thread could not be started
@@ -833,17 +890,7 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
                 continue
             except OSError:
                 return _group_members(pgid)
-        poll = select.poll()
-        for fd in fds:
-            poll.register(fd, select.POLLIN)
-        pending = len(fds)
-        while pending:
-            left = until_mono - time.monotonic()
-            if left <= 0:
-                break
-            for fd, _ in poll.poll(_poll_ms(left)):
-                poll.unregister(fd)
-                pending -= 1
+        procs.await_exit(fds, until_mono)
         return _group_members(pgid) if fds else []
     finally:
         _close_fds(*fds)

@@ -1,6 +1,12 @@
 """LoadPayload: read and validate the payload, take the attempt's lock, fix the deadline,
-open the store, ask ``nvidia-smi`` about the host (and, when the payload names
-``expect_gpus``, end a short host's attempt at once, retriable).
+open the store, and ask the GPUs about the host before any setup (CONTRACT section 8):
+``nvidia-smi`` is started at the first step and its answer waited for (at most 2 s) before
+extras, code or models. A short host (fewer GPUs than the payload's ``expect_gpus``), a
+sick GPU (uncorrectable ECC errors, pages or rows pending retirement or remapping, a
+row-remapping failure, a GPU NVML cannot reach, or ``nvidia-smi`` hung) or a busy one
+(memory held or a compute process the attempt did not start) ends the attempt at once,
+retriable. The snapshot is the baseline the host watch compares with while the worker
+runs, and VerifyRemote after it died.
 
 Nothing is written for the attempt before its lock is held: a payload whose destination
 is unusable gets no marker at all, and a runner that cannot get the lock (another live
@@ -22,16 +28,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from fsm import attempt_start, marker, payload, rules, table
+from fsm import attempt_start, gpus, marker, payload, rules, storage, table
 from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError, RetriableError
-from fsm.host import PROBE_S, HostProbe
+from fsm.host import PROBE_S, HostFacts, HostProbe, facts_of
 from fsm.prefetch import Branch
 from fsm.store.base import Store
 
@@ -41,6 +48,8 @@ REPLAY_BOUND_S = 30.0
 
 
 def load_payload(ctx: Context) -> str:
+    # The GPUs are asked first, in the background: their answer is due before any setup.
+    ctx.host = HostProbe.for_attempt(ctx.environ)
     with ctx.interrupts_handled():
         raw = payload.read_raw(ctx.settings.payload_path)
         _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
@@ -66,7 +75,6 @@ def load_payload(ctx: Context) -> str:
         _take_lock(ctx, dest)
         ctx.dest = dest  # from here on this process owns the attempt and may mark it
         log_config.bind(run_id=ctx.evidence.get("run_id"), attempt=dest.attempt)
-        ctx.host = HostProbe(ctx.environ)  # in the background: its answer is evidence
         if problem is not None:
             raise problem
         assert parsed is not None
@@ -91,8 +99,10 @@ def load_payload(ctx: Context) -> str:
             raise DeadlineExceeded(spent)
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
-        if parsed.expect_gpus is not None:
-            _require_gpus(ctx.host, parsed.expect_gpus)
+        _check_host(ctx, ctx.host, parsed.expect_gpus)
+        # The cache's filesystem too (the runner measured its own dirs at its start): a
+        # full disk is judged against the room it had before setup (fsm.storage).
+        ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
     if parsed.mode == "preload":
         return table.PRELOAD_REQUESTED
     if parsed.extra_pip:
@@ -155,7 +165,11 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
     lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
     wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
-    got = lock.acquire(wait, ctx.budget)
+    try:
+        got = lock.acquire(wait, ctx.budget)
+    except OSError:  # no lock can exist here, for any runner: the marker says why (storage)
+        ctx.dest = dest
+        raise
     if got == "held":
         ctx.lock = lock  # held until the process ends (released by the runner)
         return
@@ -168,10 +182,49 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     raise AttemptBusy(f"{why}; this runner wrote nothing", ended_by=got)
 
 
-def _require_gpus(probe: HostProbe, expected: int) -> None:
+def _check_host(ctx: Context, probe: HostProbe, expected: int | None) -> None:
+    """End the attempt of a short, sick or busy host before anything is installed or
+    downloaded; keep the snapshot as the baseline of later comparisons."""
+    asked = time.monotonic()
+    snap = probe.snapshot(PROBE_S + gpus.KILL_GRACE_S)
+    waited_s = time.monotonic() - asked
+    if snap is None:  # only a snapshot thread that outlived its own bound
+        snap = gpus.Snapshot(problem="hung", detail="no answer within the bound")
+    ctx.host_start = snap
+    if snap.problem != "absent":
+        # seconds: what the snapshot took; waited_s: what of it the attempt waited for
+        # (the rest overlapped the payload, the lock and the store)
+        log.info("host.gpus", gpus=len(snap.gpus), problem=snap.problem,
+                 seconds=round(snap.seconds, 3), waited_s=round(waited_s, 3))
+    if expected is not None:
+        _require_gpus(facts_of(probe.hostname, snap), expected)
+    if snap.problem == "hung":
+        raise _unhealthy(ctx, probe.hostname, snap, gpus.Verdict(), snap.describe_problem())
+    for verdict, rule in ((gpus.unhealthy(snap), rules.HOST_GPU_UNHEALTHY),
+                          (gpus.busy(snap), rules.HOST_GPU_BUSY)):
+        if verdict:
+            raise _unhealthy(ctx, probe.hostname, snap, verdict, verdict.describe(), rule)
+
+
+def _cache_dir(ctx: Context, p: payload.Payload) -> Path:
+    """The Hugging Face cache the worker writes to."""
+    env = {**ctx.environ, **p.env}
+    cache = env.get("HF_HUB_CACHE") or env.get("HF_HOME")
+    return Path(cache) if cache else Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface"
+
+
+def _unhealthy(ctx: Context, hostname: str, snap: gpus.Snapshot, verdict: gpus.Verdict,
+               said: str, rule: rules.Rule = rules.HOST_GPU_UNHEALTHY) -> RetriableError:
+    """The marker names the GPU (index and UUID) and what nvidia-smi reported."""
+    ctx.evidence["gpu_health"] = {"findings": verdict.evidence(), "snapshot": snap.evidence()}
+    what = "busy" if rule is rules.HOST_GPU_BUSY else "unhealthy"
+    return RetriableError(
+        f"host {hostname} is {what} before setup, retry on a fresh host: {said}", rule=rule
+    )
+
+
+def _require_gpus(facts: HostFacts, expected: int) -> None:
     """End a short host's attempt before anything is installed or downloaded."""
-    facts = probe.facts(PROBE_S)
-    assert facts is not None, "the probe answers (or is hung) within PROBE_S"
     if facts.problem is None and len(facts.gpus) >= expected:
         return
     if facts.problem is None:

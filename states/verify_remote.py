@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+from pathlib import Path
 
-from fsm import gpus, rules, table
+from fsm import gpus, rules, storage, table
 from fsm.console import console_path
 from fsm.context import SIGNAL_VERIFY_S, Context
 from fsm.errors import (
@@ -35,9 +36,13 @@ from fsm.payload import Payload
 from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
 from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
+from fsm.worker_files import heartbeat_says_retriable
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"
+#: Where shared memory lives (its size is the evidence of a full /dev/shm).
+SHM = Path("/dev/shm")
+MIB = 1 << 20
 
 
 def verify_remote(ctx: Context) -> str:
@@ -80,14 +85,15 @@ def verify_remote(ctx: Context) -> str:
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=worker.get("oom_killed") is True,
         console=_console_tail(ctx),
-        gpus_changed=_gpus_changed(ctx),
         env_hides_gpus=hidden_by_env(ctx.host_start, p.env.get("CUDA_VISIBLE_DEVICES")),
+        disk_short_at_start=any(storage.came_short(fs, storage.floor(ctx.merged_env()))
+                                for fs in ctx.storage_start.values()),
+        **_gpus_since_start(ctx),
     )
     rule, match = judge_worker(facts)
     if match is not None:
-        ctx.evidence["host_fault" if match.signature.retriable else "job_fault"] = (
-            match.evidence()
-        )
+        ctx.evidence["host_fault" if rule.retriable else "job_fault"] = match.evidence()
+        _space_evidence(ctx, match.signature.id)
     error = RetriableError if rule.retriable else FatalError
     raise error(
         f"{_reason(ctx, p, rule, match, missing)}; see error_{p.phase}.txt and "
@@ -119,6 +125,8 @@ def _reason(
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
+    if match is not None and match.signature.id in ("disk-full", "shm-exhausted"):
+        return _space_reason(ctx, rule, match, exited, missing)
     if match is not None and rule is rules.WORKER_HOST_FAULT:
         sig = match.signature
         return (f"host fault, retry on a fresh host: {sig.meaning} ({sig.id}); worker "
@@ -129,6 +137,30 @@ def _reason(
                 f"console shows the job's own fault, which fails on any host: {sig.meaning} "
                 f"({sig.id}): {match.line}")
     return f"worker {exited} without completion artifacts ({missing} missing)"
+
+
+def _space_reason(
+    ctx: Context, rule: Rule, match: ConsoleMatch, exited: str, missing: str
+) -> str:
+    """A full disk or /dev/shm, with the filesystem's own figures."""
+    if match.signature.id == "shm-exhausted":
+        shm = ctx.evidence.get("shm", {})
+        size = f"{shm['total_mib']} MiB" if "total_mib" in shm else "of unknown size"
+        return (f"worker {exited} without {missing}: shared memory ran out (/dev/shm is "
+                f"{size}); that is the container's configuration (--shm-size, --ipc=host) or "
+                f"the job's own use (fewer DataLoader workers), the same on any host: "
+                f"{match.line}")
+    before = ctx.evidence.get("disk", {}).get("before_setup", [])
+    if rule.retriable:
+        was = [fs for fs in before if fs.get("short")]
+        names = ", ".join(f"{fs['mount'] or fs['path']} had {fs['free_mib']} MiB free of "
+                          f"{fs['total_mib']} MiB" for fs in was)
+        return (f"host fault, retry on a fresh host: the disk was full before the attempt "
+                f"wrote anything ({names} before setup); worker {exited} without {missing}; "
+                f"its console: {match.line}")
+    room = ", ".join(f"{fs['mount'] or fs['path']} {fs['free_mib']} MiB free" for fs in before)
+    return (f"worker {exited} without {missing}: the job filled a disk ({room or 'no figures'} "
+            f"before setup), which it would on any host of the kind: {match.line}")
 
 
 def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
@@ -146,22 +178,46 @@ def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
     )
 
 
-def _gpus_changed(ctx: Context) -> bool:
+def _gpus_since_start(ctx: Context) -> dict[str, bool]:
     """After a worker ended without its completion artifacts: the GPUs asked again, and
     compared with what they said before setup (a GPU gone or out of reach, new
-    uncorrectable ECC errors). Within the snapshot's own bound, and never more than half of
-    what verification has left; no snapshot before setup, no comparison."""
+    uncorrectable ECC errors): ``gpus_changed``, or ``gpus_fine`` when every GPU answered
+    the same. Within the snapshot's own bound, and never more than half of what
+    verification has left; no snapshot before setup, no comparison."""
     start = ctx.host_start
     if not watchable(start) or start is None:
-        return False
+        return {}
     left = ctx.begin_end().verify_budget().remaining()
     now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(gpus.SNAPSHOT_S, left / 2)))
     verdict = gpus.changed(start, now)
     if not verdict:
-        return False
+        fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)
+        return {"gpus_fine": fine}
     ctx.evidence["gpu_change"] = {"when": "after the worker ended",
                                   "findings": verdict.evidence(), "text": verdict.describe()}
-    return True
+    return {"gpus_changed": True}
+
+
+def _space_evidence(ctx: Context, signature: str) -> None:
+    """The filesystems beside a console that says a disk or /dev/shm is full."""
+    if signature == "disk-full":
+        floor = storage.floor(ctx.merged_env())
+        before = list(ctx.storage_start.values())
+        ctx.evidence["disk"] = {
+            "before_setup": [{**_space(fs), "short": storage.came_short(fs, floor)}
+                             for fs in before],
+            "now": [_space(now) for now in (storage.usage(Path(fs.path)) for fs in before)
+                    if now is not None],
+        }
+    elif signature == "shm-exhausted":
+        shm = storage.usage(SHM)
+        if shm is not None:
+            ctx.evidence["shm"] = _space(shm)
+
+
+def _space(fs: storage.Usage) -> dict[str, object]:
+    return {"path": fs.path, "mount": fs.mount, "total_mib": fs.size_bytes // MIB,
+            "free_mib": fs.free_bytes // MIB, "free_inodes": fs.free_inodes}
 
 
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
@@ -248,16 +304,11 @@ def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
     target = ctx.scratch / "heartbeat"
     try:
         local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
-        beat = json.loads(local.read_text(encoding="utf-8"))
+        return heartbeat_says_retriable(local, p.dest.attempt)  # typed strictly
     except (StoreNotFound, OSError, ValueError):
         return False
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return (
-        isinstance(beat, dict)
-        and beat.get("retriable") is True
-        and beat.get("attempt") == p.dest.attempt
-    )
 
 
 def _exit_text(ctx: Context) -> str:

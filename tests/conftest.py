@@ -89,6 +89,17 @@ def complete():
 '''
 WORKER_PRELUDE += WORKER_COMPLETION
 
+#: A worker that says it is ready, waits for the test's go, then completes.
+WAIT_FOR_GO = """
+print("ready", flush=True)
+go = SCRATCH / "go"
+for _ in range(3000):
+    if go.exists():
+        break
+    time.sleep(0.01)
+complete()
+"""
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _logs_to_stderr() -> None:

@@ -14,12 +14,12 @@ Why no init (tini) in the image, measured here:
 * Measured once by hand: the installed runner with its handlers switched off
   (``_signals(ctx, False)`` in fsm/runner.py) as PID 1 was still running 8 s after SIGTERM,
   with no marker; with them it exits 1 with the retriable marker in well under a second.
-* Orphans: grandchildren the worker orphans are re-parented to the runner. Those that exit
-  stay zombies while the attempt runs (the runner reaps its worker's process group only when
-  the worker ends), one pid each, nothing else held; when the runner exits the kernel kills
-  everything left in the namespace, including a grandchild that escaped the worker's process
-  group with setsid. One attempt per container bounds them, so an init adds nothing that
-  matters here (``test_orphans_of_the_worker_end_with_the_runner``).
+* Orphans: grandchildren the worker orphans are re-parented to the runner, which reaps them
+  as they die (SIGCHLD wakes its supervision loop, ``fsm.procs.reap_orphans``), never taking
+  the worker's own exit status; one that escaped the worker's process group with setsid is
+  found and stopped with the worker, and when the runner exits the kernel kills everything
+  left in the namespace anyway. So an init adds nothing that matters here
+  (``test_orphans_of_the_worker_end_with_the_runner``).
 * ``unshare --fork`` blocks SIGINT and SIGTERM in itself and forwards neither
   (``SigBlk: 0000000000004002`` in its /proc status, util-linux 2.38.1): signals go to its
   child, the runner, as Docker sends them to PID 1.
@@ -599,7 +599,7 @@ def test_a_sigterm_to_the_entrypoint_as_pid_1_leaves_a_retriable_marker_promptly
     os.kill(runner, signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
     elapsed = time.monotonic() - sent
-    assert proc.returncode == 1, err.decode()[-3000:]  # unshare exits with its child's status
+    assert proc.returncode == 75, err.decode()[-3000:]  # unshare exits with its child's status
     assert elapsed < 5, elapsed
     marker = box.marker()
     assert marker is not None
@@ -611,33 +611,37 @@ def test_a_sigterm_to_the_entrypoint_as_pid_1_leaves_a_retriable_marker_promptly
 
 
 def test_orphans_of_the_worker_end_with_the_runner(image: Image, box: ContainerLayout) -> None:
-    """Grandchildren orphaned to the runner (PID 1) may wait as zombies while the attempt runs,
-    and none outlives it: not even one that left the worker's process group."""
+    """Grandchildren orphaned to the runner (PID 1) are reaped as they die, not left as
+    zombies while the attempt runs, and none outlives it: not even one that left the
+    worker's process group."""
     box.write_worker(textwrap.dedent("""
         import subprocess
         # An escapee: its own session, so the supervisor's killpg never reaches it.
         escapee = subprocess.Popen(["sleep", "600"], start_new_session=True,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"escapee {escapee.pid}", flush=True)
-        # Three orphans that exit at once: sh exits before its background child.
+        # Three orphans that exit soon: each child leaves before its own child.
+        orphans = []
         for _ in range(3):
-            subprocess.run(["sh", "-c", "(sleep 0.05; exit 0) &"], check=True)
-        # Wait (bounded) until they are zombies of PID 1, then report what PID 1 holds.
-        def zombies_of_pid_1():
-            found = []
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    stat = open(f"/proc/{pid}/stat").read()
-                except OSError:
-                    continue
-                fields = stat[stat.rfind(")") + 2:].split()
-                if fields[0] == "Z" and fields[1] == "1":
-                    found.append(pid)
-            return found
+            r, w = os.pipe()
+            child = os.fork()
+            if child == 0:
+                grandchild = os.fork()
+                if grandchild == 0:
+                    time.sleep(0.05)
+                    os._exit(0)
+                os.write(w, str(grandchild).encode())
+                os._exit(0)
+            os.waitpid(child, 0)
+            orphans.append(int(os.read(r, 64)))
+        # Wait (bounded) until they are gone from /proc: reaped, not zombies of PID 1.
         give_up = time.monotonic() + 10
-        while len(zombies_of_pid_1()) < 3 and time.monotonic() < give_up:
+        while any(os.path.exists(f"/proc/{pid}") for pid in orphans):
+            if time.monotonic() > give_up:
+                break
             time.sleep(0.02)
-        print(f"zombies of pid 1: {len(zombies_of_pid_1())}", flush=True)
+        left = sum(os.path.exists(f"/proc/{pid}") for pid in orphans)
+        print(f"orphans left: {left}", flush=True)
         print("ready", flush=True)
         time.sleep(600)
     """))
@@ -645,14 +649,14 @@ def test_orphans_of_the_worker_end_with_the_runner(image: Image, box: ContainerL
     proc = start_entrypoint(image, box)
     runner = pid_1_of(proc)
     seen = read_until(proc.stdout, b"ready")
-    assert b"zombies of pid 1: 3\n" in seen  # the runner does not reap them mid-attempt
-    assert _children_states(runner).count("Z") == 3
+    assert b"orphans left: 0\n" in seen  # the runner reaps them as they die
+    assert _children_states(runner).count("Z") == 0
     found = re.search(rb"escapee (\d+)", seen)
     assert found is not None
     escapee = _host_pid(int(found.group(1)), runner)
     os.kill(runner, signal.SIGTERM)
     proc.communicate(timeout=15)
-    assert proc.returncode == 1
+    assert proc.returncode == 75
     assert not Path(f"/proc/{escapee}").exists(), "the escapee outlived the runner"
 
 

@@ -229,8 +229,10 @@ def _expected_edges(marker: dict[str, Any], event_into_mark: str, terminal: str)
             edges.add((a, b, event_into_mark))
         else:
             events = [e for e, s, d in table.TRANSITIONS if (s, d) == (a, b)]
-            stalled = marker.get("worker", {}).get("reason") == "stalled"
-            [event] = [e for e in events if (e == table.WORKER_STALLED) == stalled]
+            stopped = {"stalled": table.WORKER_STALLED, "host": table.HOST_FAILED}.get(
+                marker.get("worker", {}).get("reason"), table.WORKER_EXITED)
+            [event] = [e for e in events if e == stopped or (
+                e not in (table.WORKER_STALLED, table.HOST_FAILED, table.WORKER_EXITED))]
             edges.add((a, b, event))
     return edges
 
@@ -374,3 +376,5 @@ def test_a_stalled_workers_marker_left_train_by_worker_stalled() -> None:
     exited = diagram.attempt_of({**base, "worker": {"reason": "exited"}})
     assert (table.TRAIN, table.VERIFY_REMOTE, table.WORKER_STALLED) in stalled.edges
     assert (table.TRAIN, table.VERIFY_REMOTE, table.WORKER_EXITED) in exited.edges
+    host = diagram.attempt_of({**base, "rule": "host-gpu-lost", "worker": {"reason": "host"}})
+    assert (table.TRAIN, table.VERIFY_REMOTE, table.HOST_FAILED) in host.edges

@@ -25,7 +25,7 @@ def test_the_generated_policy_block_of_docs_policy_md_is_render_table() -> None:
     )
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/contract.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/contract.md", "deploy/README.md"])
 def test_the_exit_status_table_of_the_docs_is_the_one_in_the_code(page: str) -> None:
     """The statuses are one table in ``fsm/exits.py``; the README and the contract carry
     it generated, so they cannot drift from what the runner exits with."""

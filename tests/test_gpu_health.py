@@ -334,7 +334,8 @@ def test_the_fake_refuses_what_nvidia_smi_refuses() -> None:
 def test_the_fake_answers_hostprobe_as_the_marker_shows_it_and_a_snapshot_agrees(
     fake: FakeNvidiaSmi,
 ) -> None:
-    """Today's host evidence from the fake, and the snapshot's host_evidence, are equal."""
+    """The host evidence HostProbe gives (from one snapshot) and the snapshot's own
+    host_evidence are equal."""
     probe = HostProbe(fake.env())
     facts = probe.facts(PROBE_S)
     snap = gpus.snapshot(fake.env())
@@ -342,7 +343,8 @@ def test_the_fake_answers_hostprobe_as_the_marker_shows_it_and_a_snapshot_agrees
     assert facts is not None and facts.problem is None
     assert snap.host_evidence(os.uname().nodename) == facts.evidence()
     assert len(facts.gpus) == 8 and facts.driver == "550.54.15"
-    assert "--query-gpu=name,uuid,memory.total,driver_version" in fake.calls()[0]
+    assert {call[0].split("=")[0] for call in fake.calls()} == {
+        "--query-gpu", "--query-remapped-rows", "--query-compute-apps"}
 
 
 # --- snapshots through the fake ------------------------------------------------------------
@@ -742,3 +744,25 @@ def test_the_fake_nvidia_smi_example_of_docs_testing_md_runs_and_passes(tmp_path
 
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
+
+
+def test_a_precomputed_fake_answers_as_the_python_one_does(tmp_path: Path) -> None:
+    """The benchmarks' fake (the runner's queries answered by ``cat``) gives the snapshot
+    the Python fake gives, before and after the host changes."""
+    host = FakeHost.h100s(4)
+    host.apps.append(FakeApp(host.gpus[1].uuid, 4242, "/usr/bin/python3", 30000))
+    plain = FakeNvidiaSmi(tmp_path / "plain", host)
+    quick = FakeNvidiaSmi(tmp_path / "quick", host, precompute=list(gpus.QUERIES.values()))
+
+    def same() -> None:
+        a, b = gpus.snapshot(plain.env()), gpus.snapshot(quick.env())
+        assert (a.gpus, a.apps, a.lost, a.problem) == (b.gpus, b.apps, b.lost, b.problem)
+
+    same()
+    assert quick.calls() == []  # answered by the script alone
+    host.gpus[2].ecc_uncorrected = 3
+    host.gpus[3].unreachable = "Unknown Error"  # a failing answer: Python answers it
+    plain.set(host)
+    quick.set(host)
+    same()
+    assert quick.calls() != []

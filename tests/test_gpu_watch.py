@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from conftest import CANARY, Layout, read_until
 
 from fsm import gpus
 from fsm.gpu_watch import GpuWatch, hidden_by_env
-from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
+from fsm.testing.nvidia_smi import DRIVER_UNREACHABLE, FakeHost, FakeNvidiaSmi
 
 WATCH_S = 5.0
 
@@ -55,6 +55,19 @@ def _finish(layout: Layout, proc: subprocess.Popen[bytes], timeout: float = 60) 
 RUNS = "print('ready', flush=True)\ntime.sleep(60)\n"
 
 
+def _change_mid_run(layout: Layout, smi: FakeNvidiaSmi, worker: str,
+                    change: Callable[[FakeHost], None], **payload: Any) -> dict[str, Any]:
+    """Start the runner, wait for the worker's "ready", change the host, and return the
+    marker of the attempt."""
+    layout.write_worker(worker)
+    proc = _start(layout, smi, **payload)
+    read_until(proc.stdout, b"ready")
+    host = smi.host()
+    change(host)
+    smi.set(host)
+    return _finish(layout, proc)
+
+
 def test_a_gpu_lost_while_the_worker_runs_stops_it_retriable_naming_the_gpu(
     layout: Layout, smi: FakeNvidiaSmi
 ) -> None:
@@ -81,27 +94,21 @@ def test_a_gpu_lost_while_the_worker_runs_stops_it_retriable_naming_the_gpu(
 def test_new_uncorrectable_ecc_errors_while_the_worker_runs_are_host_gpu_unhealthy(
     layout: Layout, smi: FakeNvidiaSmi
 ) -> None:
-    layout.write_worker(RUNS)
-    proc = _start(layout, smi)
-    read_until(proc.stdout, b"ready")
-    host = smi.host()
-    host.gpus[0].ecc_uncorrected = (host.gpus[0].ecc_uncorrected or 0) + 3
-    smi.set(host)
-    marker = _finish(layout, proc)
+    def more_ecc(host: FakeHost) -> None:
+        host.gpus[0].ecc_uncorrected = (host.gpus[0].ecc_uncorrected or 0) + 3
+
+    marker = _change_mid_run(layout, smi, RUNS, more_ecc)
     assert (marker["retriable"], marker["rule"]) == (True, "host-gpu-unhealthy")
-    assert host.gpus[0].uuid in marker["error"]
+    assert smi.host().gpus[0].uuid in marker["error"]
 
 
 def test_an_nvidia_smi_that_hangs_mid_run_is_a_lost_gpu_only_after_its_bound(
     layout: Layout, smi: FakeNvidiaSmi
 ) -> None:
-    layout.write_worker(RUNS)
-    proc = _start(layout, smi)
-    read_until(proc.stdout, b"ready")
-    host = smi.host()
-    host.hang = ["*"]
-    smi.set(host)
-    marker = _finish(layout, proc)
+    def hangs(host: FakeHost) -> None:
+        host.hang = ["*"]
+
+    marker = _change_mid_run(layout, smi, RUNS, hangs)
     assert (marker["retriable"], marker["rule"]) == (True, "host-gpu-lost")
     assert "did not answer within 2s" in marker["error"]
 
@@ -125,13 +132,11 @@ def test_with_the_host_watch_off_a_gpu_lost_mid_run_does_not_stop_the_worker(
 def test_a_worker_that_completed_before_its_gpu_was_lost_succeeded(
     layout: Layout, smi: FakeNvidiaSmi
 ) -> None:
-    layout.write_worker("complete()\nprint('ready', flush=True)\ntime.sleep(60)\n")
-    proc = _start(layout, smi)
-    read_until(proc.stdout, b"ready")
-    host = smi.host()
-    host.gpus[0].unreachable = "Unknown Error"
-    smi.set(host)
-    marker = _finish(layout, proc)
+    def lose_gpu_0(host: FakeHost) -> None:
+        host.gpus[0].unreachable = "Unknown Error"
+
+    marker = _change_mid_run(
+        layout, smi, "complete()\nprint('ready', flush=True)\ntime.sleep(60)\n", lose_gpu_0)
     assert (marker["ok"], marker["rule"]) == (True, "completion-confirmed")
 
 
@@ -210,17 +215,29 @@ def test_with_unchanged_gpus_a_job_fault_stays_the_jobs(
     assert "gpu_change" not in marker
 
 
-@pytest.mark.parametrize(("visible", "rule"), [("7", "worker-failed"), (None, "worker-host-fault")],
-                         ids=["the-jobs-env-hides-every-gpu", "no-env"])
-def test_no_cuda_gpus_is_the_jobs_fault_when_its_own_env_hides_every_gpu(
-    layout: Layout, smi: FakeNvidiaSmi, visible: str | None, rule: str
+def _driver_gone(host: FakeHost) -> None:
+    host.failure = DRIVER_UNREACHABLE
+
+
+@pytest.mark.parametrize(
+    ("visible", "change", "rule"),
+    [("7", _nothing, "worker-failed"), (None, _nothing, "worker-failed"),
+     (None, _driver_gone, "worker-host-fault")],
+    ids=["the-jobs-env-hides-every-gpu", "gpus-fine-before-and-after", "driver-gone-after"])
+def test_no_cuda_gpus_is_the_hosts_fault_only_when_the_gpus_say_so(
+    layout: Layout, smi: FakeNvidiaSmi, visible: str | None, change: Any, rule: str
 ) -> None:
     """"No CUDA GPUs are available" on a 2-GPU host: with the payload's own
-    CUDA_VISIBLE_DEVICES=7 (no such GPU) it is the job's doing, fatal; without it the host's."""
+    CUDA_VISIBLE_DEVICES=7 (no such GPU) it is the job's doing, fatal; with nvidia-smi
+    listing both GPUs the same before setup and after the death, something inside the job
+    hid them (ray-project/ray#37225), fatal; with the driver gone after the death, the
+    host's."""
     extra = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    marker = _dies(layout, smi, "RuntimeError: No CUDA GPUs are available", _nothing,
+    marker = _dies(layout, smi, "RuntimeError: No CUDA GPUs are available", change,
                    env=_env(FLASH_HOST_WATCH_S="0", **extra))
     assert marker["rule"] == rule
+    if rule == "worker-failed":
+        assert marker["job_fault"]["signature"] == "cuda-no-gpus"
 
 
 # --- the pieces ------------------------------------------------------------------------------

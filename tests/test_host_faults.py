@@ -29,6 +29,7 @@ import pytest
 from conftest import CANARY, TRAIN_PATH, Layout, assert_no_secret
 
 from fsm import policy
+from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 FAMILY = {sig.id: sig.family for sig in policy.CONSOLE_SIGNATURES}
 RETRIABLE = {sig.id: sig.retriable for sig in policy.CONSOLE_SIGNATURES}
@@ -205,10 +206,6 @@ JOB_FAULTS = [
 ]
 
 
-def gpu_line(i: int) -> str:
-    return f"NVIDIA H100 80GB HBM3, GPU-6d2b0c1e-0000-0000-0000-00000000000{i}, 81559, 550.54.15"
-
-
 @pytest.fixture
 def memory_events(tmp_path: Path) -> Path:
     """A memory.events file the runner reads (FLASH_MEMORY_EVENTS): no OOM kill yet."""
@@ -248,13 +245,19 @@ def fake_smi(tmp_path: Path, script: str) -> dict[str, str]:
 
 
 def listing_smi(tmp_path: Path, gpus: int) -> dict[str, str]:
-    """A fake nvidia-smi that answers the runner's query with ``gpus`` H100s; it records
-    its arguments in ``smi.args``."""
-    lines = "\n".join(gpu_line(i) for i in range(gpus))
-    return fake_smi(
-        tmp_path,
-        f'printf "%s\\n" "$@" > {tmp_path / "smi.args"}\ncat <<"EOF"\n{lines}\nEOF\n',
-    )
+    """A fake nvidia-smi (``fsm.testing.nvidia_smi``: the real tool's query interface and
+    formats) on a host of ``gpus`` healthy, idle H100s; its calls are logged."""
+    return FakeNvidiaSmi(tmp_path / "smi", FakeHost.h100s(gpus)).env()
+
+
+def fake_uuids(gpus: int) -> list[str]:
+    return [gpu.uuid for gpu in FakeHost.h100s(gpus).gpus]
+
+
+def _calls(tmp_path: Path) -> list[list[str]]:
+    """The argument lists the runner called the fake of ``listing_smi`` with."""
+    log = (tmp_path / "smi" / "nvidia-smi-calls.jsonl").read_text().splitlines()
+    return [json.loads(line)["argv"] for line in log if line.strip()]
 
 
 def bare_path() -> str:
@@ -283,7 +286,7 @@ def assert_failed(
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
         False, retriable, rule, state
     ), stderr[-3000:]
-    assert proc.returncode == 1, stderr[-3000:]
+    assert proc.returncode == (75 if retriable else 1), stderr[-3000:]  # fsm/exits.py
     last = stderr.strip().splitlines()[-1]
     assert rule in last, last
     assert "Traceback" not in stderr  # the worker's traceback goes to stdout, not the runner's
@@ -530,16 +533,14 @@ def test_the_marker_names_the_hosts_gpus_and_driver(
     assert_failed(proc, marker, "worker-host-fault", retriable=True)
     assert marker["host"] == {
         "hostname": socket.gethostname(),
-        "gpus": [
-            {"name": "NVIDIA H100 80GB HBM3", "uuid": gpu_line(i).split(", ")[1],
-             "memory_mib": 81559}
-            for i in range(2)
-        ],
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": gpu_uuid, "memory_mib": 81559}
+                 for gpu_uuid in fake_uuids(2)],
         "driver": "550.54.15",
     }
-    args = (tmp_path / "smi.args").read_text().split()
-    assert "--query-gpu=name,uuid,memory.total,driver_version" in args
-    assert "--format=csv,noheader,nounits" in args
+    calls = _calls(tmp_path)
+    asked = {argv[0].split("=")[0] for argv in calls}
+    assert asked == {"--query-gpu", "--query-remapped-rows", "--query-compute-apps"}
+    assert all("--format=csv,noheader,nounits" in argv for argv in calls)
 
 
 def test_a_host_with_at_least_the_expected_gpus_runs_the_worker(
@@ -561,19 +562,16 @@ def test_a_driver_warning_on_stderr_does_not_hide_the_gpus(
 ) -> None:
     """nvidia-smi warns on stderr and still answers (exit 0): "WARNING: infoROM is corrupted
     at gpu ..." is an ordinary warning of a working GPU, not a failing nvidia-smi."""
-    lines = "\n".join(gpu_line(i) for i in range(2))
     warning = "WARNING: infoROM is corrupted at gpu 0000:3B:00.0"
     layout.write_worker("complete()")
     layout.write_payload(expect_gpus=2)
 
-    script = f'echo "{warning}" >&2\ncat <<"EOF"\n{lines}\nEOF\n'
-    proc, marker = run(layout, {**env, **fake_smi(tmp_path, script)})
+    host = FakeHost.h100s(2, warnings=[warning])
+    proc, marker = run(layout, {**env, **FakeNvidiaSmi(tmp_path / "smi", host).env()})
 
     assert proc.returncode == 0, marker["error"]
     assert marker["ok"] is True
-    assert [gpu["uuid"] for gpu in marker["host"]["gpus"]] == [
-        gpu_line(i).split(", ")[1] for i in range(2)
-    ]
+    assert [gpu["uuid"] for gpu in marker["host"]["gpus"]] == fake_uuids(2)
 
 
 def assert_short_host(layout: Layout, proc: subprocess.CompletedProcess[bytes],
@@ -687,19 +685,25 @@ def test_a_hung_nvidia_smi_with_expect_gpus_is_a_short_host_found_quickly(
 
 
 @pytest.mark.parametrize("how", ["exec", "child"])
-def test_a_hung_nvidia_smi_without_expect_gpus_does_not_hold_the_attempt(
+def test_a_hung_nvidia_smi_without_expect_gpus_ends_the_attempt_before_setup(
     layout: Layout, env: dict[str, str], tmp_path: Path, fake_pids: Path, how: str
 ) -> None:
-    layout.write_worker("complete()")
+    """A hung nvidia-smi is itself a host fault (CONTRACT section 8): retriable
+    host-gpu-unhealthy in LoadPayload, after its 2 s bound, before anything is installed."""
+    layout.write_worker(SENTINEL_WORKER)
     layout.write_payload()
 
+    started = time.monotonic()
     proc, marker = run(layout, {**env, **fake_smi(tmp_path, hung_smi(fake_pids, how))})
 
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-    assert marker["ok"] is True
+    assert_failed(proc, marker, "host-gpu-unhealthy", retriable=True, state="LoadPayload")
+    assert marker["path"] == ["LoadPayload", "Mark"]
+    assert not (layout.scratch / "worker-ran").exists()
+    assert not (layout.code_root / "code").exists()
     error = marker["host"]["error"]
     assert "nvidia-smi" in error and ("hung" in error or "did not answer" in error), error
-    assert marker["host"]["gpus"] == []
+    assert "did not answer within 2s" in marker["error"], marker["error"]
+    assert time.monotonic() - started < RUN_TIMEOUT_S
 
 
 @pytest.mark.parametrize("value", [0, -1, True, "8", 1.5], ids=repr)

@@ -172,13 +172,13 @@ def _setup(name: str, layout: Layout) -> dict[str, Any]:
 SCENARIOS: dict[str, tuple[int, str | None, str, str]] = {
     "train": (0, "Succeeded", "succeeded", "completion-confirmed"),
     "worker-crash": (1, "FailedFatal", "fatal", "worker-failed"),
-    "upload-lost": (1, "FailedRetriable", "retriable", "worker-upload-lost"),
+    "upload-lost": (75, "FailedRetriable", "retriable", "worker-upload-lost"),
     "deadline": (124, "FailedFatal", "fatal", "deadline"),
     "watchdog": (124, None, "fatal", "deadline"),  # the machine stays where it hung
     "payload-invalid": (2, "FailedFatal", "fatal", "payload-invalid"),
     "extras": (0, "Succeeded", "succeeded", "completion-confirmed"),
     "extras-failed": (1, "FailedFatal", "fatal", "pip-failed"),
-    "extras-network": (1, "FailedRetriable", "retriable", "pip-network"),
+    "extras-network": (75, "FailedRetriable", "retriable", "pip-network"),
     "preload": (0, "Succeeded", "succeeded", "completion-confirmed"),
     "preload-failed": (1, "FailedFatal", "fatal", "preload-model-failed"),
 }
@@ -217,9 +217,9 @@ def test_a_signal_ends_in_json_lines_and_the_outcome_says_interrupted(layout: La
     read_until(proc.stdout, b"ready")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1, err.decode()[-3000:]
+    assert proc.returncode == 75, err.decode()[-3000:]
     events, _reason = parse_stderr(err)
-    assert_told(events, end_state="FailedRetriable", exit_code=1, klass="retriable",
+    assert_told(events, end_state="FailedRetriable", exit_code=75, klass="retriable",
                 rule="interrupted")
     worker = [e for e in named(events, "worker.progress") if e["report"] == "end"]
     assert worker[0]["reason"] == "interrupted" and worker[0]["ok"] is False
@@ -410,7 +410,7 @@ HUB_SCENARIOS: dict[str, tuple[str, int, str, str, str]] = {
     # name: (worker, exit status, end state, class, rule)
     "train": ("complete()", 0, "Succeeded", "succeeded", "completion-confirmed"),
     "worker-crash": ("sys.exit(3)", 1, "FailedFatal", "fatal", "worker-failed"),
-    "store-unavailable": ("complete()", 1, "FailedRetriable", "retriable", "store-unavailable"),
+    "store-unavailable": ("complete()", 75, "FailedRetriable", "retriable", "store-unavailable"),
 }
 
 

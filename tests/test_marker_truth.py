@@ -181,7 +181,7 @@ def test_a_runner_waiting_for_the_lock_and_signalled_writes_nothing_and_says_why
     second = _waiting_second(layout)
     second.send_signal(signal.SIGTERM)
     _, err2 = second.communicate(timeout=15)
-    assert second.returncode == 75, err2.decode()[-2000:]
+    assert second.returncode == 73, err2.decode()[-2000:]
     assert "held by another live runner" in _last_line(err2)
     assert layout.marker() is None and not _result_file(layout).exists()
     (layout.scratch / "go").write_text("")
@@ -256,7 +256,7 @@ def test_a_sigterm_during_start_up_ends_in_a_retriable_marker(layout: Layout) ->
         assert time.monotonic() < give_up and proc.poll() is None, "never caught SIGTERM"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
-    assert proc.returncode == 1, err.decode()[-2000:]
+    assert proc.returncode == 75, err.decode()[-2000:]
     marker = layout.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
@@ -352,7 +352,7 @@ def test_after_sigterm_a_worker_ignoring_it_cannot_hold_the_marker_past_dockers_
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     elapsed = time.monotonic() - sent
-    assert proc.returncode == 1, err.decode()[-2000:]
+    assert proc.returncode == 75, err.decode()[-2000:]
     assert elapsed < 8, elapsed
     marker = layout.marker()
     assert marker is not None and (marker["rule"], marker["retriable"]) == ("interrupted", True)

@@ -31,6 +31,10 @@ STABLE_IDS = (
     "deadline",
     "payload-invalid",
     "host-gpu-missing",
+    "host-gpu-unhealthy",
+    "host-gpu-busy",
+    "host-storage",
+    "host-storage-filled",
     "store-auth",
     "store-refused",
     "store-unavailable",
@@ -46,6 +50,7 @@ STABLE_IDS = (
     "worker-upload-lost",
     "worker-oom-killed",
     "worker-host-fault",
+    "host-gpu-lost",
     "worker-stalled",
     "worker-stalled-again",
     "worker-failed",
@@ -142,7 +147,8 @@ def test_the_failure_exit_follows_the_rule() -> None:
 
 def test_the_exit_status_follows_the_rule() -> None:
     for r in policy.RULES:
-        expected = {rules.PAYLOAD_INVALID: 2, rules.DEADLINE: 124}.get(r, 1)
+        expected = {rules.PAYLOAD_INVALID: 2, rules.DEADLINE: 124}.get(
+            r, 75 if r.retriable else 1)  # fsm/exits.py: EX_TEMPFAIL for a retriable one
         assert r.exit_status == expected, r.id
     assert policy.SUCCESS.exit_status == 0
 

@@ -23,7 +23,8 @@ from fsm.policy import CONSOLE_SIGNATURES, CONSOLE_WINDOW_LINES, WorkerFacts
 
 WINDOW = CONSOLE_WINDOW_LINES
 BY_ID = {sig.id: sig for sig in CONSOLE_SIGNATURES}
-FAMILIES = {"gpu", "driver", "interconnect", "job"}
+FAMILIES = {"gpu", "driver", "interconnect", "job", "shm", "disk", "nccl-timeout"}
+HOST_FAMILIES = {"gpu", "driver", "interconnect"}
 
 #: Real-world lines, by the signature each must be classified to when it is alone: what
 #: torch, CUDA, NVML, NCCL and the kernel's NVRM driver print.
@@ -93,6 +94,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "cuda-driver-too-old": (
         "RuntimeError: CUDA driver version is insufficient for CUDA runtime version",
+        # vllm-project/vllm#1772; nanodet (RangiLyu/nanodet#216)
+        "RuntimeError: The NVIDIA driver on your system is too old",
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 10010). "
+        "Please update you",
+        # pytorch/pytorch#82472
+        "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=11.7, please "
+        "update your driver to a newer version, or use an earlier cuda container: unknown.",
         "CUDA error 35 [/src/cuda.cu, 42]: CUDA driver version is insufficient for CUDA "
         "runtime version",
     ),
@@ -130,6 +138,67 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "state'.",  # dcgm-304
         "This is usually caused by a system or configuration error in the Fabric Manager or "
         "NVSwitches. ",  # pytorch-177472
+    ),
+    "nccl-collective-mismatch": (
+        # NVIDIA/nccl#1176
+        "1: compute-st-p4de24xlarge-2:4827:6900 [4] bootstrap.cc:77 NCCL WARN Message "
+        "truncated : received 256 bytes instead of 4",
+    ),
+    "container-nvml-error": (
+        # pytorch/pytorch#88363
+        "nvidia-container-cli: detection error: nvml error: unknown error: unknown.",
+    ),
+    "nvml-no-devices": (
+        # pytorch/pytorch#190132
+        "No devices were found",
+    ),
+    "nccl-nvls-invalid-argument": (
+        # NVIDIA/nccl#1488, #976
+        "node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid "
+        "argument'",
+        "transport/nvls.cc:165 NCCL WARN Cuda failure 'invalid argument'",
+    ),
+    "nccl-graph-mismatch": (
+        # NVIDIA/nccl#1240
+        "Spotllm:73025:73112 [0] graph/search.cc:719 NCCL WARN XML Import Channel : dev 1 "
+        "not found.",
+    ),
+    "shm-exhausted": (
+        # parallelwavegan#314 and pytorch's DataLoader; NVIDIA/nccl#342
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by "
+        "insufficient shared memory (shm).",
+        "include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+        "nccl-shm-recv-250a7cc850ba9298-0-1-3 (size 9637888)",
+        "RuntimeError: DataLoader worker (pid 572) is killed by signal: Bus error. It is "
+        "possible that dataloader's workers are out of shared memory. Please try to raise "
+        "your shared memory limit.",
+    ),
+    "disk-full": (
+        # huggingface/diffusers#4957; databrickslabs/dolly#139 (PytorchStreamWriter)
+        "OSError: [Errno 28] No space left on device",
+        "RuntimeError: [enforce fail at inline_container.cc:471] . PytorchStreamWriter "
+        "failed writing file data/228: file write failed",
+    ),
+    "nccl-timeout": (
+        # pytorch/pytorch#141069; Lightning-AI/litdata#340
+        "[rank2]:[E ProcessGroupNCCL.cpp:563] [Rank 2] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=19, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=1800000) ran for 1800093 milliseconds before timing out.",
+        "[rank3]:[E ProcessGroupNCCL.cpp:577] [Rank 3] Some NCCL operations have failed or "
+        "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations "
+        "might run on corrupted/incomplete data.",
+    ),
+    "nccl-cuda-error": (
+        # vllm-project/vllm#7896 (a bad node, removed)
+        "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for "
+        "details) [repeated 6x across cluster]",
+    ),
+    "cuda-unknown-init": (
+        # pytorch/pytorch#88639; a JAX run's cuInit after a suspend
+        "UserWarning: CUDA initialization: CUDA unknown error - this may be due to an "
+        "incorrectly set up environment, e.g. changing env variable CUDA_VISIBLE_DEVICES "
+        "after program start. Setting the available devices to be zero.",
+        "E0513 cuda_driver.cc:268] failed call to cuInit: CUDA_ERROR_UNKNOWN: unknown error",
     ),
     "nccl-system-error": (
         "torch.distributed.DistBackendError: NCCL error in: "
@@ -213,8 +282,11 @@ NOISE = st.one_of(
 
 HOST_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if BY_ID[sid].retriable
               for line in lines]
-JOB_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if not BY_ID[sid].retriable
-             for line in lines]
+#: The job's rows that win over host rows (a weak row, a consequence, does not).
+JOB_LINES = [(sid, line) for sid, lines in EXAMPLES.items()
+             if not BY_ID[sid].retriable and not BY_ID[sid].weak for line in lines]
+WEAK_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if BY_ID[sid].weak
+              for line in lines]
 HOST = st.sampled_from(HOST_LINES)
 JOB = st.sampled_from(JOB_LINES)
 #: One line break each, however the console wrote it.
@@ -287,6 +359,10 @@ FACTS = st.builds(
     console=any_tails(),
     stalled=st.booleans(),
     stalled_before=st.booleans(),
+    gpus_changed=st.booleans(),
+    env_hides_gpus=st.booleans(),
+    gpus_fine=st.booleans(),
+    disk_short_at_start=st.booleans(),
 )
 
 
@@ -298,7 +374,7 @@ def test_the_signature_table_is_well_formed() -> None:
     assert len(ids) == len(set(ids)), "signature ids are unique"
     assert {sig.family for sig in CONSOLE_SIGNATURES} == FAMILIES
     for sig in CONSOLE_SIGNATURES:
-        assert sig.retriable is (sig.family != "job"), sig.id
+        assert sig.retriable is (sig.family in HOST_FAMILIES), sig.id
         assert sig.meaning.strip(), sig.id
         re.compile(sig.pattern)
     assert WINDOW >= 1
@@ -335,7 +411,7 @@ def test_a_healthy_nccl_start_logged_at_info_level_shows_no_fault() -> None:
 
 
 def test_every_hardware_xid_is_a_host_fault_and_the_application_xids_are_not() -> None:
-    for xid in (48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154):
+    for xid in policy.HOST_XIDS:
         line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1234, name=python, Ch 00000001"
         assert _verdict_id(line) == "nvrm-xid", xid
     for xid in (13, 31, 43, 45, 8, 480, 790):
@@ -391,24 +467,38 @@ def test_judge_worker_is_a_pure_function_of_the_facts(
     assert policy.judge_worker(facts) == first
 
 
+def _the_hosts_by_hand(console: policy.ConsoleMatch, facts: WorkerFacts) -> bool:
+    """HOST_EVIDENCE's console rows, written out again."""
+    sig = console.signature
+    if sig.id in ("cuda-no-gpus", "cuda-no-device", "cuda-unknown-init", "nvml-no-devices"):
+        return not (facts.env_hides_gpus or facts.gpus_fine)
+    if sig.id == "disk-full":
+        return facts.disk_short_at_start
+    return sig.retriable
+
+
 @given(FACTS)
 def test_judge_worker_follows_the_order_of_the_evidence(facts: WorkerFacts) -> None:
-    """Heartbeat, then lost upload, then OOM kill, then the console's verdict; for a
+    """Heartbeat, then lost upload, then OOM kill, then the GPUs' change since the start,
+    then the console's verdict with the host's evidence beside it (``HOST_EVIDENCE``); for a
     stalled worker (whose heartbeat and local metrics describe an attempt that never
-    finished): OOM kill, then the console, then the stall, fatal when it stalled before."""
+    finished): OOM kill, then the GPUs, then the console, then the stall, fatal when it
+    stalled before."""
     rule, match = policy.judge_worker(facts)
     console = policy.console_verdict(facts.console)
+    hosts = console is not None and _the_hosts_by_hand(console, facts)
     if facts.stalled:
         if facts.oom_killed:
             expected = rules.WORKER_OOM_KILLED
+        elif facts.gpus_changed:
+            expected = rules.WORKER_HOST_FAULT
         elif console is not None:
-            expected = (rules.WORKER_HOST_FAULT if console.signature.retriable
-                        else rules.WORKER_FAILED)
+            expected = rules.WORKER_HOST_FAULT if hosts else rules.WORKER_FAILED
         else:
             expected = (rules.WORKER_STALLED_AGAIN if facts.stalled_before
                         else rules.WORKER_STALLED)
         assert rule is expected
-        assert match == (console if not facts.oom_killed else None)
+        assert match == (console if not (facts.oom_killed or facts.gpus_changed) else None)
         return
     if facts.heartbeat_retriable:
         expected = rules.WORKER_HEARTBEAT_RETRIABLE
@@ -416,15 +506,32 @@ def test_judge_worker_follows_the_order_of_the_evidence(facts: WorkerFacts) -> N
         expected = rules.WORKER_UPLOAD_LOST
     elif facts.oom_killed:
         expected = rules.WORKER_OOM_KILLED
-    elif console is not None and console.signature.retriable:
+    elif facts.gpus_changed or hosts:
         expected = rules.WORKER_HOST_FAULT
     else:
         expected = rules.WORKER_FAILED
     assert rule is expected
+    if facts.gpus_changed and expected is rules.WORKER_HOST_FAULT:
+        assert match is None
+        return
     if rule in (rules.WORKER_HOST_FAULT, rules.WORKER_FAILED):
         assert match == console
     assert rule.retriable is (rule in (rules.WORKER_HEARTBEAT_RETRIABLE,
                                        rules.WORKER_UPLOAD_LOST, rules.WORKER_HOST_FAULT))
+
+
+@given(st.data())
+def test_a_weak_row_decides_only_without_a_host_row(data: st.DataObject) -> None:
+    """An NCCL watchdog's timeout beside an InfiniBand error is the link's fault; alone it
+    is the job's (HOST_EVIDENCE)."""
+    tail, _ = data.draw(host_tails())
+    weak = data.draw(st.sampled_from(WEAK_LINES))[1]
+    lines = re.split(r"\r\n|\r|\n", tail)
+    lines.insert(data.draw(st.integers(0, len(lines))), weak)
+    found = policy.console_verdict("\n".join(lines))
+    assert found is not None and found.signature.retriable
+    alone = policy.console_verdict(weak)
+    assert alone is not None and alone.signature.weak and not alone.signature.retriable
 
 
 # --- (b) the worker's own verdict wins -------------------------------------------------
@@ -452,7 +559,7 @@ def test_a_job_line_in_the_window_makes_the_console_fatal(data: st.DataObject) -
     console = "\n".join(lines)
     found = policy.console_verdict(console)
     assert found is not None
-    assert found.signature.family == "job" and not found.signature.retriable
+    assert found.signature.family not in HOST_FAMILIES and not found.signature.retriable
     assert found.line in {line.strip() for _, line in job}
     oom = data.draw(st.booleans())
     rule, match = policy.judge_worker(WorkerFacts(False, False, oom, console))

@@ -286,7 +286,8 @@ def _check_marker(run: Run) -> dict[str, Any]:
     marker = json.loads(files[case.marker_path].read_text())
     assert isinstance(marker, dict)
     assert (marker["attempt"], marker["run_id"]) == (case.attempt, case.fields["run_id"])
-    assert run.returncode == (0 if marker["ok"] is True else 1), run.stderr[-2000:]
+    expected = 0 if marker["ok"] is True else 75 if marker["retriable"] is True else 1
+    assert run.returncode == expected, run.stderr[-2000:]
     return marker
 
 

@@ -566,12 +566,14 @@ def _check_one_marker_written_last(ran: Ran) -> tuple[dict[str, Any], bool]:
 
 
 def expected_exit(marker: dict[str, Any], landed: bool, refused: bool = False) -> int:
-    """CONTRACT section 2: 0/1 (124 for the deadline) only when the marker landed; 3 when
-    the outcome was decided and persisted but the marker could not be published; 78 when
-    the store refused it for good."""
+    """CONTRACT section 2: 0, 1 (fatal) or 75 (retriable), 124 for the deadline, only when
+    the marker landed; 3 when the outcome was decided and persisted but the marker could
+    not be published; 78 when the store refused it for good."""
     if not landed:
         return 78 if refused else 3
-    return 0 if marker["ok"] else 124 if marker["rule"] == "deadline" else 1
+    if marker["ok"]:
+        return 0
+    return 124 if marker["rule"] == "deadline" else 75 if marker["retriable"] else 1
 
 
 def _check_canary_nowhere(ran: Ran) -> None:
@@ -781,7 +783,7 @@ def test_a_signal_is_retriable_even_when_the_marker_commit_carrying_the_tail_fai
     with attempt(plan) as ran:
         commits = ran.journal.marker_commits
         assert CONSOLE_PATH in commits[0]["files"] and commits[0]["fault"] == "unavailable"
-        assert commits[-1]["landed"] and ran.exit_code == 1
+        assert commits[-1]["landed"] and ran.exit_code == 75
 
 
 def test_the_deadline_is_fatal_deadline_even_when_the_marker_commit_carrying_the_tail_fails_first(

@@ -186,7 +186,7 @@ def test_an_index_that_cannot_be_reached_is_retried_then_retriable(
         extra_pip=["--index-url", f"http://127.0.0.1:{closed_port()}/simple", "flashextra"],
         env=isolated(target),
     )
-    assert outcome.exit_code == 1
+    assert outcome.exit_code == 75
     marker = layout.marker()
     assert marker is not None
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (

@@ -76,7 +76,7 @@ def test_local_metrics_without_remote_artifacts_is_a_lost_upload_and_retriable(
         "worker-upload-lost",
     )
     assert outcome.terminal == table.FAILED_RETRIABLE
-    assert outcome.exit_code == 1
+    assert outcome.exit_code == 75
 
 
 def test_metrics_without_done_is_not_a_success(layout: Layout) -> None:
@@ -190,7 +190,7 @@ def test_a_spilled_spec_missing_from_the_store_is_retriable(layout: Layout) -> N
         "spec-fetch",
         "ResolveSpec",
     )
-    assert outcome.exit_code == 1
+    assert outcome.exit_code == 75
 
 
 def test_no_inline_spec_and_no_spill_flag_is_fatal(layout: Layout) -> None:
@@ -274,7 +274,7 @@ def test_a_replayed_failure_keeps_its_class_and_exit_code(layout: Layout) -> Non
     first = layout.run()
     second = layout.run(environ={})
     assert second.context.path == ["LoadPayload", "Mark", "FailedRetriable"]
-    assert second.exit_code == first.exit_code == 1
+    assert second.exit_code == first.exit_code == 75
 
 
 def test_exactly_one_marker_is_written_and_it_is_the_last_artifact(layout: Layout) -> None:

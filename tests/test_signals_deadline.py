@@ -40,7 +40,7 @@ def test_a_signal_during_training_stops_the_worker_and_leaves_a_retriable_marker
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=15)
     elapsed = time.monotonic() - sent
-    assert proc.returncode == 1, stderr.decode()[-2000:]
+    assert proc.returncode == 75, stderr.decode()[-2000:]
     assert elapsed < 5, elapsed
     marker = layout.marker()
     assert marker is not None
@@ -66,7 +66,7 @@ def test_a_signal_while_a_store_call_hangs_still_leaves_a_retriable_marker(
     read_until(proc.stderr, b'"to": "FetchCode"')
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
-    assert proc.returncode == 1
+    assert proc.returncode == 75
     marker = layout.marker()
     assert marker is not None
     assert (marker["retriable"], marker["rule"], marker["state"]) == (
@@ -164,5 +164,5 @@ def test_a_sigterm_another_thread_catches_still_stops_the_worker_at_once(layout:
     marker = layout.marker()
     assert marker is not None
     assert (marker["rule"], marker["worker"]["reason"]) == ("interrupted", "interrupted")
-    assert outcome.exit_code == 1
+    assert outcome.exit_code == 75
     assert elapsed < 20, elapsed  # the worker sleeps 60 s: it was stopped, not waited for

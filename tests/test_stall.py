@@ -71,7 +71,7 @@ def test_a_silent_worker_is_stalled_in_minutes_and_leaves_its_stacks(layout: Lay
     started = time.monotonic()
     proc = _run(layout)
     elapsed = time.monotonic() - started
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     assert elapsed < STALL_BOUND_S, elapsed
     marker = _marker(layout)
     assert (marker["ok"], marker["retriable"], marker["rule"], marker["state"]) == (
@@ -104,7 +104,7 @@ def test_a_busy_loop_holding_the_gil_is_a_stall_and_its_stacks_show_the_loop(
         spin_forever()
     """)
     proc = _run(layout)
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     assert marker["rule"] == "worker-stalled"
     assert marker["stall"]["where"].startswith(f"spin_forever ({WORKER_FILE}:")
@@ -122,7 +122,7 @@ def test_a_hang_in_a_child_the_worker_waits_on_leaves_both_stacks(layout: Layout
         subprocess.run([sys.executable, "-c", CHILD])
     """)
     proc = _run(layout)
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     assert marker["rule"] == "worker-stalled"
     assert len(marker["stacks"]["processes"]) == 2
@@ -139,7 +139,7 @@ def test_a_stalled_worker_that_ignores_sigterm_is_killed_after_its_grace(layout:
         time.sleep(600)
     """)
     proc = _run(layout)
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     assert marker["rule"] == "worker-stalled"
     assert marker["worker"]["signal"] == "SIGKILL"
@@ -201,7 +201,7 @@ def _sampler(tmp_path: Path, body: str) -> str:
 def test_without_a_sampler_the_stacks_fall_back_to_proc(layout: Layout) -> None:
     layout.write_worker(SILENT_HANG)
     proc = _run(layout, env=_env(FLASH_PY_SPY="none"))
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     assert {p["method"] for p in marker["stacks"]["processes"]} == {"proc"}
     stacks = _stacks(layout)
@@ -215,7 +215,7 @@ def test_a_sampler_that_hangs_is_bounded_and_falls_back(layout: Layout, tmp_path
     started = time.monotonic()
     proc = _run(layout, env=_env(FLASH_PY_SPY=_sampler(tmp_path, "exec sleep 600\n")))
     elapsed = time.monotonic() - started
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     assert elapsed < STALL_S + 5 + 15, elapsed
     marker = _marker(layout)
     assert marker["rule"] == "worker-stalled"
@@ -240,7 +240,7 @@ def test_a_sampler_without_ptrace_permission_falls_back_and_says_so(
             _drops_privileges() == "setpriv" else "exec runuser -u nobody --")
     layout.write_worker(SILENT_HANG)
     proc = _run(layout, env=_env(FLASH_PY_SPY=_sampler(tmp_path, f'{drop} {real} "$@"\n')))
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     marker = _marker(layout)
     leader = marker["stacks"]["processes"][0]
     assert leader["method"] == "proc" and "permission" in leader["why"]
@@ -260,7 +260,7 @@ def test_a_stall_racing_a_sigterm_ends_in_one_retriable_marker_in_time(
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 10
-    assert proc.returncode == 1, err.decode()[-3000:]
+    assert proc.returncode == 75, err.decode()[-3000:]
     marker = _marker(layout)
     assert (marker["retriable"], marker["rule"]) == (True, "worker-stalled")
     assert marker["stacks"]["taken"] is False and "a signal came" in marker["stacks"]["why"]
@@ -283,7 +283,7 @@ def test_stalling_again_in_the_same_place_fails_the_run_and_elsewhere_retries_it
     """Attempt 0 stalls in a function; attempt 1 stalls in the same one: the job hangs
     wherever it runs, fatal worker-stalled-again. Attempt 2 stalls in another: retriable."""
     layout.write_worker(SILENT_HANG)
-    assert _run(layout).returncode == 1
+    assert _run(layout).returncode == 75
     assert _marker(layout)["rule"] == "worker-stalled"
     proc = _run(layout, attempt=1)
     assert proc.returncode == 1, proc.stderr.decode()[-3000:]
@@ -293,7 +293,7 @@ def test_stalling_again_in_the_same_place_fails_the_run_and_elsewhere_retries_it
     assert "stalled in the same place" in again["error"]
     layout.write_worker(_another("load_the_next_shard"))
     proc = _run(layout, attempt=2)
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 75, proc.stderr.decode()[-3000:]
     assert _marker(layout, 2)["rule"] == "worker-stalled"
 
 
@@ -311,7 +311,7 @@ def test_the_deadline_keeps_its_class_and_names_the_stacks_file(layout: Layout) 
 
 def test_explain_shows_the_stall_and_the_head_of_the_stacks_file(layout: Layout) -> None:
     layout.write_worker(SILENT_HANG)
-    assert _run(layout).returncode == 1
+    assert _run(layout).returncode == 75
     shown = layout.cli("explain", "--repo", "org/flash-runs", "--prefix", "sft/run-1/seed3",
                        "--attempt", "0", "--store", layout.store_url)
     assert shown.returncode == 0, shown.stderr.decode()
@@ -335,7 +335,7 @@ def test_a_stall_while_the_store_hangs_still_lands_its_marker_in_time(hub_run: A
     hub_run.server.hang("GET", r"/tree/main/sft", seconds=120, times=1)
     hub_run.server.hang("POST", r"/commit/", seconds=120, times=1)
     err = hub_run.finish(proc, timeout=90)
-    assert proc.returncode == 1, err.decode()[-3000:]
+    assert proc.returncode == 75, err.decode()[-3000:]
     marker = hub_run.marker()
     assert marker is not None and marker["rule"] == "worker-stalled"
     assert "wait_for_the_peer_that_died" in hub_run.artifact("stacks_sft.txt").read_text()

@@ -388,3 +388,46 @@ def test_an_unavailable_hub_is_one_line_exit_1(hub: LocalHubServer, hub_token: s
     proc = fsm_cli(*on_hub(hub, "status", "--timeout", "1.5"), env=env, secrets=(hub_token,))
     assert "did not answer within --timeout 1.5s" in one_line(proc, 1)
     assert time.monotonic() - started < 10
+
+
+def test_hostile_store_contents_are_skipped_and_said_never_fatal_to_the_rest(
+    layout: Layout,
+) -> None:
+    """A link out of the store's root, a 50 MB marker, NaN, and a look-alike name beside
+    good markers (issue 26 item 5): status lists every attempt, the hostile ones as
+    unreadable, --json stays JSON, and explain still explains a good one."""
+    folder = layout.store / PREFIX
+    folder.mkdir(parents=True)
+    (folder / "lambda_attempt0.json").write_text(json.dumps(marker(0)))
+    (folder / "lambda_attempt1.json").write_text(
+        '{"ok": false, "ts": NaN, "attempt": 1, "retriable": true, "error": "n"}')
+    (folder / "lambda_attempt01.json").write_text(json.dumps(marker(1, error="look-alike")))
+    (folder / "lambda_attempt2.json").symlink_to("/etc/hostname")
+    with open(folder / "lambda_attempt3.json", "wb") as big:
+        big.truncate(50 << 20)
+
+    proc = fsm_cli(*local(layout, "status"))
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    assert [(r[1], r[2]) for r in rows] == [("0", "failed"), ("1", "failed"),
+                                           ("2", "unreadable"), ("3", "unreadable")]
+    listed = json.loads(fsm_cli(*local(layout, "status", "--json")).stdout)  # valid JSON
+    assert [row["file"] for row in listed] == [f"lambda_attempt{i}.json" for i in range(4)]
+    assert listed[1]["ts"] is None  # NaN is no time
+
+    explained = fsm_cli(*local(layout, "explain", "--attempt", "0"))
+    assert explained.returncode == 0, explained.stderr
+    assert "worker exited 1; GPU fault" in explained.stdout
+    assert "look-alike" not in fsm_cli(*local(layout, "explain", "--attempt", "1")).stdout
+
+
+def test_explain_reads_a_huge_console_file_no_further_than_its_bound(layout: Layout) -> None:
+    folder = layout.store / PREFIX
+    folder.mkdir(parents=True)
+    (folder / "lambda_attempt0.json").write_text(json.dumps(marker(0)))
+    with open(folder / "console_sft.txt", "wb") as huge:
+        huge.truncate(200 << 20)
+    proc = fsm_cli(*local(layout, "explain", "--attempt", "0"))
+    assert proc.returncode == 0, proc.stderr
+    assert "larger than 4,194,304 bytes, not a file the runner wrote; not shown" in proc.stdout
+    assert len(proc.stdout) < 20_000

@@ -141,6 +141,17 @@ class Store(Protocol):
         empty when the folder does not exist."""
         ...
 
+    def list_tree(self, folder: str, limit: int) -> list[str]:
+        """The paths of the files under ``folder/`` (at any depth), relative to it, sorted:
+        one listing (paginated on the Hub), empty when the folder does not exist. It stops
+        once more than ``limit`` are found, and then returns ``limit + 1`` of them."""
+        ...
+
+    def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
+        """The content of one small file, at most ``max_bytes + 1`` bytes of it (so a longer
+        one shows as longer), without laying it out under a directory."""
+        ...
+
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         """Fetch one file to ``dest_dir/<path_in_repo>`` and return that path."""
         ...

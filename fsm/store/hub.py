@@ -590,6 +590,35 @@ class HubStore:
             return frozenset()
         return frozenset(entry.path.rsplit("/", 1)[-1] for entry in entries)
 
+    def list_tree(self, folder: str, limit: int) -> list[str]:
+        folder = folder.strip("/")
+        # Every page within one bound: the transfer's, since a big folder has many pages.
+        def listing() -> list[Entry]:
+            return self._client().tree("dataset", self.repo_id, folder, revision="main",
+                                       recursive=True, limit=limit)
+
+        try:
+            entries = self._call("list", f"{folder}/", listing, self.transfer_timeout_s)
+        except StoreNotFound:
+            return []
+        start = len(folder) + 1 if folder else 0
+        return sorted(entry.path[start:] for entry in entries)[: limit + 1]
+
+    def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
+        import tempfile  # the operator's commands only: not on a runner's start-up path
+        import uuid
+
+        # A flat name of its own in the temporary directory: no folders to make and remove.
+        dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{uuid.uuid4().hex}"
+        download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,
+                           dest, revision="main")
+        try:
+            self._call("download", path_in_repo, download, self.transfer_timeout_s)
+            with open(dest, "rb") as file:
+                return file.read(max_bytes + 1)
+        finally:
+            dest.unlink(missing_ok=True)
+
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         dest = dest_dir / path_in_repo
         download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,

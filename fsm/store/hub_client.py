@@ -89,8 +89,10 @@ class HubClient:
         return next((str(b.target_commit) for b in refs.branches if b.name == "main"), None)
 
     def tree(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
-             recursive: bool) -> list[Entry]:
-        """The files of ``folder`` (below it too when ``recursive``), every page."""
+             recursive: bool, limit: int | None = None) -> list[Entry]:
+        """The files of ``folder`` (below it too when ``recursive``), every page (with
+        ``limit``: no further page once more than that many were found; the library's
+        listing is an iterator that reads a page when it needs one)."""
         from huggingface_hub.hf_api import RepoFile
 
         items = self.api().list_repo_tree(
@@ -103,6 +105,8 @@ class HubClient:
                 sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
                 entries.append(Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
                                      str(sha) if sha else None))
+                if limit is not None and len(entries) > limit:
+                    break
         return entries
 
     def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:

@@ -120,12 +120,23 @@ class LocalStore:
                 names.add(entry.name)
         return frozenset(names)
 
-    def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
+    def list_tree(self, folder: str, limit: int) -> list[str]:
         self._check_time()
         self._root_readable()
-        source = self._checked(path_in_repo)
-        if not source.is_file():
-            raise StoreNotFound(f"local store: {path_in_repo} not found")
+        folder = folder.strip("/")
+        source = self._checked(folder)
+        if not source.is_dir():
+            return []
+        # A file that is a link is listed unchecked: reading it checks it (and refuses one
+        # that leaves the root), so one hostile entry does not hide the rest of the tree.
+        return [rel for rel, _ in self._files(source, folder, limit=limit, check_files=False)]
+
+    def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
+        with open(self._file(path_in_repo), "rb") as file:
+            return file.read(max_bytes + 1)
+
+    def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
+        source = self._file(path_in_repo)
         target = dest_dir / path_in_repo
         target.parent.mkdir(parents=True, exist_ok=True)
         _atomic_copy(source, target)
@@ -193,6 +204,15 @@ class LocalStore:
             raise ValueError(f"not a repo path: {path_in_repo!r}")
         return self.root.joinpath(*parts)
 
+    def _file(self, path_in_repo: str) -> Path:
+        """The file ``path_in_repo``, checked (in time, links), else StoreNotFound."""
+        self._check_time()
+        self._root_readable()
+        source = self._checked(path_in_repo)
+        if not source.is_file():
+            raise StoreNotFound(f"local store: {path_in_repo} not found")
+        return source
+
     def _checked(self, path_in_repo: str) -> Path:
         """The path of ``path_in_repo``, after checking every link on the way to it."""
         path = self._repo_path(path_in_repo)
@@ -209,21 +229,25 @@ class LocalStore:
         return path
 
     def _files(
-        self, top: Path, label: str, keep: Callable[[str], bool] = lambda rel: True
+        self, top: Path, label: str, keep: Callable[[str], bool] = lambda rel: True,
+        *, limit: int | None = None, check_files: bool = True,
     ) -> list[tuple[str, Path]]:
         """Everything under ``top`` that is not a folder, as (path relative to it, path), sorted.
 
         Links are checked (:func:`_check_link`) before they are followed; a linked folder
         that leads back to one of its own parents is skipped. Files ``keep`` refuses are
-        neither read nor checked.
+        neither read nor checked. With ``limit`` the walk stops once it found one more
+        than that. The store's deadline is checked at every folder. Without
+        ``check_files`` a link that is not a folder is listed unchecked.
         """
         real_root = os.path.realpath(self.root)
         found: list[tuple[str, Path]] = []
 
         def visit(directory: Path, rel: str, parents: frozenset[str]) -> None:
             real = os.path.realpath(directory)
-            if real in parents:
-                return  # a link back up the tree
+            if real in parents or (limit is not None and len(found) > limit):
+                return  # a link back up the tree, or enough found
+            self._check_time()
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda entry: entry.name)
             for entry in entries:
@@ -232,12 +256,14 @@ class LocalStore:
                 is_dir = entry.is_dir()
                 if not is_dir and not keep(child_rel):
                     continue
-                if entry.is_symlink():
+                if entry.is_symlink() and (is_dir or check_files):
                     _check_link(path, f"{label}/{child_rel}", real_root)
                 if is_dir:
                     visit(path, child_rel, parents | {real})
                 else:  # files, and anything else that reads like one
                     found.append((child_rel, path))
+                if limit is not None and len(found) > limit:
+                    return
 
         visit(top, "", frozenset())
         return found

@@ -15,7 +15,9 @@ It implements what uploads, existence checks and downloads need, on both client 
   ``404`` with ``X-Error-Code: EntryNotFound`` / ``RepoNotFound``;
 * ``GET /api/<type>s/<repo>[/revision/<rev>]``: ``sha`` and ``siblings``;
 * ``GET /api/<type>s/<repo>/refs``: the one branch, ``main``, and its commit;
-* ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``);
+* ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``),
+  in pages of 1,000 entries linked by ``Link: <...&cursor=N>; rel="next"`` as the Hub's
+  (:meth:`LocalHubServer.set_tree_page` makes them smaller);
 * ``POST /api/<type>s/<repo>/preupload/<rev>``: every file is ``regular``, so neither LFS
   nor Xet machinery is needed;
 * ``POST /api/<type>s/<repo>/commit/<rev>``: NDJSON commits with inline base64 content,
@@ -123,7 +125,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Literal
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 __all__ = ["Fault", "LocalHubServer", "Network", "Quota", "RequestRecord", "request_kind"]
 
@@ -133,6 +135,8 @@ RequestKind = Literal["api", "resolver", "commit", "other"]
 QuotaName = Literal["commits", "requests"]
 
 _CHUNK = 1 << 20
+#: Entries per page of a tree listing, as the Hub answers them.
+TREE_PAGE = 1000
 _PACE_CHUNK = 64 << 10  # the most a paced body sends at once
 _PACE_SLICE_S = 0.05  # ... and at most this long's worth of the cap, so slow caps stay smooth
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
@@ -394,6 +398,7 @@ class LocalHubServer:
         self._content_origin: str | None = None
         self._upload_modes: list[tuple[re.Pattern[str], str]] = []
         self._renamed: dict[tuple[RepoType, str], str] = {}
+        self._tree_page = TREE_PAGE
         # Admission times (monotonic) of the requests counted in the current window.
         self._admitted: dict[QuotaName, deque[float]] = {"commits": deque(), "requests": deque()}
 
@@ -594,6 +599,15 @@ class LocalHubServer:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    # --- listings -----------------------------------------------------------------------
+
+    def set_tree_page(self, size: int = 0) -> None:
+        """Answer tree listings in pages of ``size`` entries (the Hub's own: 1,000; 0 is
+        that default), each page but the last with a ``Link: <...&cursor=...>;
+        rel="next"`` header, as the Hub paginates."""
+        with self._lock:
+            self._tree_page = size if size > 0 else TREE_PAGE
 
     # --- quotas -------------------------------------------------------------------------
 
@@ -1040,7 +1054,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif op == "tree" and self.command == "GET":
                 _rev, _, sub = rest.partition("/")
                 recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
-                self._tree(repo, unquote(sub).strip("/"), recursive)
+                self._tree(repo, unquote(sub).strip("/"), recursive, query)
             elif op == "preupload" and self.command == "POST":
                 self._preupload(repo)
             elif op == "commit" and self.command == "POST":
@@ -1119,7 +1133,8 @@ class _Handler(BaseHTTPRequestHandler):
             "siblings": [{"rfilename": rel} for rel in files],
         })
 
-    def _tree(self, repo: Path, sub: str, recursive: bool) -> None:
+    def _tree(self, repo: Path, sub: str, recursive: bool,
+              query: dict[str, list[str]]) -> None:
         hub = self.server.hub
         base = repo
         if sub:
@@ -1139,7 +1154,16 @@ class _Handler(BaseHTTPRequestHandler):
             elif path.is_file():
                 entries.append({"type": "file", "oid": hub.etag(path),
                                 "size": path.stat().st_size, "path": rel})
-        self._send_json(200, entries)
+        with hub._lock:
+            size = hub._tree_page
+        cursor = query.get("cursor", ["0"])[0]
+        start = int(cursor) if cursor.isascii() and cursor.isdigit() else 0
+        page, headers = entries[start:start + size], {}
+        if start + size < len(entries):
+            following = urlencode({**{k: v[0] for k, v in query.items()},
+                                   "cursor": str(start + size)})
+            headers["Link"] = f'<{hub.url}{urlsplit(self.path).path}?{following}>; rel="next"'
+        self._send_json(200, page, headers)
 
     def _preupload(self, repo: Path) -> None:
         hub = self.server.hub

@@ -14,7 +14,7 @@ want to see how their job meets a sick, busy or vanishing GPU without owning one
         fake.set(host)                               # the next call answers from this
         assert any("--query-compute-apps" in a[0] for a in fake.calls())
 
-The executable is a two-line shell script that runs this file with the interpreter that
+The executable is a two-line shell script that imports this file with the interpreter that
 created it (``python -I -S``: the standard library only, no site packages): each call reads
 the state file afresh, so a test changes the host between two calls with :meth:`set`.
 :func:`render` is the same answer as a pure function, for tests that need no process.
@@ -463,20 +463,37 @@ class FakeNvidiaSmi:
     call is logged (``calls()``). A context manager: leaving it kills hung fakes."""
 
     def __init__(self, directory: Path, host: FakeHost | None = None, *,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable,
+                 precompute: Sequence[Sequence[str]] = ()) -> None:
+        """``precompute``: argument lists answered by the shell script itself from files
+        written at each :meth:`set` (``cat``, no Python: a fake about as cheap as the real
+        binary, for benchmarks); such calls are not logged, and a host that hangs is
+        always answered by Python."""
         self.directory = Path(directory)
         self.bindir = self.directory / "bin"
         self.bindir.mkdir(parents=True, exist_ok=True)
         self.state_path = self.directory / "nvidia-smi-state.json"
         self.calls_path = self.directory / "nvidia-smi-calls.jsonl"
+        self._precompute = [list(argv) for argv in precompute]
         self.set(host if host is not None else FakeHost.h100s(8))
         self.path = self.bindir / "nvidia-smi"
+        # The module is imported, not run as a script: its compiled form is cached, so a
+        # call costs an interpreter start and the module's imports, not a compile.
+        launch = (f"import sys; sys.path.insert(0, {os.path.dirname(MODULE)!r}); "
+                  "import nvidia_smi; sys.exit(nvidia_smi.main(sys.argv[1:]))")
+        cached = "".join(
+            f'if [ "$*" = {shlex.quote(" ".join(argv))} ] && [ -f {shlex.quote(str(ans))}.out ]'
+            f"; then cat {shlex.quote(str(ans))}.out; exit 0; fi\n"
+            for argv, ans in zip(self._precompute, self._answer_paths(), strict=True))
         self.path.write_text(
-            "#!/bin/sh\n"
-            f"exec {shlex.quote(python)} -I -S {shlex.quote(MODULE)} "
+            "#!/bin/sh\n" + cached
+            + f"exec {shlex.quote(python)} -I -S -c {shlex.quote(launch)} "
             f"--fake-state {shlex.quote(str(self.state_path))} \"$@\"\n"
         )
         self.path.chmod(0o755)
+
+    def _answer_paths(self) -> list[Path]:
+        return [self.directory / f"precomputed-{i}" for i in range(len(self._precompute))]
 
     def __enter__(self) -> FakeNvidiaSmi:
         return self
@@ -493,6 +510,15 @@ class FakeNvidiaSmi:
     def set(self, host: FakeHost) -> None:
         """Answer from ``host`` from the next call on (atomically: a call in flight reads
         the old state or the new one, never half of either)."""
+        for argv, ans in zip(self._precompute, self._answer_paths(), strict=True):
+            out = ans.with_suffix(".out")
+            answer = render(host, argv)
+            if answer.hang or answer.status != 0 or answer.stderr:
+                out.unlink(missing_ok=True)  # answered by Python, as it must be
+                continue
+            part = ans.with_suffix(".part")
+            part.write_text(answer.stdout)
+            os.replace(part, out)
         part = self.state_path.with_suffix(".part")
         part.write_text(host.to_json())
         os.replace(part, self.state_path)
@@ -509,7 +535,8 @@ class FakeNvidiaSmi:
         for entry in self._log():
             if entry.get("hang"):
                 with contextlib.suppress(OSError):
-                    if MODULE.encode() in Path(f"/proc/{entry['pid']}/cmdline").read_bytes():
+                    cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes()
+                    if str(self.state_path).encode() in cmdline:
                         os.kill(entry["pid"], signal.SIGKILL)
 
     def _log(self) -> list[dict[str, Any]]:

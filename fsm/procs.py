@@ -1,0 +1,271 @@
+"""The runner's hold on what it starts: every descendant found, orphans reaped, and the
+OOM killer pointed at the worker, never at the runner.
+
+**Subreaper.** The runner makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): a
+descendant whose parent dies is re-parented to the runner, not to the host's init, so it
+stays in reach. A child that calls ``setsid`` leaves the worker's process group, and
+``killpg`` no longer reaches it (TRAPS); it is found instead by walking the process table:
+every process whose parent chain leads to the worker's leader, and every child of the
+runner (an orphan re-parented to it) whose environment carries the run's token
+(:data:`TOKEN_VAR`, set in the environment of every supervised process), with everything
+under them. What cannot be found that way is a process that cleared its environment *and*
+was orphaned: documented (docs/workers.md).
+
+**Orphans.** Re-parented descendants are the runner's children: when they die they stay
+zombies until the runner reaps them (as PID 1 nobody else does, and under a pids limit the
+zombies count against the worker's own forks). :func:`reap_orphans` reaps the zombies of a
+worker's process group, never its leader (whose status the supervisor reads), and never a
+child the runner started itself (those are leaders of their own groups).
+
+**OOM.** A supervised process is started with ``oom_score_adj`` :data:`CHILD_OOM_SCORE_ADJ`
+(raising needs no privilege, and every descendant inherits it), and the runner lowers its
+own to :data:`RUNNER_OOM_SCORE_ADJ` where it is permitted (``CAP_SYS_RESOURCE``): an OOM in
+the container ends the worker (``worker-oom-killed`` names it), not the runner.
+
+Standard library only: the supervisor imports it while a worker starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import secrets
+import select
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+__all__ = [
+    "CHILD_OOM_SCORE_ADJ",
+    "RUNNER_OOM_SCORE_ADJ",
+    "TOKEN_VAR",
+    "Proc",
+    "await_exit",
+    "become_subreaper",
+    "descendants",
+    "lower_own_oom_score",
+    "new_token",
+    "oom_first",
+    "reap_orphans",
+    "stop_all",
+]
+
+PR_SET_CHILD_SUBREAPER = 36
+#: The environment variable whose value marks a supervised run's processes.
+TOKEN_VAR = "FLASH_PROCESS_TOKEN"
+#: The supervised processes' ``oom_score_adj``: the kernel's first choice.
+CHILD_OOM_SCORE_ADJ = 1000
+#: The runner's own, where it may lower it: killable only when nothing else is left.
+RUNNER_OOM_SCORE_ADJ = -900
+_OOM_ADJ = "/proc/self/oom_score_adj"
+
+
+class Proc(NamedTuple):
+    """A process as ``/proc/<pid>/stat`` shows it."""
+
+    pid: int
+    state: bytes
+    ppid: int
+    pgrp: int
+    start: int  # start time in clock ticks after boot: tells a reused pid from the process
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in (b"Z", b"X")
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (orphaned descendants become its children)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # not Linux, or no prctl: nothing to be had
+        return False
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def _stat(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid pgrp session tty tpgid flags 11 counters priority nice threads
+    # itreal starttime: comm may hold anything, so split after its last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return Proc(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _table() -> dict[int, Proc]:
+    procs: dict[int, Proc] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return procs
+    for name in names:
+        if name.isdigit() and (proc := _stat(int(name))) is not None:
+            procs[proc.pid] = proc
+    return procs
+
+
+def _has_token(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return (b"\0" + environ).find(needle) >= 0
+
+
+def descendants(leader: int, token: str | None) -> list[Proc]:
+    """Every live process of a run but its leader: the leader's descendants by parent
+    chain (whatever their group or session), and the runner's children that carry the
+    run's ``token`` (orphans re-parented to it), with their descendants."""
+    procs = _table()
+    me = os.getpid()
+    children: dict[int, list[int]] = {}
+    for proc in procs.values():
+        children.setdefault(proc.ppid, []).append(proc.pid)
+    roots = [leader]
+    if token is not None:
+        needle = f"\0{TOKEN_VAR}={token}\0".encode()
+        roots += [pid for pid in children.get(me, ()) if pid != leader and _has_token(pid, needle)]
+    found: dict[int, Proc] = {}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, ()):
+            if child not in found and child != leader:
+                found[child] = procs[child]
+                todo.append(child)
+        if pid != leader and pid in procs:
+            found.setdefault(pid, procs[pid])
+    return [proc for proc in found.values() if proc.alive]
+
+
+def _pidfd(proc: Proc) -> int | None:
+    """A pidfd on exactly ``proc`` (None when it is gone, or its pid now names another)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:
+        return None
+    now = _stat(proc.pid)
+    if now is None or now.start != proc.start:
+        os.close(fd)
+        return None
+    return fd
+
+
+def stop_all(procs: Iterable[Proc], sig: int, *, wait_until: float | None = None) -> list[int]:
+    """Send ``sig`` to each of ``procs`` (by pidfd: never a stranger that took a pid over);
+    with ``wait_until`` (monotonic) wait for them to be gone and reap those that are this
+    process's children. Returns the pids still alive."""
+    fds: dict[int, int] = {}
+    try:
+        for proc in procs:
+            fd = _pidfd(proc)
+            if fd is None:
+                continue
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except OSError:
+                os.close(fd)
+                continue
+            fds[fd] = proc.pid
+        if wait_until is None:
+            return list(fds.values())
+        pending = await_exit(fds, wait_until)
+        for pid in fds.values():
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # an orphan re-parented to us: no zombie left
+        return [fds[fd] for fd in pending]
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def await_exit(pidfds: Iterable[int], until_mono: float) -> set[int]:
+    """Wait (bounded, monotonic) until each pidfd turns readable, that is its process
+    exited; returns the pidfds still pending."""
+    poll = select.poll()
+    pending = set(pidfds)
+    for fd in pending:
+        poll.register(fd, select.POLLIN)
+    while pending:
+        left = until_mono - time.monotonic()
+        if left <= 0:
+            break
+        # At most a day per wait: poll refuses timeouts of about a month (TRAPS).
+        for fd, _ in poll.poll(math.ceil(min(left, 86_400.0) * 1000)):
+            poll.unregister(fd)
+            pending.discard(fd)
+    return pending
+
+
+def reap_orphans(pgid: int, leader: int) -> int:
+    """Reap the zombies of group ``pgid`` that are this process's children (orphans
+    re-parented to a PID 1 or subreaper runner), never ``leader``: its status is the
+    supervisor's to read. Looked at without reaping first, so the leader's exit is never
+    taken. Returns how many were reaped."""
+    reaped = 0
+    while True:
+        try:
+            info = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return reaped
+        if info is None or info.si_pid == leader:
+            return reaped  # nothing to reap, or the leader first: the supervisor's turn
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+            reaped += 1
+
+
+def _read_adj() -> int | None:
+    try:
+        with open(_OOM_ADJ, "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_adj(value: int) -> bool:
+    try:
+        with open(_OOM_ADJ, "wb") as f:
+            f.write(str(value).encode())
+        return True
+    except OSError:
+        return False
+
+
+def lower_own_oom_score() -> bool:
+    """Lower this process's ``oom_score_adj`` where permitted (``CAP_SYS_RESOURCE``)."""
+    current = _read_adj()
+    if current is None or current <= RUNNER_OOM_SCORE_ADJ:
+        return current is not None
+    return _write_adj(RUNNER_OOM_SCORE_ADJ)
+
+
+@contextlib.contextmanager
+def oom_first() -> Iterator[None]:
+    """Within this block, processes this one starts inherit ``oom_score_adj``
+    :data:`CHILD_OOM_SCORE_ADJ` (this process holds it meanwhile, and goes back after:
+    going back down to where it was needs no privilege, the kernel's floor being what a
+    privileged writer last set)."""
+    before = _read_adj()
+    raised = before is not None and before < CHILD_OOM_SCORE_ADJ and _write_adj(
+        CHILD_OOM_SCORE_ADJ)
+    try:
+        yield
+    finally:
+        if raised and before is not None:
+            _write_adj(before)

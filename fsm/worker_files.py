@@ -1,0 +1,69 @@
+"""What the runner reads from the worker's own files, typed as strictly as the payload.
+
+The worker writes ``heartbeat.json`` (CONTRACT section 4): ``{"stage", "ts", "attempt",
+"retriable", ...}``. Its verdict counts only when every field the runner reads has its
+type: ``attempt`` a JSON integer (``true`` is not attempt 1, ``1.0`` is not either),
+``retriable`` a JSON boolean, ``ts`` a finite number and ``stage`` text when present. A
+heartbeat that is larger than :data:`MAX_HEARTBEAT_BYTES`, not UTF-8 JSON, or not typed so
+says nothing (and the log says why).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import structlog
+
+__all__ = ["MAX_HEARTBEAT_BYTES", "heartbeat_problem", "heartbeat_says_retriable"]
+
+#: A heartbeat is a few fields: anything larger is not one.
+MAX_HEARTBEAT_BYTES = 1 << 20
+log = structlog.get_logger("fsm.worker_files")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def heartbeat_problem(beat: object, attempt: int) -> str | None:
+    """Why ``beat`` (parsed JSON) is not a well-typed heartbeat of ``attempt``, or None."""
+    if not isinstance(beat, dict):
+        return "not a JSON object"
+    number = beat.get("attempt")
+    if not _is_int(number):
+        return f"'attempt' is not an integer (got {type(number).__name__})"
+    if number != attempt:
+        return f"'attempt' is {number}, not this attempt ({attempt})"
+    if not isinstance(beat.get("retriable", False), bool):
+        return "'retriable' is not true/false"
+    ts = beat.get("ts")
+    if ts is not None and not (isinstance(ts, int | float) and not isinstance(ts, bool)
+                               and math.isfinite(ts)):
+        return "'ts' is not a finite number"
+    if not isinstance(beat.get("stage", ""), str):
+        return "'stage' is not text"
+    return None
+
+
+def heartbeat_says_retriable(path: Path, attempt: int) -> bool:
+    """Whether the heartbeat file at ``path`` is this attempt's and says ``retriable: true``."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_HEARTBEAT_BYTES + 1)
+    except OSError:
+        return False
+    if len(data) > MAX_HEARTBEAT_BYTES:
+        log.warning("heartbeat.ignored", reason=f"larger than {MAX_HEARTBEAT_BYTES} bytes")
+        return False
+    try:
+        beat = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        log.warning("heartbeat.ignored", reason="not UTF-8 JSON")
+        return False
+    problem = heartbeat_problem(beat, attempt)
+    if problem is not None:
+        log.warning("heartbeat.ignored", reason=problem)
+        return False
+    return bool(beat.get("retriable") is True)
