@@ -37,7 +37,7 @@ if sys.argv[1:2] == ["run"]:
     HostProbe.start_early(os.environ)
     from fsm import hub_import
 
-    hub_import.start()  # huggingface_hub loads while the payload is read (fsm.hub_import)
+    hub_import.start()  # huggingface_hub loads beside the runner's start (fsm.hub_import)
 
 import argparse
 import contextlib
@@ -267,9 +267,7 @@ def _run(args: argparse.Namespace) -> int:
     from fsm.context import Settings
     from fsm.runner import run_attempt
 
-    # As given (before the background import set the hub's switches in it): the worker's
-    # environment is built from it.
-    environ = hub_import.given_environ()
+    environ = dict(os.environ)  # as given: the worker's environment is built from it
     outlet.install()  # from here on the runner's own output can neither raise nor block it
     log.configure()
     log.quiet_libraries()  # this process's own: no library bars or text among the events

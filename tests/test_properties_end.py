@@ -30,9 +30,10 @@ from fsm.context import (
     VERIFY_SHARE,
     End,
 )
+from fsm.hub.library import Failure
 from fsm.interrupt import InterruptFlag
 from fsm.outcome import WATCHDOG_MARK_S
-from fsm.store.hub import _Failure, _Transient, retry_delay
+from fsm.store.hub import _Transient, retry_delay
 
 #: Mark's least window: what the end leaves it when it begins at (or past) the deadline.
 MARK_FLOOR_S = END_MIN_S * (1 - VERIFY_SHARE)
@@ -153,10 +154,10 @@ def _call(budget: Budget, clock: FakeClock, pattern: list[Try], *, bound_s: floa
         outcome = pattern[attempt - 1] if attempt <= len(pattern) else Try("hang")
         if outcome.kind == "hang" or outcome.latency > bound:
             clock.now += bound
-            raise _Transient(_Failure("retriable", "no answer", hung=True))
+            raise _Transient(Failure("retriable", "no answer", hung=True))
         clock.now += outcome.latency
         if outcome.kind == "error":
-            raise _Transient(_Failure("retriable", "HTTP 503", 503))
+            raise _Transient(Failure("retriable", "HTTP 503", 503))
         return attempt
 
     def delay(attempt: int, exc: Exception) -> float | None:

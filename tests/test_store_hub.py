@@ -290,21 +290,24 @@ def test_an_unusable_tuning_knob_is_a_payload_error(knob: str) -> None:
 
 def test_hub_settings_come_from_the_adapters_environment(tmp_path: Path) -> None:
     """In a fresh process, the HF_HUB_* settings of the environment a HubStore was given
-    are what huggingface_hub freezes at its first import; other keys (a token) are not
-    copied into the process environment."""
+    reach huggingface_hub in the agent process; other keys (a token) are copied into
+    neither process's environment, and the adapter's own process never imports the
+    library."""
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent("""
         import json, os, sys
         from fsm.clock import Deadline
+        from fsm.hub import agent
         from fsm.store.hub import HubStore
-        assert "huggingface_hub.constants" not in sys.modules
         store = HubStore("o/r", token=None, deadline=Deadline.after(60),
                          endpoint="http://127.0.0.1:9",
                          environ={"HF_HUB_ETAG_TIMEOUT": "7", "HF_TOKEN": "hf_not_copied"})
         store._client()
-        from huggingface_hub import constants
-        print(json.dumps({"etag_timeout": constants.HF_HUB_ETAG_TIMEOUT,
-                          "token_env": os.environ.get("HF_TOKEN")}))
+        held = agent.current().probe(["HF_HUB_ETAG_TIMEOUT", "HF_TOKEN"])
+        print(json.dumps({"etag_timeout": held["HF_HUB_ETAG_TIMEOUT"]["constant"],
+                          "agent_token_env": held["HF_TOKEN"]["environ"],
+                          "token_env": os.environ.get("HF_TOKEN"),
+                          "library_here": "huggingface_hub" in sys.modules}))
     """))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HF_HUB_", "HF_XET_")) and k != "HF_TOKEN"}
@@ -312,32 +315,33 @@ def test_hub_settings_come_from_the_adapters_environment(tmp_path: Path) -> None
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout.decode().splitlines()[-1]) == {
-        "etag_timeout": 7, "token_env": None}
+        "etag_timeout": 7, "agent_token_env": None, "token_env": None, "library_here": False}
 
 
-def test_hub_settings_read_after_the_background_import_are_set_in_its_constants(
+def test_hub_settings_read_after_the_library_loaded_are_set_in_its_constants(
     tmp_path: Path,
 ) -> None:
-    """The runner imports huggingface_hub before the payload is read: a payload's
-    HF_HUB_* setting the library keeps under its own name is set in its frozen constants
-    (typed as they are), HF_HUB_OFFLINE is not obeyed by the runner's calls, and a
-    setting the library has no constant for is logged as frozen."""
+    """The agent loads huggingface_hub before the payload is read: a payload's HF_HUB_*
+    setting the library keeps under its own name is set in its frozen constants (typed as
+    they are), HF_HUB_OFFLINE is not obeyed by the runner's calls, and a setting the
+    library has no constant for is logged as frozen."""
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent("""
         import json, os, sys
         import structlog
         from fsm.clock import Deadline
+        from fsm.hub import agent
         from fsm.store import hub
-        hub.import_library()  # what fsm.hub_import does from the first instruction
-        from huggingface_hub import constants
+        agent.start().ready.wait(60)  # what fsm.hub_import does from the first instruction
         with structlog.testing.capture_logs() as logs:
             store = hub.HubStore("o/r", token=None, deadline=Deadline.after(60),
                                  endpoint="http://127.0.0.1:9",
                                  environ={"HF_HUB_ETAG_TIMEOUT": "7", "HF_HUB_OFFLINE": "1",
                                           "HF_HUB_NO_SUCH_SETTING": "1"})
             store._client()
-        print(json.dumps({"etag_timeout": constants.HF_HUB_ETAG_TIMEOUT,
-                          "offline": constants.HF_HUB_OFFLINE,
+        held = agent.current().probe(["HF_HUB_ETAG_TIMEOUT", "HF_HUB_OFFLINE"])
+        print(json.dumps({"etag_timeout": held["HF_HUB_ETAG_TIMEOUT"]["constant"],
+                          "offline": held["HF_HUB_OFFLINE"]["constant"],
                           "frozen": [e.get("ignored") for e in logs
                                      if e["event"] == "store.settings_frozen"]}))
     """))

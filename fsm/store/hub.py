@@ -50,21 +50,14 @@ exception's type name only.
 from __future__ import annotations
 
 import fnmatch
-import functools
-import http.client
-import importlib.metadata
-import importlib.util
 import os
-import re
-import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import structlog
 
@@ -78,11 +71,15 @@ from fsm.errors import (
     StoreRefused,
     StoreUnavailable,
 )
+from fsm.hub import agent as hub_agent
+from fsm.hub import library
+from fsm.hub.agent import AgentClient
+from fsm.hub.client import Entry, Ignored
+from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
 from fsm.store.base import Fence, StoreStats, WarmOutcome
 from fsm.store.hf_cache import ModelCache
-from fsm.store.hub_client import Entry, HubClient, Ignored
 
 __all__ = ["DEFAULT_ENDPOINT", "HubStore", "configure_transfer"]
 
@@ -92,30 +89,24 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 _T = TypeVar("_T")
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
+_AGENT_STARTS = 2  # agent processes started for one call before the store is unavailable
 
-Accelerator = Literal["hf_transfer", "hf_xet", "none"]
-_configured: Accelerator | None = None
+#: Whether configure_transfer set the switch in this process's own environment (a test's
+#: or an embedding program's choice, which its agent inherits as it is).
+_process_configured = False
 _frozen_lock = threading.Lock()
 
 
 # --- fast transfer -------------------------------------------------------------------------
 
 
-@functools.cache
-def _hub_major() -> int | None:
-    """The installed huggingface_hub's major version, read without importing it (once: a
-    metadata lookup scans every installed distribution)."""
-    try:
-        return int(importlib.metadata.version("huggingface_hub").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return None
-
-
 def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True) -> str:
     """Switch the fast-transfer accelerator on in ``environ``; return its name.
 
-    Call it on ``os.environ`` before ``huggingface_hub`` is first imported (the hub freezes
-    its settings then); :class:`HubStore` calls it itself if nobody did. The hub line is
+    Called on ``os.environ`` (before ``huggingface_hub`` is imported: the hub freezes its
+    settings then), it decides for every agent process this one starts
+    (``fsm.store.hub_agent``, which inherits the environment); if nobody called it, each
+    agent sets the switch in its own environment by these rules. The hub line is
     detected from the installed distribution's metadata, without importing it:
 
     * 0.x with ``hf_transfer`` installed: ``HF_HUB_ENABLE_HF_TRANSFER=1`` → ``"hf_transfer"``
@@ -126,77 +117,24 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 
     Telemetry is always disabled (``HF_HUB_DISABLE_TELEMETRY=1``).
     """
-    accelerator, frozen = _switch_transfer(environ, accelerate=accelerate)
+    global _process_configured
+    accelerator, frozen = library.switch_transfer(environ, accelerate=accelerate)
+    if environ is os.environ:
+        _process_configured = True
     log.info(
         "store.transfer_accelerator",
         accelerator=accelerator,
-        hub_major=_hub_major(),
+        hub_major=library.hub_major(),
         configured_after_import=frozen,
     )
     return accelerator
-
-
-def _switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True,
-                     ) -> tuple[Accelerator, bool]:
-    """:func:`configure_transfer` without its log line (the background import runs it
-    before logging is set up): the accelerator, and whether the hub was imported already."""
-    global _configured
-    environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    major = _hub_major()
-    accelerator: Accelerator = "none"
-    frozen = "huggingface_hub.constants" in sys.modules
-    if major is not None:
-        candidate: Accelerator
-        if major == 0:
-            switch, candidate, allowed = "HF_HUB_ENABLE_HF_TRANSFER", "hf_transfer", True
-        else:
-            environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
-            disabled = environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
-            switch, candidate = "HF_XET_HIGH_PERFORMANCE", "hf_xet"
-            allowed = disabled not in ("1", "true", "yes", "on")
-        on = accelerate and allowed and importlib.util.find_spec(candidate) is not None
-        environ[switch] = "1" if on else "0"
-        accelerator = candidate if on else "none"
-        constants = sys.modules.get("huggingface_hub.constants")
-        if environ is os.environ and hasattr(constants, switch):
-            # Too late for the environment to count: set the frozen setting too (it is
-            # read from the constants module at call time).
-            setattr(constants, switch, on)
-    _configured = accelerator
-    return accelerator, frozen
-
-
-def import_library() -> None:
-    """Import what the adapter calls of ``huggingface_hub``, the transfer switch set first
-    (``fsm.hub_import`` runs this in the background from the runner's first instruction).
-    The runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
-    if _configured is None:
-        _switch_transfer(os.environ)
-    from huggingface_hub import HfApi, constants, hf_hub_download
-
-    del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
-
-    _online(constants)
-    from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
-
-    disable_progress_bars()  # the runner's stderr is JSON lines (fsm.log.quiet_libraries)
-    if (_hub_major() or 0) >= 1:  # one shared client on 1.x/2.x (0.x keeps one per thread)
-        from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
-
-        get_session()
-
-
-def _online(constants: object) -> None:
-    """The frozen offline switch off: the store is what the runner must reach."""
-    if getattr(constants, "HF_HUB_OFFLINE", False):
-        setattr(constants, "HF_HUB_OFFLINE", False)  # noqa: B010  # a module's setting
 
 
 def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
     """The settings of ``environ`` that are the hub's to decide (the rest, secrets
     included, is not ours; telemetry stays configure_transfer's, and progress bars stay
     off in the runner: its stderr is JSON lines, see ``fsm.log.quiet_libraries``)."""
-    major = _hub_major()
+    major = library.hub_major()
     return {
         key: value
         for key, value in (environ or {}).items()
@@ -211,156 +149,29 @@ def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
 _frozen_reported: set[str] = set()
 
 
-def _ensure_configured(settings: Mapping[str, str]) -> None:
-    """Transfer configured, and ``settings`` in the process environment: before the hub's
-    first import they count, after it a differing one is logged (by name) once."""
-    if _configured is None:
-        configure_transfer(os.environ)
-    wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value}
-    if not wanted:
-        return
-    constants = sys.modules.get("huggingface_hub.constants")
-    if constants is None:
-        os.environ.update(wanted)
-        return
-    # Imported already (in the background, before the payload was read): a setting the
-    # constants module holds under its own name is set there, as the import would have.
-    late = []
-    for key, value in wanted.items():
-        current = getattr(constants, key, _MISSING)
-        if current is _MISSING or not _set_constant(constants, key, current, value):
-            late.append(key)
+def _report_frozen(late: Collection[str]) -> None:
+    """Log (once per name) the settings the library could not be told any more."""
     with _frozen_lock:
-        late = sorted(set(late) - _frozen_reported)
-        _frozen_reported.update(late)
-    if late:
-        log.warning("store.settings_frozen", ignored=late,
+        fresh = sorted(set(late) - _frozen_reported)
+        _frozen_reported.update(fresh)
+    if fresh:
+        log.warning("store.settings_frozen", ignored=fresh,
                     why="huggingface_hub was imported before these settings were known")
 
 
-_MISSING = object()
+def agent_switch() -> bool:
+    """Whether an agent started now sets the transfer switch in its own environment (no:
+    this process's environment was configured already, and is the agent's as it is)."""
+    return not _process_configured
 
 
-def _set_constant(constants: object, key: str, current: object, value: str) -> bool:
-    """``constants.<key>`` set from the text ``value``, typed as it is now; False when the
-    text does not fit that type."""
-    typed: object
-    if isinstance(current, bool):
-        typed = value.strip().upper() in ("1", "ON", "YES", "TRUE")
-    elif isinstance(current, int | float):
-        try:
-            typed = type(current)(value)
-        except ValueError:
-            return False
-    elif current is None or isinstance(current, str):
-        typed = value
-    else:
-        return False
-    setattr(constants, key, typed)
-    return True
+def _new_agent() -> hub_agent.Agent:
+    """An agent process for this one, in its environment (setting the switch itself, or
+    keeping the one configure_transfer set)."""
+    return hub_agent.start(switch=agent_switch())
 
 
 # --- failure classification ----------------------------------------------------------------
-
-FailureKind = Literal["retriable", "auth", "not_found", "rejected", "unknown"]
-
-# Transport failures by (top-level module, class name) anywhere in the MRO: the libraries
-# may not be installed, so they are not imported to compare types.
-_TRANSPORT_TYPES = frozenset({
-    ("requests", "ConnectionError"),
-    ("requests", "Timeout"),
-    ("requests", "ChunkedEncodingError"),
-    ("urllib3", "ProtocolError"),
-    ("urllib3", "TimeoutError"),
-    ("urllib3", "NewConnectionError"),
-    ("httpx2", "TransportError"),
-    ("httpx", "TransportError"),
-    ("httpcore", "NetworkError"),
-    ("httpcore", "TimeoutException"),
-    ("httpcore", "RemoteProtocolError"),
-    ("socket", "gaierror"),  # a name that does not resolve (the adapter's own reads)
-    ("ssl", "SSLError"),
-})
-
-
-@dataclass(frozen=True)
-class _Failure:
-    kind: FailureKind
-    reason: str  # secret-free: "HTTP 503", "ConnectError", "no answer within 5s"
-    status: int | None = None
-    retry_after: float | None = None
-    hung: bool = False  # no answer within the try's bound
-    error_code: str | None = None  # the answer's X-Error-Code (RepoNotFound, EntryNotFound)
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything in its ``__cause__``/``__context__`` chain, nearest first."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo and len(seen) < 32:
-        current = todo.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-
-
-def _response_of(exc: BaseException) -> object | None:
-    try:
-        return getattr(exc, "response", None)
-    except Exception:  # httpx raises when a request/response was never attached
-        return None
-
-
-_RATELIMIT = re.compile(r'"[^"]*"\s*;\s*r\s*=\s*(\d+)\s*;\s*t\s*=\s*(\d+)')
-
-
-def _retry_after(response: object) -> float | None:
-    """The wait the answer asks for, if any: ``Retry-After`` (seconds or an HTTP date), else
-    the reset of an exhausted ``RateLimit`` window (``"api";r=0;t=<seconds>``, the IETF
-    draft the Hub follows; its 429 may carry no ``Retry-After`` at all)."""
-    headers = getattr(response, "headers", None)
-    try:
-        value: object = headers.get("Retry-After") if headers is not None else None
-        limit: object = headers.get("RateLimit") if headers is not None else None
-    except Exception:
-        return None
-    if (not isinstance(value, str) or not value.strip()) and isinstance(limit, str):
-        found = _RATELIMIT.search(limit)
-        if found is not None and int(found.group(1)) == 0:
-            return float(found.group(2))
-    if not isinstance(value, str) or not value.strip():
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    import email.utils
-
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _is_transport(exc: BaseException) -> bool:
-    if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
-        return True
-    if isinstance(exc, RuntimeError) and "hf_transfer" in str(exc):
-        return True  # 0.x wraps every hf_transfer failure in a RuntimeError
-    for cls in type(exc).__mro__:
-        root = cls.__module__.split(".")[0]
-        if (root, cls.__name__) in _TRANSPORT_TYPES or root == "hf_transfer":
-            return True
-    return False
-
-
-#: 4xx answers worth another try: a timeout, a conflict, too early, throttled. Any other 4xx
-#: but 401/403/404 is a refusal no try (and no rerun of the payload) can change.
-_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
-
 
 def token_problem(token: str | None) -> str | None:
     """Why ``token`` cannot be sent as a header value, or None. A Hub token is printable
@@ -388,42 +199,11 @@ def _refusal_fix(status: int | None, repo_id: str) -> str:
             f"({repo_id}), hf_prefix and HF_TOKEN")
 
 
-def _error_code(response: object) -> str | None:
-    headers = getattr(response, "headers", None)
-    try:
-        code = headers.get("X-Error-Code") if headers is not None else None
-    except Exception:
-        return None
-    return code if isinstance(code, str) else None
-
-
-def classify(exc: BaseException) -> _Failure:
-    """How a store call failed, from the exception and its cause chain."""
-    chain = list(_chain(exc))
-    for current in chain:
-        response = _response_of(current)
-        status = getattr(response, "status_code", None)
-        if not isinstance(status, int) or isinstance(status, bool):
-            continue
-        reason = f"HTTP {status}"
-        if status in (401, 403):
-            return _Failure("auth", reason, status, error_code=_error_code(response))
-        if status == 404:
-            return _Failure("not_found", reason, status)
-        if status in _TRANSIENT_4XX or status >= 500:
-            return _Failure("retriable", reason, status, _retry_after(response))
-        return _Failure("rejected", reason, status)
-    for current in chain:
-        if _is_transport(current):
-            return _Failure("retriable", type(current).__name__)
-    return _Failure("unknown", type(exc).__name__)
-
-
 # --- bounded calls -------------------------------------------------------------------------
 
 
 def retry_delay(
-    budget: Budget, attempt: int, failure: _Failure, *, base_s: float, max_s: float
+    budget: Budget, attempt: int, failure: Failure, *, base_s: float, max_s: float
 ) -> float | None:
     """The wait before the try after try ``attempt`` failed with ``failure`` (None: no
     other try). ``Retry-After`` when the store names it (and it is not past ``max_s``);
@@ -441,7 +221,7 @@ def retry_delay(
 class _Transient(Exception):
     """A failure worth another try (a timeout, a connection error, 408/429/5xx)."""
 
-    def __init__(self, failure: _Failure) -> None:
+    def __init__(self, failure: Failure) -> None:
         super().__init__(failure.reason)
         self.failure = failure
 
@@ -504,7 +284,7 @@ class HubStore:
         self._token_problem = token_problem(token)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
-        self._http: HubClient | None = None
+        self._http: AgentClient | None = None
         #: Whether the store has answered a call of this handle (then a 401 RepoNotFound is
         #: a mirror's word for a missing path, not a refused token).
         self._answered = False
@@ -722,26 +502,56 @@ class HubStore:
         return sha
 
     def _cached_offline(self, repo_id: str, cache_dir: Path, patterns: Sequence[str]) -> bool:
-        """The library's own offline probe: 1.x/2.x check the snapshot against the tree
-        listing they cached; 0.x accept any snapshot folder."""
-        self._client()
-        from huggingface_hub import snapshot_download
-
-        try:
-            snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=list(patterns),
-                              token=self._token, local_files_only=True)
-        except Exception:  # not (completely) in the cache
+        """The library's own offline probe (``snapshot_download(local_files_only=True)``):
+        1.x/2.x check the snapshot against the tree listing they cached; 0.x accept any
+        snapshot folder."""
+        probe = partial(self._client().cached_offline, repo_id, cache_dir, list(patterns))
+        call = Background(probe, "hub-cached")
+        if not self._wait(call, self.call_timeout_s):
             return False
-        return True
+        try:
+            return bool(call.result())
+        except Exception:
+            return False
 
     # --- internals ------------------------------------------------------------------------
 
-    def _client(self) -> HubClient:
-        if self._http is None:
-            _ensure_configured(self._settings)
-            import_library()  # at once when the background import has done it
-            self._http = HubClient(self.endpoint, self._token, timeout_s=self.call_timeout_s)
+    def _client(self) -> AgentClient:
+        """The client of the agent process (``fsm.store.hub_agent``), once the library is
+        loaded there: waited for within the budget (a signal ends the wait), so that no
+        try's bound covers the import. The adapter's settings are sent to each agent first.
+        """
+        if self._http is not None and self._http.alive:
+            return self._http
+        for _ in range(_AGENT_STARTS):
+            agent = hub_agent.process(_new_agent)
+            self._await(agent.ready, "waiting for huggingface_hub to load")
+            if agent.error is None:
+                break
+            if agent.alive:  # the library does not load here: no new process will load it
+                raise ImportError(f"huggingface_hub could not be loaded: {agent.error}")
+        else:
+            raise StoreUnavailable(
+                f"store {self.describe()}: the huggingface_hub process exited "
+                f"{_AGENT_STARTS} times before it was ready")
+        configure = Background(partial(agent.configure, self._settings), "hub-configure")
+        if not self._wait(configure, self.call_timeout_s):
+            raise StoreUnavailable(f"store {self.describe()}: the huggingface_hub process "
+                                   f"did not answer within {self.call_timeout_s:.3g}s")
+        _report_frozen(configure.result())
+        self._http = AgentClient(self.endpoint, self._token, timeout_s=self.call_timeout_s,
+                                 settings=self._settings, restart=_new_agent,
+                                 agent=agent)
         return self._http
+
+    def _await(self, event: threading.Event, what: str) -> None:
+        """``event`` set, waited for in slices: a signal that stops the budget ends the wait
+        (:class:`~fsm.errors.Interrupted`), and so does the deadline."""
+        while not event.wait(0.05):
+            self._check_interrupt()
+            if self.budget.expired():
+                raise DeadlineExceeded(f"store {self.describe()}: the attempt deadline "
+                                       f"passed {what}")
 
     def _wait(self, call: Background[_T], bound: float) -> bool:
         """Whether ``call`` ended within ``bound``; a signal that stops the budget ends the
@@ -819,7 +629,7 @@ class HubStore:
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
                     )
-                raise _Transient(_Failure("retriable", f"no answer within {bound:.3g}s",
+                raise _Transient(Failure("retriable", f"no answer within {bound:.3g}s",
                                           hung=True))
             try:
                 result = call.result()

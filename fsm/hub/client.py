@@ -165,6 +165,19 @@ class HubClient:
                               endpoint=self.endpoint, etag_timeout=self.timeout_s)
         return Path(got).resolve() if resolve else Path(got)
 
+    def cached_offline(self, repo_id: str, cache_dir: Path, patterns: list[str]) -> bool:
+        """Whether the model is complete in the cache at ``cache_dir`` by the library's own
+        offline probe (``snapshot_download(local_files_only=True)``: 1.x/2.x check the
+        snapshot against the tree listing they cached; 0.x accept any snapshot folder)."""
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=patterns,
+                              token=self._token, local_files_only=True)
+        except Exception:  # not (completely) in the cache
+            return False
+        return True
+
     # --- commits --------------------------------------------------------------------------
 
     def commit(self, repo_type: str, repo_id: str, files: Mapping[str, Path], *,

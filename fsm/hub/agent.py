@@ -1,0 +1,465 @@
+"""The process that makes the runner's Hub calls: ``huggingface_hub`` loaded beside the runner.
+
+Importing ``huggingface_hub`` costs a quarter to half a second of CPU (its HTTP stack:
+httpx2 and anyio on 2.x, requests and urllib3 on 0.x), and an import holds the GIL: in a
+thread of the runner it would not overlap the runner's own start, it would add to it. So
+the runner starts one Python process for the library at its first instruction
+(:func:`start`), which imports it on the other core while the runner reads its payload
+and checks the host, and every call of ``fsm.store.hub_client.HubClient`` the adapter
+makes is sent to it (:class:`AgentClient`, the same methods: ``fsm.hub.client``). The
+adapter (``fsm.store.hub``) keeps everything else: bounds, retries, the fence.
+
+The two talk over the agent's stdin and stdout in frames (a 4-byte length, a pickle of
+plain data: the runner's own types, paths, strings). The runner sends ``("call", id, key,
+method, args, kwargs)``, ``("configure", id, settings)`` and ``("probe", id, names)``
+(what the agent holds for those settings); the agent answers
+``("ready", at, seconds, error)`` once, when the library is loaded (or failed to load),
+then ``("ok", id, value)`` or ``("err", id, failure)`` per request, each call in a thread
+of its own (a folder's files are fetched several at once). A failure travels as the
+adapter's classification of the exception (``fsm.hub.library.classify``: the status, the
+asked wait, the error code, the transport type's name), never as the exception's text,
+which may hold a URL; the runner's own exceptions (a digest mismatch, files the repo's
+``.gitignore`` matched) travel as themselves. ``key`` is the endpoint, the token and the
+metadata timeout: the token reaches the agent only through the pipe, never its argv or
+environment.
+
+The agent is the runner's to stop: it ignores the signals that stop a runner (the runner
+decides, and still needs it for the marker), runs in a session of its own (a terminal's
+Ctrl-C reaches only the runner's group), and exits when its stdin closes, which is when
+the runner exits, however it exits. Should it exit early (the OOM killer), every request
+in flight fails as a connection error (the adapter retries it) and the next call starts
+another agent. Its stderr (a warning, a traceback) is passed to the runner's stderr, which
+makes each line a ``library.stderr`` event (``fsm.log.quiet_libraries``), once the runner's
+logging is set up.
+
+The agent sets the fast-transfer switch in its own environment before its import
+(``fsm.hub.library.switch_transfer``), unless the runner's environment was configured
+already (a test's choice, inherited as it is). Standard library only, on both sides until
+the library loads: :func:`start` runs at the runner's first instruction, and the agent
+loads nothing of the runner's but ``fsm.hub``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Agent", "AgentClient", "AgentGone", "current", "process", "release_output",
+           "serve", "start"]
+
+_HEADER = struct.Struct("!I")
+_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fsm package
+#: The signals that stop a runner: the agent ignores them (the runner stops it by closing
+#: its stdin, after the marker).
+_IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPWR", "SIGXCPU", "SIGUSR1",
+            "SIGUSR2", "SIGALRM", "SIGPIPE")
+_TAIL_LINES = 20  # of the agent's stderr, kept for the event that says it exited
+#: The agent's own, as the runner's (``fsm.log.QUIET_SETTINGS``; a test keeps them equal):
+#: no progress bars on a stderr that becomes the runner's events.
+QUIET_SETTINGS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+class AgentGone(ConnectionError):
+    """The agent exited with the request unanswered (a transport failure: retried)."""
+
+
+# --- frames --------------------------------------------------------------------------------
+
+
+def _write(stream: IO[bytes], message: tuple[Any, ...]) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
+    """The next frame, or None at the end of the stream."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    message = pickle.loads(data)
+    return message if isinstance(message, tuple) else None
+
+
+# --- the runner's side ---------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: tuple[Any, ...] | None = None
+
+
+class Agent:
+    """One agent process, from the runner's side."""
+
+    def __init__(self, environ: Mapping[str, str], *, switch: bool = True,
+                 hold_output: bool = False) -> None:
+        self.started_at = time.time()
+        #: When the library was loaded (epoch seconds), how long it took, and the type of
+        #: the error if it failed: set by the ``ready`` frame.
+        self.ended_at: float | None = None
+        self.import_s: float | None = None
+        self.error: str | None = None
+        #: The fast-transfer accelerator the agent switched on (None: it kept the switch
+        #: its environment gave it).
+        self.accelerator: str | None = None
+        self.ready = threading.Event()
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._alive = True
+        self._on_ready: list[Callable[[Agent], None]] = []
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._held: list[str] | None = [] if hold_output else None
+        code = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
+                f"from fsm.hub.agent import serve; serve(switch={switch!r})")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=dict(environ), start_new_session=True,
+            close_fds=True)
+        threading.Thread(target=self._replies, name="hub-agent", daemon=True).start()
+        threading.Thread(target=self._stderr, name="hub-agent-stderr", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def when_ready(self, callback: Callable[[Agent], None]) -> None:
+        """Call ``callback(self)`` once the ``ready`` frame has come (at once if it has)."""
+        with self._lock:
+            if not self.ready.is_set():
+                self._on_ready.append(callback)
+                return
+        callback(self)
+
+    def call(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any]) -> Any:
+        """``HubClient(*key).<method>(*args, **kwargs)`` in the agent; its value, or its
+        failure raised here. Unbounded: the adapter bounds the thread that waits here."""
+        return self._request("call", key, method, args, dict(kwargs))
+
+    def configure(self, settings: Mapping[str, str]) -> list[str]:
+        """The hub's settings in the agent (its environment before its import, its frozen
+        constants after); the ones the library keeps nowhere it can still be told."""
+        return list(self._request("configure", dict(settings)))
+
+    def probe(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """What the agent holds for each setting in ``names``: the library's constant of
+        that name (``constant``, absent when it has none) and its environment's value
+        (``environ``). For diagnosis, and for tests that the settings arrived."""
+        value: dict[str, dict[str, Any]] = self._request("probe", list(names))
+        return value
+
+    def stop(self) -> None:
+        """Close the agent's stdin: it exits (its calls in flight fail as connection errors)."""
+        with self._lock:
+            stdin = self._proc.stdin
+            if stdin is not None:
+                with contextlib.suppress(OSError):
+                    stdin.close()
+
+    def _request(self, kind: str, *body: Any) -> Any:
+        pending = _Pending()
+        with self._lock:
+            if not self._alive or self._proc.stdin is None:
+                raise AgentGone(self._gone())
+            ident = next(self._ids)
+            self._pending[ident] = pending
+            try:
+                _write(self._proc.stdin, (kind, ident, *body))
+            except (OSError, ValueError):
+                del self._pending[ident]
+                raise AgentGone(self._gone()) from None
+        pending.done.wait()
+        reply = pending.reply
+        if reply is None:
+            raise AgentGone(self._gone())
+        if reply[0] == "ok":
+            return reply[2]
+        raise _decode(reply[2])
+
+    def _gone(self) -> str:
+        status = self._proc.poll()
+        how = ("still running" if status is None else f"killed by signal {-status}"
+               if status < 0 else f"exit status {status}")
+        return f"the huggingface_hub process (pid {self._proc.pid}) is gone ({how})"
+
+    def _replies(self) -> None:
+        stdout = self._proc.stdout
+        assert stdout is not None
+        try:
+            while (message := _read(stdout)) is not None:
+                if message[0] == "ready":
+                    self._got_ready(message)
+                    continue
+                with self._lock:
+                    pending = self._pending.pop(message[1], None)
+                if pending is not None:
+                    pending.reply = message
+                    pending.done.set()
+        except Exception:  # a frame that does not read: the agent is of no further use
+            pass
+        finally:
+            self._ended()
+
+    def _got_ready(self, message: tuple[Any, ...]) -> None:
+        _, self.import_s, self.error, self.accelerator = message
+        self.ended_at = time.time()
+        with self._lock:
+            self.ready.set()
+            callbacks, self._on_ready = self._on_ready, []
+        for callback in callbacks:
+            callback(self)
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._alive = False
+            pending, self._pending = list(self._pending.values()), {}
+        for each in pending:
+            each.done.set()  # reply None: AgentGone
+        try:
+            self.returncode = self._proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self.returncode = self._proc.wait()
+        if not self.ready.is_set():
+            self._got_ready(("ready", None, "AgentGone", None))
+
+    def _stderr(self) -> None:
+        stderr = self._proc.stderr
+        assert stderr is not None
+        for raw in stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self._tail.append(line)
+            with self._lock:
+                held = self._held
+                if held is not None:
+                    held.append(line)
+                    continue
+            _say(line)
+
+    def release_output(self) -> None:
+        """Pass the agent's stderr on from now (the lines held so far first)."""
+        with self._lock:
+            held, self._held = self._held or [], None
+        for line in held:
+            _say(line)
+
+    @property
+    def tail(self) -> list[str]:
+        """The agent's last lines of stderr."""
+        return list(self._tail)
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)  # fsm.log makes it a library.stderr event
+
+
+_agent: Agent | None = None
+_agent_lock = threading.Lock()
+_agent_pid: int | None = None  # the process that started it (a fork starts its own)
+
+
+def start(*, switch: bool = True, hold_output: bool = False) -> Agent:
+    """The process's agent, started now if there is none (or the last one is gone), in the
+    process environment; ``switch``: it sets the transfer switch in its own."""
+    global _agent, _agent_pid
+    with _agent_lock:
+        if _agent is None or not _agent.alive or _agent_pid != os.getpid():
+            _agent = Agent(os.environ, switch=switch, hold_output=hold_output)
+            _agent_pid = os.getpid()
+        return _agent
+
+
+def process(new: Callable[[], Agent] = start) -> Agent:
+    """The running agent, or ``new()`` when there is none (or it is gone)."""
+    with _agent_lock:
+        agent = _agent if _agent_pid == os.getpid() else None
+    if agent is not None and agent.alive:
+        return agent
+    return new()
+
+
+def current() -> Agent | None:
+    """The agent this process started, if any."""
+    return _agent if _agent_pid == os.getpid() else None
+
+
+def release_output() -> None:
+    """The agent's stderr passed on from now: the runner's logging is set up."""
+    agent = current()
+    if agent is not None:
+        agent.release_output()
+
+
+class AgentClient:
+    """``fsm.store.hub_client.HubClient``'s calls, made by the agent.
+
+    Each call goes to the process's agent of the moment: after an agent exited, the next
+    call starts another, which is sent ``settings`` first."""
+
+    def __init__(self, endpoint: str, token: str | bool, *, timeout_s: float,
+                 settings: Mapping[str, str], restart: Callable[[], Agent],
+                 agent: Agent) -> None:
+        self._key = (endpoint, token, timeout_s)
+        self._settings = dict(settings)
+        self._restart = restart
+        self._agent = agent
+
+    @property
+    def alive(self) -> bool:
+        """Whether the agent this client last spoke to still runs."""
+        return self._agent.alive
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        agent = self._agent
+        if not agent.alive:
+            agent = process(self._restart)
+            if agent is not self._agent:
+                agent.ready.wait()  # in the adapter's bounded thread
+                agent.configure(self._settings)
+                self._agent = agent
+        return agent.call(self._key, method, args, kwargs)
+
+    def main_commit(self, *args: Any, **kwargs: Any) -> str | None:
+        value: str | None = self._call("main_commit", *args, **kwargs)
+        return value
+
+    def tree(self, *args: Any, **kwargs: Any) -> list[Any]:
+        value: list[Any] = self._call("tree", *args, **kwargs)
+        return value
+
+    def exists(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(self._call("exists", *args, **kwargs))
+
+    def download(self, *args: Any, **kwargs: Any) -> int:
+        return int(self._call("download", *args, **kwargs))
+
+    def warm(self, *args: Any, **kwargs: Any) -> int:
+        return int(self._call("warm", *args, **kwargs))
+
+    def commit(self, *args: Any, **kwargs: Any) -> None:
+        self._call("commit", *args, **kwargs)
+
+    def cached_offline(self, *args: Any, **kwargs: Any) -> bool:
+        return bool(self._call("cached_offline", *args, **kwargs))
+
+
+def _decode(failure: tuple[Any, ...]) -> BaseException:
+    from fsm.hub.client import ContentMismatch, Ignored
+    from fsm.hub.library import RemoteFailure
+
+    kind = failure[0]
+    if kind == "ignored":
+        return Ignored(failure[1])
+    if kind == "mismatch":
+        return ContentMismatch(failure[1])
+    if kind == "import":
+        return ImportError(f"huggingface_hub could not be loaded: {failure[1]}")
+    return RemoteFailure(failure[1], failure[2])
+
+
+# --- the agent's side ----------------------------------------------------------------------
+
+
+def serve(*, switch: bool = True) -> None:
+    """The agent's main: set the transfer switch (``switch``), load the library, say so,
+    answer requests until stdin closes."""
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)  # a library's print goes to stderr, never between the frames
+    for name in _IGNORED:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    from fsm import procs
+
+    procs.lower_own_oom_score()
+    write_lock = threading.Lock()
+
+    def reply(message: tuple[Any, ...]) -> None:
+        with write_lock:
+            _write(replies, message)
+
+    from fsm.hub import library
+
+    began = time.monotonic()
+    error: str | None = None
+    accelerator: str | None = None
+    os.environ.update(QUIET_SETTINGS)
+    try:
+        if switch:
+            accelerator = library.switch_transfer(os.environ)[0]
+        library.load_library()
+    except BaseException as exc:  # every call answers it
+        error = type(exc).__name__
+    reply(("ready", round(time.monotonic() - began, 6), error, accelerator))
+    clients: dict[tuple[Any, ...], Any] = {}
+    clients_lock = threading.Lock()
+
+    def client(key: tuple[Any, ...]) -> Any:
+        from fsm.hub.client import HubClient
+
+        with clients_lock:
+            found = clients.get(key)
+            if found is None:
+                endpoint, token, timeout_s = key
+                found = clients[key] = HubClient(endpoint, token, timeout_s=timeout_s)
+            return found
+
+    def run(message: tuple[Any, ...]) -> None:
+        kind, ident = message[0], message[1]
+        try:
+            if error is not None:
+                reply(("err", ident, ("import", error)))
+                return
+            if kind == "configure":
+                value: Any = library.apply_settings(message[2])
+            elif kind == "probe":
+                value = library.probe(message[2])
+            else:
+                _, _, key, method, args, kwargs = message
+                value = getattr(client(key), method)(*args, **kwargs)
+            reply(("ok", ident, value))
+        except Exception as exc:
+            reply(("err", ident, _encode(exc)))
+
+    while (message := _read(requests)) is not None:
+        threading.Thread(target=run, args=(message,), daemon=True).start()
+    os._exit(0)  # the runner has gone: calls still in flight are of no use to anyone
+
+
+def _encode(exc: Exception) -> tuple[Any, ...]:
+    from fsm.hub.client import ContentMismatch, Ignored
+    from fsm.hub.library import classify
+
+    if isinstance(exc, Ignored):
+        return ("ignored", sorted(exc.paths))
+    if isinstance(exc, ContentMismatch):
+        return ("mismatch", str(exc))
+    return ("failure", classify(exc), type(exc).__name__)

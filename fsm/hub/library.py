@@ -1,0 +1,311 @@
+"""What the Hub adapter needs of ``huggingface_hub`` itself: loading it, its settings, and
+reading its failures. Standard library only at import: the agent process
+(``fsm.hub.agent``) imports this before the library, and the runner's side reads the
+classifications it sends.
+
+* The fast-transfer switch (:func:`switch_transfer`), set in a process's environment
+  before the library's import: the library freezes its settings then.
+* :func:`load_library`: the import, once the switch is set; ``HF_HUB_OFFLINE`` is never
+  obeyed by the runner's calls (it is the worker's setting).
+* :func:`apply_settings`: the payload's ``HF_HUB_*``/``HF_XET_*`` settings, read after the
+  import, set in the frozen constants where the library keeps them under their own names.
+* :func:`classify`: how a call failed, from the exception and its cause chain (the
+  transport types differ between the hub lines): retriable (connection errors, timeouts,
+  408/409/425/429, 5xx, with the wait the answer asks for), auth (401/403), not found
+  (404), rejected (any other 4xx), or unknown.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.client
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Accelerator", "Failure", "FailureKind", "RemoteFailure", "apply_settings",
+           "classify", "hub_major", "load_library", "switch_transfer"]
+
+Accelerator = Literal["hf_transfer", "hf_xet", "none"]
+#: The accelerator the last switch decided (None: no switch set in this process yet).
+configured: Accelerator | None = None
+
+
+@functools.cache
+def hub_major() -> int | None:
+    """The installed huggingface_hub's major version, read without importing it (once: a
+    metadata lookup scans every installed distribution)."""
+    try:
+        return int(importlib.metadata.version("huggingface_hub").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = True,
+                     ) -> tuple[Accelerator, bool]:
+    """Switch the fast-transfer accelerator on in ``environ`` (``accelerate=False``: off);
+    return its name, and whether the hub was imported already (then the setting cannot
+    count; in this process's own environment it is set in the frozen constants too).
+
+    * 0.x with ``hf_transfer`` installed: ``HF_HUB_ENABLE_HF_TRANSFER=1`` → ``"hf_transfer"``
+      (parallel ranged GETs for files over 50 MiB);
+    * 1.x/2.x with ``hf_xet`` (and Xet not disabled): ``HF_XET_HIGH_PERFORMANCE=1`` →
+      ``"hf_xet"`` (1.x/2.x ignore ``HF_HUB_ENABLE_HF_TRANSFER``);
+    * otherwise: ``"none"``.
+
+    Telemetry is always disabled (``HF_HUB_DISABLE_TELEMETRY=1``). The hub line is read
+    from the installed distribution's metadata, without importing it."""
+    global configured
+    environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    major = hub_major()
+    accelerator: Accelerator = "none"
+    frozen = "huggingface_hub.constants" in sys.modules
+    if major is not None:
+        candidate: Accelerator
+        if major == 0:
+            switch, candidate, allowed = "HF_HUB_ENABLE_HF_TRANSFER", "hf_transfer", True
+        else:
+            environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
+            disabled = environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
+            switch, candidate = "HF_XET_HIGH_PERFORMANCE", "hf_xet"
+            allowed = disabled not in ("1", "true", "yes", "on")
+        on = accelerate and allowed and importlib.util.find_spec(candidate) is not None
+        environ[switch] = "1" if on else "0"
+        accelerator = candidate if on else "none"
+        constants = sys.modules.get("huggingface_hub.constants")
+        if environ is os.environ and hasattr(constants, switch):
+            # Too late for the environment to count: set the frozen setting too (it is
+            # read from the constants module at call time).
+            setattr(constants, switch, on)
+    configured = accelerator
+    return accelerator, frozen
+
+
+def load_library() -> None:
+    """Import what the adapter calls of ``huggingface_hub`` (in the agent process,
+    ``fsm.hub.agent``, whose environment holds the transfer switch by then). The
+    runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
+    from huggingface_hub import HfApi, constants, hf_hub_download
+
+    del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
+
+    _online(constants)
+    from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
+
+    disable_progress_bars()  # the agent's stderr reaches the runner's JSON lines
+    if (hub_major() or 0) >= 1:  # one shared client on 1.x/2.x (0.x keeps one per thread)
+        from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
+
+        get_session()
+
+
+def _online(constants: object) -> None:
+    """The frozen offline switch off: the store is what the runner must reach."""
+    if getattr(constants, "HF_HUB_OFFLINE", False):
+        setattr(constants, "HF_HUB_OFFLINE", False)  # noqa: B010  # a module's setting
+
+
+def apply_settings(settings: Mapping[str, str]) -> list[str]:
+    """``settings`` in this process (the agent's): into the environment when
+    ``huggingface_hub`` is not imported yet; after it, a setting its constants module holds
+    under its own name is set there, as the import would have. Returns the others (by
+    name): the library read them at its import, and they cannot count now."""
+    wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value}
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
+        os.environ.update(wanted)
+        return []
+    late = []
+    for key, value in wanted.items():
+        current = getattr(constants, key, _MISSING)
+        if current is _MISSING or not _set_constant(constants, key, current, value):
+            late.append(key)
+    return sorted(late)
+
+
+_MISSING = object()
+
+
+def probe(names: list[str]) -> dict[str, dict[str, object]]:
+    """For each setting in ``names``: the library's constant of that name (when it has
+    one; plain values only) and this process's environment's value."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    found: dict[str, dict[str, object]] = {}
+    for name in names:
+        entry: dict[str, object] = {"environ": os.environ.get(name)}
+        value = getattr(constants, name, _MISSING)
+        if value is None or isinstance(value, str | int | float | bool):
+            entry["constant"] = value
+        found[name] = entry
+    return found
+
+
+def _set_constant(constants: object, key: str, current: object, value: str) -> bool:
+    """``constants.<key>`` set from the text ``value``, typed as it is now; False when the
+    text does not fit that type."""
+    typed: object
+    if isinstance(current, bool):
+        typed = value.strip().upper() in ("1", "ON", "YES", "TRUE")
+    elif isinstance(current, int | float):
+        try:
+            typed = type(current)(value)
+        except ValueError:
+            return False
+    elif current is None or isinstance(current, str):
+        typed = value
+    else:
+        return False
+    setattr(constants, key, typed)
+    return True
+
+
+FailureKind = Literal["retriable", "auth", "not_found", "rejected", "unknown"]
+
+# Transport failures by (top-level module, class name) anywhere in the MRO: the libraries
+# may not be installed, so they are not imported to compare types.
+_TRANSPORT_TYPES = frozenset({
+    ("requests", "ConnectionError"),
+    ("requests", "Timeout"),
+    ("requests", "ChunkedEncodingError"),
+    ("urllib3", "ProtocolError"),
+    ("urllib3", "TimeoutError"),
+    ("urllib3", "NewConnectionError"),
+    ("httpx2", "TransportError"),
+    ("httpx", "TransportError"),
+    ("httpcore", "NetworkError"),
+    ("httpcore", "TimeoutException"),
+    ("httpcore", "RemoteProtocolError"),
+    ("socket", "gaierror"),  # a name that does not resolve (the adapter's own reads)
+    ("ssl", "SSLError"),
+})
+
+
+class RemoteFailure(Exception):
+    """A call that failed in the agent process, as :func:`classify` read it there (the
+    exception itself stays there: its text may hold a URL)."""
+
+    def __init__(self, failure: Failure, type_name: str) -> None:
+        super().__init__(f"{type_name} in huggingface_hub")
+        self.failure = failure
+        self.type_name = type_name
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    reason: str  # secret-free: "HTTP 503", "ConnectError", "no answer within 5s"
+    status: int | None = None
+    retry_after: float | None = None
+    hung: bool = False  # no answer within the try's bound
+    error_code: str | None = None  # the answer's X-Error-Code (RepoNotFound, EntryNotFound)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything in its ``__cause__``/``__context__`` chain, nearest first."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
+def _response_of(exc: BaseException) -> object | None:
+    try:
+        return getattr(exc, "response", None)
+    except Exception:  # httpx raises when a request/response was never attached
+        return None
+
+
+_RATELIMIT = re.compile(r'"[^"]*"\s*;\s*r\s*=\s*(\d+)\s*;\s*t\s*=\s*(\d+)')
+
+
+def _retry_after(response: object) -> float | None:
+    """The wait the answer asks for, if any: ``Retry-After`` (seconds or an HTTP date), else
+    the reset of an exhausted ``RateLimit`` window (``"api";r=0;t=<seconds>``, the IETF
+    draft the Hub follows; its 429 may carry no ``Retry-After`` at all)."""
+    headers = getattr(response, "headers", None)
+    try:
+        value: object = headers.get("Retry-After") if headers is not None else None
+        limit: object = headers.get("RateLimit") if headers is not None else None
+    except Exception:
+        return None
+    if (not isinstance(value, str) or not value.strip()) and isinstance(limit, str):
+        found = _RATELIMIT.search(limit)
+        if found is not None and int(found.group(1)) == 0:
+            return float(found.group(2))
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    import email.utils
+
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _is_transport(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
+        return True
+    if isinstance(exc, RuntimeError) and "hf_transfer" in str(exc):
+        return True  # 0.x wraps every hf_transfer failure in a RuntimeError
+    for cls in type(exc).__mro__:
+        root = cls.__module__.split(".")[0]
+        if (root, cls.__name__) in _TRANSPORT_TYPES or root == "hf_transfer":
+            return True
+    return False
+
+
+#: 4xx answers worth another try: a timeout, a conflict, too early, throttled. Any other 4xx
+#: but 401/403/404 is a refusal no try (and no rerun of the payload) can change.
+_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+
+
+def _error_code(response: object) -> str | None:
+    headers = getattr(response, "headers", None)
+    try:
+        code = headers.get("X-Error-Code") if headers is not None else None
+    except Exception:
+        return None
+    return code if isinstance(code, str) else None
+
+
+def classify(exc: BaseException) -> Failure:
+    """How a store call failed, from the exception and its cause chain (a call of the agent
+    process was classified there)."""
+    if isinstance(exc, RemoteFailure):
+        return exc.failure
+    chain = list(_chain(exc))
+    for current in chain:
+        response = _response_of(current)
+        status = getattr(response, "status_code", None)
+        if not isinstance(status, int) or isinstance(status, bool):
+            continue
+        reason = f"HTTP {status}"
+        if status in (401, 403):
+            return Failure("auth", reason, status, error_code=_error_code(response))
+        if status == 404:
+            return Failure("not_found", reason, status)
+        if status in _TRANSIENT_4XX or status >= 500:
+            return Failure("retriable", reason, status, _retry_after(response))
+        return Failure("rejected", reason, status)
+    for current in chain:
+        if _is_transport(current):
+            return Failure("retriable", type(current).__name__)
+    return Failure("unknown", type(exc).__name__)
+
+
