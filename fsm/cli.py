@@ -31,13 +31,16 @@ outlet.reopen_closed()
 if sys.argv[1:2] == ["run"]:
     interrupt.arm_wakeup()  # after reopen_closed: its pipe never takes descriptor 0, 1 or 2
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
+    # huggingface_hub loads in a process of its own beside the runner's start: forked
+    # while this process has one thread (fsm.hub_import).
+    from fsm import hub_import
+
+    hub_import.start()
+    deferred.import_without("structlog", deferred.OPTIONAL_FOR_STRUCTLOG)
     # The GPUs are asked now, in the background: the answer is due before any setup.
     from fsm.host import HostProbe
 
     HostProbe.start_early(os.environ)
-    from fsm import hub_import
-
-    hub_import.start()  # huggingface_hub loads beside the runner's start (fsm.hub_import)
 
 import argparse
 import contextlib
@@ -281,6 +284,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say,
                           hard_exit=outlet.leave)
+    hub_import.finish()
     _last_say(outcome.reason)
     return outcome.exit_code
 

@@ -5,6 +5,12 @@ structlog's package imports ``asyncio`` (which imports ``ssl``) for its async lo
 methods only: a quarter of the runner's start-up (issue 15). ``flash-bootstrap run``
 defers it before anything else is imported; the Hub client may still use it later, and
 then it loads as usual. The worker is another process: it is not affected.
+
+structlog also imports ``rich``, when it is installed (many images have it), for its
+console renderer's tracebacks and its exception dicts' ``repr`` of locals: a tenth of a
+second, for output the runner never makes (its events are JSON lines, and locals are
+never rendered). :func:`import_without` imports structlog as if rich were absent (its
+own fallback); rich stays importable afterwards.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import types
 from collections.abc import Iterable
 
 UNUSED_BEFORE_THE_WORKER = ("asyncio",)
+#: What structlog imports if it can, and the runner does without (see above).
+OPTIONAL_FOR_STRUCTLOG = ("rich",)
 
 
 class Deferred(types.ModuleType):
@@ -41,3 +49,18 @@ def defer(names: Iterable[str]) -> None:
     for name in names:
         if name not in sys.modules:
             sys.modules[name] = Deferred(name)
+
+
+def import_without(module: str, absent: Iterable[str]) -> None:
+    """Import ``module`` as if each of ``absent`` (not imported yet) were not installed:
+    an ``import`` of it raises ImportError meanwhile (``sys.modules[name] = None``), so
+    the module takes its own fallback. Afterwards they import as usual."""
+    blocked = [name for name in absent if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module(module)
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, False) is None:
+                del sys.modules[name]

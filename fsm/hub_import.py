@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from fsm.hub import agent as hub_agent
 
-__all__ = ["report", "start"]
+__all__ = ["finish", "report", "start"]
 
 _lock = threading.Lock()
 _reporting = False
@@ -84,3 +84,14 @@ def _finished(agent: hub_agent.Agent) -> None:
         "hub.import_finished", at=round(agent.ended_at, 6),
         seconds=round(agent.ended_at - agent.started_at, 4),
         import_seconds=agent.import_s, accelerator=agent.accelerator, error=agent.error)
+
+
+def finish() -> None:
+    """At the runner's end: the agent stopped and reaped, when its library has loaded
+    (then it exits at once; an agent still importing exits by itself when done)."""
+    agent = hub_agent.current()
+    if agent is not None and agent.ready.is_set():
+        agent.finish(_FINISH_BOUND_S)
+
+
+_FINISH_BOUND_S = 0.5

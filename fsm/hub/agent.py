@@ -47,13 +47,11 @@ import os
 import pickle
 import signal
 import struct
-import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -101,10 +99,49 @@ def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
 # --- the runner's side ---------------------------------------------------------------------
 
 
-@dataclass
 class _Pending:
-    done: threading.Event = field(default_factory=threading.Event)
-    reply: tuple[Any, ...] | None = None
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: tuple[Any, ...] | None = None
+
+
+def _launch(environ: Mapping[str, str], switch: bool) -> tuple[int, int, int, int]:
+    """Start the agent: its pid, and the runner's ends of its stdin, stdout and stderr
+    (close-on-exec: no installer or worker the runner starts holds the agent's stdin open
+    after the runner is gone).
+
+    In a process with one thread (the runner's first instruction) it is a fork, which
+    costs no interpreter start; otherwise a fresh interpreter (``posix_spawn``: a fork of
+    a process with threads may copy a lock some other thread holds). Either way the agent
+    has a session of its own."""
+    ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+    (req_r, req_w), (rep_r, rep_w), (err_r, err_w) = ends
+    child_ends, ours = (req_r, rep_w, err_w), (req_w, rep_r, err_r)
+    if threading.active_count() == 1 and environ is os.environ:
+        pid = os.fork()
+        if pid == 0:  # the agent
+            try:
+                for target, fd in enumerate(child_ends):
+                    os.dup2(fd, target)
+                for fd in (*child_ends, *ours):
+                    os.close(fd)
+                os.setsid()
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(-1)  # the runner's signal pipe is not ours
+                serve(switch=switch)
+            finally:
+                os._exit(70)
+    else:
+        code = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
+                f"from fsm.hub.agent import serve; serve(switch={switch!r})")
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child_ends)]
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], dict(environ),
+                             file_actions=actions, setsid=True)
+    for fd in child_ends:
+        os.close(fd)
+    return pid, *ours
 
 
 class Agent:
@@ -123,6 +160,7 @@ class Agent:
         self.accelerator: str | None = None
         self.ready = threading.Event()
         self.returncode: int | None = None
+        self._exited = threading.Event()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -130,12 +168,10 @@ class Agent:
         self._on_ready: list[Callable[[Agent], None]] = []
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._held: list[str] | None = [] if hold_output else None
-        code = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
-                f"from fsm.hub.agent import serve; serve(switch={switch!r})")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=dict(environ), start_new_session=True,
-            close_fds=True)
+        self._pid, stdin, stdout, stderr = _launch(environ, switch)
+        self._stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
+        self._stdout = os.fdopen(stdout, "rb")
+        self._stderr_pipe = os.fdopen(stderr, "rb")
         threading.Thread(target=self._replies, name="hub-agent", daemon=True).start()
         threading.Thread(target=self._stderr, name="hub-agent-stderr", daemon=True).start()
 
@@ -145,7 +181,7 @@ class Agent:
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._pid
 
     def when_ready(self, callback: Callable[[Agent], None]) -> None:
         """Call ``callback(self)`` once the ``ready`` frame has come (at once if it has)."""
@@ -176,20 +212,27 @@ class Agent:
     def stop(self) -> None:
         """Close the agent's stdin: it exits (its calls in flight fail as connection errors)."""
         with self._lock:
-            stdin = self._proc.stdin
-            if stdin is not None:
-                with contextlib.suppress(OSError):
-                    stdin.close()
+            stdin, self._stdin = self._stdin, None
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
+    def finish(self, bound_s: float) -> bool:
+        """Stop the agent and reap it within ``bound_s`` (so its CPU is counted with the
+        runner's by whoever waits for the runner); False when it has not exited by then
+        (it exits by itself once its import is done)."""
+        self.stop()
+        return self._exited.wait(bound_s)
 
     def _request(self, kind: str, *body: Any) -> Any:
         pending = _Pending()
         with self._lock:
-            if not self._alive or self._proc.stdin is None:
+            if not self._alive or self._stdin is None:
                 raise AgentGone(self._gone())
             ident = next(self._ids)
             self._pending[ident] = pending
             try:
-                _write(self._proc.stdin, (kind, ident, *body))
+                _write(self._stdin, (kind, ident, *body))
             except (OSError, ValueError):
                 del self._pending[ident]
                 raise AgentGone(self._gone()) from None
@@ -202,16 +245,14 @@ class Agent:
         raise _decode(reply[2])
 
     def _gone(self) -> str:
-        status = self._proc.poll()
-        how = ("still running" if status is None else f"killed by signal {-status}"
+        status = self.returncode
+        how = ("no status yet" if status is None else f"killed by signal {-status}"
                if status < 0 else f"exit status {status}")
-        return f"the huggingface_hub process (pid {self._proc.pid}) is gone ({how})"
+        return f"the huggingface_hub process (pid {self._pid}) is gone ({how})"
 
     def _replies(self) -> None:
-        stdout = self._proc.stdout
-        assert stdout is not None
         try:
-            while (message := _read(stdout)) is not None:
+            while (message := _read(self._stdout)) is not None:
                 if message[0] == "ready":
                     self._got_ready(message)
                     continue
@@ -238,20 +279,16 @@ class Agent:
         with self._lock:
             self._alive = False
             pending, self._pending = list(self._pending.values()), {}
+        self.returncode = _reap(self._pid)
+        self._exited.set()
         for each in pending:
             each.done.set()  # reply None: AgentGone
-        try:
-            self.returncode = self._proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self.returncode = self._proc.wait()
+        self.stop()
         if not self.ready.is_set():
             self._got_ready(("ready", None, "AgentGone", None))
 
     def _stderr(self) -> None:
-        stderr = self._proc.stderr
-        assert stderr is not None
-        for raw in stderr:
+        for raw in self._stderr_pipe:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self._tail.append(line)
             with self._lock:
@@ -272,6 +309,24 @@ class Agent:
     def tail(self) -> list[str]:
         """The agent's last lines of stderr."""
         return list(self._tail)
+
+
+def _reap(pid: int, bound_s: float = 5.0) -> int | None:
+    """The agent's exit status (negative: the signal), once its stdout has closed: waited
+    for ``bound_s`` (it closes it by exiting), then killed."""
+    end = time.monotonic() + bound_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by someone else (a PID 1's reaper)
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= end:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            end = float("inf")
+        time.sleep(0.01)
 
 
 def _say(line: str) -> None:
@@ -397,9 +452,6 @@ def serve(*, switch: bool = True) -> None:
     for name in _IGNORED:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    from fsm import procs
-
-    procs.lower_own_oom_score()
     write_lock = threading.Lock()
 
     def reply(message: tuple[Any, ...]) -> None:
@@ -419,6 +471,9 @@ def serve(*, switch: bool = True) -> None:
     except BaseException as exc:  # every call answers it
         error = type(exc).__name__
     reply(("ready", round(time.monotonic() - began, 6), error, accelerator))
+    from fsm import procs
+
+    procs.lower_own_oom_score()  # as the runner's: the worker is the OOM killer's choice
     clients: dict[tuple[Any, ...], Any] = {}
     clients_lock = threading.Lock()
 

@@ -8,7 +8,8 @@ call through the library and adds what the library does not do:
   listing of the whole repo;
 * existence is a ``HEAD`` of the file through ``get_hf_file_metadata`` (not
   ``file_exists``: it answers False to a 401);
-* a download is ``hf_hub_download`` into a staging cache, and the bytes are checked
+* a download of a listed file is the library's ``http_get`` (one GET) into a staging
+  file, else ``hf_hub_download`` into a staging cache; either way the bytes are checked
   against the store's own digest of the file (the git blob id of a regular file, the
   sha256 of an LFS/Xet one, and its size: from the folder's listing, else the id the
   library named the blob by) before the file is moved where it is used. A mismatch is
@@ -125,10 +126,14 @@ class HubClient:
                  revision: str, expect: Entry | None = None) -> int:
         """Fetch one file to ``dest``, checked; return its size.
 
-        The library downloads it into a staging cache beside ``dest`` (removed after);
-        the bytes are checked against ``expect`` (from a listing), else against the id the
-        library named the blob by (the ETag: git blob id or sha256), and only then moved
-        to ``dest``.
+        With ``expect`` (the file's entry in a listing, at the commit ``revision`` names),
+        the library's own download (``file_download.http_get``: its session, redirects,
+        proxies and in-call retries) streams the file into a staging file beside
+        ``dest``: one GET, where ``hf_hub_download`` would first ask for the file's
+        metadata and keep a cache of blobs and links the runner does not use (it lays the
+        files out itself). Without one, ``hf_hub_download`` fetches it into a staging
+        cache, whose blob is named by the ETag (git blob id or sha256). Either way the
+        bytes are checked against that digest before they are moved to ``dest``.
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
         if expect is not None and expect.size == 0 and expect.oid == _EMPTY_BLOB:
@@ -136,12 +141,27 @@ class HubClient:
             return 0
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
         try:
-            blob = self._into_cache(repo_type, repo_id, path, revision, staging)
+            if expect is None:
+                blob = self._into_cache(repo_type, repo_id, path, revision, staging)
+            else:
+                blob = staging / "blob"
+                self._get(repo_type, repo_id, path, revision, blob)
             size = verify(blob, expect, path)
             os.replace(blob, dest)
             return size
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _get(self, repo_type: str, repo_id: str, path: str, revision: str,
+             into: Path) -> None:
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.file_download import http_get
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
+                         endpoint=self.endpoint)
+        with into.open("wb") as file:
+            http_get(url, file, headers=build_hf_headers(token=self._token))
 
     def warm(self, repo_id: str, entry: Entry, *, revision: str, cache_dir: Path) -> int:
         """One model file into the Hugging Face cache at ``cache_dir`` (the library's own
