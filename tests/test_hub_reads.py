@@ -1,6 +1,6 @@
 """The Hub adapter's calls, each one through ``huggingface_hub``, and what the adapter adds.
 
-Every read and commit is the library's (``fsm.store.hub_client``); these tests check what
+Every read and commit is the library's (``fsm.hub.client``); these tests check what
 the adapter adds on top and what the library must still do for it: a folder fetched is
 exactly the repo's tree (no library cache folder left in the code root), each download
 checked against the store's digest (a corrupted transfer is retried, never kept),

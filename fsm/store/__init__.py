@@ -1,9 +1,8 @@
 """The artifact store: the port (``fsm.store.base``) and how to open an adapter for a URL.
 
 Adapters are imported lazily inside :func:`open_store`. The Hub adapter speaks through
-``huggingface_hub``, which ``flash-bootstrap run`` imports in the background from its first
-instruction, the transfer settings put in the environment first (``fsm.hub_import``,
-``fsm.store.hub.import_library``).
+``huggingface_hub``, in the agent process ``flash-bootstrap run`` forks at its first
+instruction (``fsm.hub_import``, ``fsm.hub.agent``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The Hugging Face store: one dataset repo (plus model repos to warm) on the Hub.
 
-One client: every call is ``huggingface_hub``'s (:mod:`fsm.store.hub_client`), on both
+One client: every call is ``huggingface_hub``'s (:mod:`fsm.hub.client`), on both
 supported lines, 0.36.x (``requests``, optional ``hf_transfer``) and 2.x (``httpx2``,
 ``hf_xet``), so the library's handling of the Hub (its redirects, proxies, certificate
-store, rate-limit headers) is the adapter's. The library is imported in the background
-from the runner's first instruction (``fsm.hub_import`` calls :func:`import_library`),
-after the fast-transfer switch is in the environment: it freezes its settings then.
+store, rate-limit headers) is the adapter's. The calls are made in the agent process
+(:mod:`fsm.hub.agent`), forked at the runner's first instruction (``fsm.hub_import``),
+which sets the fast-transfer switch in its environment and imports the library beside
+the runner's start; this process never imports it. Failures come back classified
+(:func:`fsm.hub.library.classify`).
 
 Every call is bounded. Each runs in a daemon thread and is waited for with a bound
 (``call_timeout_s`` for metadata and small uploads, ``transfer_timeout_s`` for downloads),
@@ -36,8 +38,8 @@ nothing. On 412 the head is read again and the commit tried once more, then give
 
 The hub's settings (``HF_HUB_*``, ``HF_XET_*``) are taken from the environment the adapter
 was given (the runner's merged with the payload's ``env``): before ``huggingface_hub`` is
-first imported they are put into the process environment; after it (the background
-import) they are set in its frozen ``constants`` where it keeps them under their own
+first imported (in the agent) they are put into its environment; after it they are set
+in its frozen ``constants`` where it keeps them under their own
 names, and any other one is logged by name. ``HF_HUB_OFFLINE`` is never obeyed by these
 calls: it is the worker's setting (the store is what the runner must reach).
 
