@@ -1,10 +1,9 @@
 """Downloads started ahead of the state that needs them, overlapping the extras install.
 
-When a run has extras to install, or its spec spilled to the store, LoadPayload starts the
-code download (and the spilled spec's) as branches, each in a thread of its own with a
-store handle of its own, and InstallExtras installs meanwhile (the two downloads overlap
-each other too). The machine keeps its eight states in their order, and each state owns
-its join: FetchCode joins the code branch, ResolveSpec the spec branch.
+When a run has extras to install, LoadPayload starts the code download (and the spilled
+spec's) as branches, each in a thread of its own with a store handle of its own, and
+InstallExtras installs meanwhile. The machine keeps its eight states in their order, and
+each state owns its join: FetchCode joins the code branch, ResolveSpec the spec branch.
 The outcome is the serial one:
 
 * a branch's failure is raised by the state that joins it, so the policy classifies it in

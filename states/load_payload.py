@@ -105,22 +105,18 @@ def load_payload(ctx: Context) -> str:
         ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
     if parsed.mode == "preload":
         return table.PRELOAD_REQUESTED
-    if parsed.extra_pip or _spilled(parsed):
+    if parsed.extra_pip:
         _start_downloads(ctx, parsed)
     return table.TRAIN_REQUESTED
 
 
-def _spilled(p: payload.Payload) -> bool:
-    return p.job_spec_in_hf and not p.job_spec_json
-
-
 def _start_downloads(ctx: Context, p: payload.Payload) -> None:
-    """The code (and a spilled spec) start downloading now, under the extras install, and
-    beside each other: FetchCode and ResolveSpec join them (``fsm.prefetch``)."""
+    """The code (and a spilled spec) start downloading now, under the extras install;
+    FetchCode and ResolveSpec join them (``fsm.prefetch``)."""
     from states import fetch_code, resolve_spec
 
     works: dict[str, Callable[[Store], object]] = {"code": partial(fetch_code.fetch, ctx)}
-    if _spilled(p):
+    if p.job_spec_in_hf and not p.job_spec_json:
         works["spec"] = partial(resolve_spec.download_spec, ctx)
     for name, work in works.items():
         flag = Branch.follow(ctx.interrupt)

@@ -84,7 +84,7 @@ def test_a_throttle_named_only_by_ratelimit_is_waited_out_and_the_run_lands(
     backoff, 0.05 to 0.2 s over 3 tries, would give up), and the run lands its marker. (The
     worker uploads nothing: 0.x's own commits do not retry a 429, the worker's affair.)"""
     hub_run.write_worker("print('no upload', flush=True)")
-    hub_run.server.set_quota(requests=6, window_s=2.0, retry_after=False)
+    hub_run.server.set_quota(requests=3, window_s=2.0, retry_after=False)
     proc = hub_run.cli(env={"HF_TOKEN": hub_run.token, "FLASH_STOP_GRACE_S": "2",
                             "FLASH_STORE_RETRY_MAX_S": "5", "FLASH_STORE_CALL_TIMEOUT_S": "10"})
     marker = hub_run.marker()

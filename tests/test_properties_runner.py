@@ -336,8 +336,18 @@ class Journal:
     count: Counter[str] = field(default_factory=Counter)
     calls: list[dict[str, Any]] = field(default_factory=list)
     hang_at: int | None = None  # hang at this non-marker call until the watchdog fires
+    #: That call by its op and its index among the calls of that op (the model's serial
+    #: order: the code and a spilled spec download beside each other, in either order).
+    hang: tuple[str, int] | None = field(init=False, default=None)
     released: threading.Event = field(default_factory=threading.Event)
     exit_codes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.hang_at is not None:
+            made = [op for op, _ in model(self.plan)[1]]
+            if self.hang_at < len(made):
+                op = made[self.hang_at]
+                self.hang = (op, made[: self.hang_at].count(op))
 
     def hard_exit(self, code: int) -> None:
         """The watchdog's os._exit, in-process: record it and end the hung call."""
@@ -371,8 +381,8 @@ class FaultyStore:
         index = journal.count[op]
         journal.count[op] += 1
         call: dict[str, Any] = {"op": op, "path": path, "fault": None, **about}
-        if journal.hang_at is not None and op != "upload_marker" and (
-            len(journal.store_calls) == journal.hang_at
+        if journal.hang is not None and op != "upload_marker" and (
+            (op, index) == journal.hang
         ):
             call["fault"] = "hang"
         journal.calls.append(call)

@@ -19,9 +19,12 @@ of its own (a folder's files are fetched several at once). A failure travels as 
 adapter's classification of the exception (``fsm.hub.library.classify``: the status, the
 asked wait, the error code, the transport type's name), never as the exception's text,
 which may hold a URL; the runner's own exceptions (a digest mismatch, files the repo's
-``.gitignore`` matched) travel as themselves. ``key`` is the endpoint, the token and the
-metadata timeout: the token reaches the agent only through the pipe, never its argv or
-environment.
+``.gitignore`` matched) travel as themselves, and so does an error of the agent's own
+filesystem writes (its errno, message and path: a full code root is judged as the
+runner's own writes are). ``key`` is the endpoint, the token and the
+metadata timeout: the token the runner took from the payload goes to the agent only
+through the pipe, never into its argv or environment (the agent inherits the runner's own
+environment, as the runner was given it).
 
 The agent is the runner's to stop: it ignores the signals that stop a runner (the runner
 decides, and still needs it for the marker), runs in a session of its own (a terminal's
@@ -433,6 +436,8 @@ def _decode(failure: tuple[Any, ...]) -> BaseException:
         return Ignored(failure[1])
     if kind == "mismatch":
         return ContentMismatch(failure[1])
+    if kind == "oserror":
+        return OSError(failure[1], failure[2], failure[3])
     if kind == "import":
         return ImportError(f"huggingface_hub could not be loaded: {failure[1]}")
     return RemoteFailure(failure[1], failure[2])
@@ -517,4 +522,9 @@ def _encode(exc: Exception) -> tuple[Any, ...]:
         return ("ignored", sorted(exc.paths))
     if isinstance(exc, ContentMismatch):
         return ("mismatch", str(exc))
-    return ("failure", classify(exc), type(exc).__name__)
+    failure = classify(exc)
+    if failure.kind == "unknown" and isinstance(exc, OSError) and exc.errno is not None:
+        # The agent's own disk (a full code root, a read-only one): the runner judges it
+        # by its errno and path as it judges its own writes (fsm.storage).
+        return ("oserror", exc.errno, exc.strerror, exc.filename)
+    return ("failure", failure, type(exc).__name__)

@@ -169,7 +169,11 @@ def agent_switch() -> bool:
 
 def _new_agent() -> hub_agent.Agent:
     """An agent process for this one, in its environment (setting the switch itself, or
-    keeping the one configure_transfer set)."""
+    keeping the one configure_transfer set); the one before it, gone, is logged."""
+    gone = hub_agent.current()
+    if gone is not None and not gone.alive:
+        log.warning("hub.agent_exited", pid=gone.pid, status=gone.returncode,
+                    stderr_tail=gone.tail[-5:], why="a new one makes the store's calls")
     return hub_agent.start(switch=agent_switch())
 
 

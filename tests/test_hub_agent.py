@@ -1,0 +1,111 @@
+"""The agent process that makes the Hub calls (``fsm.hub.agent``), through the real runner.
+
+It is forked at the runner's first instruction and is the runner's child in a session of
+its own: the worker finds it as the child of its parent whose session is its own pid.
+These tests take it away, or signal the runner's group, and check the marker still lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hubrun import HubRun
+
+pytestmark = pytest.mark.hub
+
+# The worker's view of the agent: its parent's children in a session of their own.
+_FIND_AGENT = """
+import signal
+
+def _agents():
+    runner, found = os.getppid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == runner and int(fields[3]) == int(entry):
+            found.append(int(entry))
+    return found
+"""
+
+
+def test_an_agent_killed_mid_attempt_is_replaced_and_the_marker_lands(
+    hub_run: HubRun,
+) -> None:
+    """SIGKILL to the agent while the worker runs (the OOM killer's way): the runner's next
+    store calls fail as connection errors, are retried on a new agent, and the attempt
+    ends 0 with its marker. The agent holds the token in neither its argv nor its
+    environment."""
+    hub_run.write_worker(_FIND_AGENT + """
+token = os.environ["HF_TOKEN"].encode()
+agents = _agents()
+for pid in agents:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        in_env = token in f.read()
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        in_argv = token in f.read()
+    print(f"agent token_in_env={in_env} token_in_argv={in_argv}", flush=True)
+    os.kill(pid, signal.SIGKILL)
+print(f"agents={len(agents)}", flush=True)
+complete()
+""")
+    proc = hub_run.cli()
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    console = (hub_run.scratch / "console_sft.txt").read_text()  # the runner's own copy
+    assert "agents=1" in console
+    assert "agent token_in_env=False token_in_argv=False" in console
+    events = [json.loads(line) for line in proc.stderr.decode().splitlines()
+              if line.startswith("{")]
+    exited = [e for e in events if e["msg"] == "hub.agent_exited"]
+    assert [e["status"] for e in exited] == [-signal.SIGKILL]
+
+
+def test_ctrl_c_to_the_runners_group_leaves_the_agent_to_publish_the_marker(
+    hub_run: HubRun, tmp_path: Path,
+) -> None:
+    """SIGINT to the runner's whole process group (a terminal's Ctrl-C) stops the attempt;
+    the agent, in a session of its own, is not reached, and the interrupted attempt's
+    retriable marker lands through it."""
+    started = tmp_path / "worker-started"
+    hub_run.write_worker(_FIND_AGENT + f"""
+import time
+open({str(started)!r}, "w").write(str(len(_agents())))
+time.sleep(60)
+""")
+    hub_run.write_payload()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsm", "run", "--payload", str(hub_run.payload_path),
+         "--store", hub_run.server.url, "--code-root", str(hub_run.code_root),
+         "--scratch-dir", str(hub_run.scratch)],
+        env=hub_run.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (started.exists() and started.read_text()):
+            assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.05)
+        assert started.read_text() == "1"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    marker = hub_run.marker()
+    assert marker is not None, err.decode()[-3000:]
+    assert marker["ok"] is False and marker["retriable"] is True, json.dumps(marker)
+    assert proc.returncode == 75
