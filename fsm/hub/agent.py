@@ -314,22 +314,14 @@ class Agent:
         return list(self._tail)
 
 
-def _reap(pid: int, bound_s: float = 5.0) -> int | None:
-    """The agent's exit status (negative: the signal), once its stdout has closed: waited
-    for ``bound_s`` (it closes it by exiting), then killed."""
-    end = time.monotonic() + bound_s
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # reaped by someone else (a PID 1's reaper)
-            return None
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() >= end:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            end = float("inf")
-        time.sleep(0.01)
+def _reap(pid: int) -> int | None:
+    """The agent's exit status (negative: the signal), once its stdout has closed: it
+    closes it by exiting, so the wait is short (this is the reply thread's last act)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped by someone else (a PID 1's reaper)
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def _say(line: str) -> None:
