@@ -109,3 +109,12 @@ time.sleep(60)
     assert marker is not None, err.decode()[-3000:]
     assert marker["ok"] is False and marker["retriable"] is True, json.dumps(marker)
     assert proc.returncode == 75
+
+
+def test_the_agents_quiet_settings_are_the_runners() -> None:
+    """The agent sets in its own environment what the runner sets in its own
+    (``fsm.log.QUIET_SETTINGS``): no progress bars on a stderr that becomes events."""
+    from fsm import log
+    from fsm.hub import agent
+
+    assert agent.QUIET_SETTINGS == log.QUIET_SETTINGS

@@ -7,7 +7,7 @@ The local Hub server answers as the service does where a hand-written client wen
 ``RateLimit``/``RateLimit-Policy``; preupload honours the repo's ``.gitignore``; an
 ``http://`` endpoint redirects to ``https://`` on the same host. And the runner's own
 store calls do not obey a payload's ``HF_HUB_OFFLINE`` (the worker still gets it), and
-``huggingface_hub`` is imported in the background from the runner's first instruction.
+``huggingface_hub`` is imported by the agent process, forked at the runner's first instruction.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_a_payloads_hf_hub_offline_reaches_the_worker_not_the_runners_store_call
     assert b"offline=1" in hub_run.artifact("console_sft.txt").read_bytes()
 
 
-# --- the background import -------------------------------------------------------------------
+# --- the library loaded beside the runner's start --------------------------------------------
 
 
 def test_huggingface_hub_is_imported_before_the_payload_is_read_and_done_by_fetchcode(

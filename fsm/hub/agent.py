@@ -5,7 +5,7 @@ httpx2 and anyio on 2.x, requests and urllib3 on 0.x), and an import holds the G
 thread of the runner it would not overlap the runner's own start, it would add to it. So
 the runner starts one Python process for the library at its first instruction
 (:func:`start`), which imports it on the other core while the runner reads its payload
-and checks the host, and every call of ``fsm.store.hub_client.HubClient`` the adapter
+and checks the host, and every call of ``fsm.hub.client.HubClient`` the adapter
 makes is sent to it (:class:`AgentClient`, the same methods: ``fsm.hub.client``). The
 adapter (``fsm.store.hub``) keeps everything else: bounds, retries, the fence.
 
@@ -367,7 +367,7 @@ def release_output() -> None:
 
 
 class AgentClient:
-    """``fsm.store.hub_client.HubClient``'s calls, made by the agent.
+    """``fsm.hub.client.HubClient``'s calls, made by the agent.
 
     Each call goes to the process's agent of the moment: after an agent exited, the next
     call starts another, which is sent ``settings`` first."""
