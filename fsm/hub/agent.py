@@ -58,8 +58,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Agent", "AgentClient", "AgentGone", "current", "process", "release_output",
-           "serve", "start"]
+__all__ = ["Agent", "AgentClient", "AgentGone", "current", "process", "serve",
+           "start"]
 
 _HEADER = struct.Struct("!I")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fsm package
@@ -357,13 +357,6 @@ def process(new: Callable[[], Agent] = start) -> Agent:
 def current() -> Agent | None:
     """The agent this process started, if any."""
     return _agent if _agent_pid == os.getpid() else None
-
-
-def release_output() -> None:
-    """The agent's stderr passed on from now: the runner's logging is set up."""
-    agent = current()
-    if agent is not None:
-        agent.release_output()
 
 
 class AgentClient:

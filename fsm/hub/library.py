@@ -33,8 +33,6 @@ __all__ = ["Accelerator", "Failure", "FailureKind", "RemoteFailure", "apply_sett
            "classify", "hub_major", "load_library", "switch_transfer"]
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
-#: The accelerator the last switch decided (None: no switch set in this process yet).
-configured: Accelerator | None = None
 
 
 @functools.cache
@@ -61,7 +59,6 @@ def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = Tru
 
     Telemetry is always disabled (``HF_HUB_DISABLE_TELEMETRY=1``). The hub line is read
     from the installed distribution's metadata, without importing it."""
-    global configured
     environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     major = hub_major()
     accelerator: Accelerator = "none"
@@ -83,7 +80,6 @@ def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = Tru
             # Too late for the environment to count: set the frozen setting too (it is
             # read from the constants module at call time).
             setattr(constants, switch, on)
-    configured = accelerator
     return accelerator, frozen
 
 
