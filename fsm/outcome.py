@@ -47,7 +47,11 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence["signals_ignored"] = ignored
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
-    # What the runner's own stdout and stderr could not take (a reader gone or stuck).
+    # What the runner's own stdout and stderr could not take (a reader gone or stuck),
+    # once the log lines offered so far were written or met the error that stops them
+    # (the writer is a thread: a line logged just now may not have reached its descriptor).
+    if not watchdog:
+        outlet.settle(_SETTLE_S)
     lost = outlet.evidence(ctx.out)
     if lost is not None:
         evidence["output"] = lost
@@ -65,6 +69,11 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence=evidence,
     )
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts))
+
+
+#: How long the marker waits for the log's lines offered so far (a reader that keeps up
+#: takes microseconds; a stuck one is evidence, not worth waiting for).
+_SETTLE_S = 0.2
 
 
 def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:

@@ -47,6 +47,7 @@ __all__ = [
     "install",
     "leave",
     "reopen_closed",
+    "settle",
 ]
 
 #: How long :func:`leave` waits, in all, for the outlets to write what they hold.
@@ -292,6 +293,13 @@ def install() -> None:
     STDERR = Outlet(2, "stderr", capacity=STDERR_CAPACITY)
     sys.stdout = OutletStream(STDOUT)
     sys.stderr = OutletStream(STDERR)
+
+
+def settle(bound_s: float) -> None:
+    """The log's lines offered so far written, or stopped by their error, within
+    ``bound_s`` (before :func:`evidence` reads what was lost)."""
+    if STDERR is not None:
+        STDERR.drain(bound_s)
 
 
 def evidence(*outlets: Outlet | None) -> dict[str, Any] | None:
