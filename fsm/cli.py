@@ -25,14 +25,15 @@ if sys.argv[1:2] == ["run"]:
 
     interrupt.install_early(wakeup=False)
 
-from fsm import deferred, exits, interrupt, outlet  # after the handlers, on purpose
+from fsm import deferred, interrupt, outlet  # after the handlers, on purpose
 
 outlet.reopen_closed()
 if sys.argv[1:2] == ["run"]:
     interrupt.arm_wakeup()  # after reopen_closed: its pipe never takes descriptor 0, 1 or 2
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
     # huggingface_hub loads in a process of its own beside the runner's start: forked
-    # while this process has one thread (fsm.hub_import).
+    # while this process has one thread (fsm.hub_import), before anything the runner
+    # alone needs is imported.
     from fsm import hub_import
 
     hub_import.start()
@@ -48,6 +49,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from fsm import exits
 
 PROG = "flash-bootstrap"
 EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)

@@ -15,10 +15,11 @@ own fallback); rich stays importable afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 UNUSED_BEFORE_THE_WORKER = ("asyncio",)
 #: What structlog imports if it can, and the runner does without (see above).
@@ -52,14 +53,22 @@ def defer(names: Iterable[str]) -> None:
 
 
 def import_without(module: str, absent: Iterable[str]) -> None:
-    """Import ``module`` as if each of ``absent`` (not imported yet) were not installed:
-    an ``import`` of it raises ImportError meanwhile (``sys.modules[name] = None``), so
-    the module takes its own fallback. Afterwards they import as usual."""
+    """Import ``module`` as if each of ``absent`` (not imported yet) were not installed
+    (:func:`without`), so the module takes its own fallback."""
+    with without(absent):
+        __import__(module)  # (importlib.import_module would hide it from -X importtime)
+
+
+@contextlib.contextmanager
+def without(absent: Iterable[str]) -> Iterator[None]:
+    """Within the block, each of ``absent`` (not imported yet) is as if not installed: an
+    ``import`` of it raises ImportError (``sys.modules[name] = None``). Afterwards they
+    import as usual."""
     blocked = [name for name in absent if name not in sys.modules]
     for name in blocked:
         sys.modules[name] = None  # type: ignore[assignment]
     try:
-        __import__(module)  # (importlib.import_module would hide it from -X importtime)
+        yield
     finally:
         for name in blocked:
             if sys.modules.get(name, False) is None:

@@ -18,16 +18,17 @@ classifications it sends.
 from __future__ import annotations
 
 import functools
-import http.client
-import importlib.metadata
 import importlib.util
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Literal
+
+from fsm import deferred
 
 __all__ = ["Accelerator", "Failure", "FailureKind", "RemoteFailure", "apply_settings",
            "classify", "hub_major", "load_library", "switch_transfer"]
@@ -39,6 +40,8 @@ Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 def hub_major() -> int | None:
     """The installed huggingface_hub's major version, read without importing it (once: a
     metadata lookup scans every installed distribution)."""
+    import importlib.metadata  # the agent's (the runner's side never asks)
+
     try:
         return int(importlib.metadata.version("huggingface_hub").split(".")[0])
     except (importlib.metadata.PackageNotFoundError, ValueError):
@@ -83,22 +86,59 @@ def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = Tru
     return accelerator, frozen
 
 
+#: Imported by the library's HTTP stack at its import and used by none of the adapter's
+#: calls (``idna``: host names beyond ASCII; ``truststore``: the certificate stores of
+#: Windows and macOS): deferred to their first use (``fsm.deferred``).
+UNUSED_BY_THE_CALLS = ("idna", "truststore")
+#: What the library's HTTP stack takes when it is installed and does without otherwise
+#: (``anyio``: httpcore's async transport; the adapter's calls are synchronous): the
+#: library is imported as if it were absent.
+OPTIONAL_FOR_THE_CALLS = ("anyio",)
+
+
 def load_library() -> None:
     """Import what the adapter calls of ``huggingface_hub`` (in the agent process,
-    ``fsm.hub.agent``, whose environment holds the transfer switch by then). The
-    runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
-    from huggingface_hub import HfApi, constants, hf_hub_download
+    ``fsm.hub.agent``, whose environment holds the transfer switch by then), less what
+    those calls never use (:data:`UNUSED_BY_THE_CALLS`, :data:`OPTIONAL_FOR_THE_CALLS`).
+    The runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
+    deferred.defer(UNUSED_BY_THE_CALLS)
+    with deferred.without(OPTIONAL_FOR_THE_CALLS):
+        from huggingface_hub import constants
+        from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
 
-    del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
+        _online(constants)
+        session = _Session() if (hub_major() or 0) >= 1 else None
+        from huggingface_hub import HfApi, hf_hub_download
 
-    _online(constants)
-    from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
+        del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
+        disable_progress_bars()  # the agent's stderr reaches the runner's JSON lines
+        if session is not None:
+            session.join()
 
-    disable_progress_bars()  # the agent's stderr reaches the runner's JSON lines
-    if (hub_major() or 0) >= 1:  # one shared client on 1.x/2.x (0.x keeps one per thread)
-        from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
 
-        get_session()
+class _Session(threading.Thread):
+    """The library's one shared HTTP client (1.x/2.x; 0.x keeps one per thread), made
+    beside the rest of the import: building it reads the system's certificate store
+    (OpenSSL parsing every CA, some 50 ms, with the GIL released), which then overlaps
+    importing ``hf_api``. Its failure is the import's, as if it had been made in line."""
+
+    def __init__(self) -> None:
+        super().__init__(name="hub-session", daemon=True)
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
+
+            get_session()
+        except BaseException as exc:  # raised again by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 def _online(constants: object) -> None:
@@ -111,8 +151,10 @@ def apply_settings(settings: Mapping[str, str]) -> list[str]:
     """``settings`` in this process (the agent's): into the environment when
     ``huggingface_hub`` is not imported yet; after it, a setting its constants module holds
     under its own name is set there, as the import would have. Returns the others (by
-    name): the library read them at its import, and they cannot count now."""
-    wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value}
+    name): the library read them at its import, and they cannot count now.
+    ``HF_HUB_ENABLE_HF_TRANSFER`` counts on 0.x only (1.x/2.x only warn about it)."""
+    wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value
+              and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and hub_major() != 0)}
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is None:
         os.environ.update(wanted)
@@ -255,7 +297,12 @@ def _retry_after(response: object) -> float | None:
 
 
 def _is_transport(exc: BaseException) -> bool:
-    if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    # (Not imported here: a process that never imported http.client meets none of its
+    # exceptions, and the runner's side would pay for ssl and email to look.)
+    client = sys.modules.get("http.client")
+    if client is not None and isinstance(exc, client.HTTPException):
         return True
     if isinstance(exc, RuntimeError) and "hf_transfer" in str(exc):
         return True  # 0.x wraps every hf_transfer failure in a RuntimeError
