@@ -26,6 +26,7 @@ from conftest import Events, make_store
 
 from fsm.errors import FatalError, FlashError, StoreUnavailable
 from fsm.store import PRELOAD_IGNORE_PATTERNS
+from fsm.store.hub import FETCH_WORKERS
 from fsm.testing import LocalHubServer
 
 pytestmark = pytest.mark.hub
@@ -72,6 +73,28 @@ def test_a_folder_is_the_repos_tree_and_an_empty_file_costs_no_request(
     assert [(e["report"], e["files_done"], e["bytes_done"]) for e in progress] == [
         ("start", 0, 0), ("end", len(CODE), size)]
     assert (progress[-1]["files_total"], progress[-1]["bytes_total"]) == (len(CODE), size)
+
+
+def test_a_folder_of_more_files_than_are_fetched_at_once_arrives_whole(
+    hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
+) -> None:
+    """Three times as many files as the adapter asks for at once (``FETCH_WORKERS``):
+    every one arrives, with the mode a file the runner creates gets (its staging file's
+    0600 would hide the tree from a worker of another user), and no staging file stays
+    behind."""
+    files = {f"code/flash/lib/m{i:02d}.py": f"X = {i}\n".encode() * (i + 1)
+             for i in range(3 * FETCH_WORKERS)}
+    _fill(hub_server, hub_dataset, files)
+    store = make_store(hub_server, hub_dataset, hub_token)
+    dest = tmp_path / "dest"
+    assert store.fetch_folder("code", dest) == len(files)
+    umask = os.umask(0)
+    os.umask(umask)
+    for path, data in files.items():
+        assert (dest / path).read_bytes() == data
+        assert (dest / path).stat().st_mode & 0o777 == 0o666 & ~umask
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) \
+        == sorted(files)
 
 
 def test_content_on_another_host_is_fetched_without_the_token(

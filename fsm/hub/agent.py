@@ -15,7 +15,9 @@ method, args, kwargs)``, ``("configure", id, settings)`` and ``("probe", id, nam
 (what the agent holds for those settings); the agent answers
 ``("ready", at, seconds, error)`` once, when the library is loaded (or failed to load),
 then ``("ok", id, value)`` or ``("err", id, failure)`` per request, each call in a thread
-of its own (a folder's files are fetched several at once). A failure travels as the
+of its own (a folder's files are fetched several at once); settings are applied in the
+order they come, before any call sent after them, so the runner sends them without
+waiting for the library to load. A failure travels as the
 adapter's classification of the exception (``fsm.hub.library.classify``: the status, the
 asked wait, the error code, the transport type's name), never as the exception's text,
 which may hold a URL; the runner's own exceptions (a digest mismatch, files the repo's
@@ -54,9 +56,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from queue import SimpleQueue
 
 __all__ = ["Agent", "AgentClient", "AgentGone", "current", "process", "serve",
            "start"]
@@ -102,12 +107,26 @@ def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
 # --- the runner's side ---------------------------------------------------------------------
 
 
-class _Pending:
-    __slots__ = ("done", "reply")
+class Pending:
+    """A request sent to the agent, its reply still to come (:meth:`Agent.result`)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_queue", "done", "reply")
+
+    def __init__(self, queue: SimpleQueue[Pending] | None = None) -> None:
         self.done = threading.Event()
         self.reply: tuple[Any, ...] | None = None
+        self._queue = queue
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the reply has come, within ``timeout``."""
+        return self.done.wait(timeout)
+
+    def settle(self, reply: tuple[Any, ...] | None) -> None:
+        """The reply came (None: the agent is gone): waiters are told, and the queue."""
+        self.reply = reply
+        self.done.set()
+        if self._queue is not None:
+            self._queue.put(self)
 
 
 def _launch(environ: Mapping[str, str], switch: bool) -> tuple[int, int, int, int]:
@@ -166,7 +185,7 @@ class Agent:
         self._exited = threading.Event()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._alive = True
         self._on_ready: list[Callable[[Agent], None]] = []
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -198,12 +217,31 @@ class Agent:
              kwargs: Mapping[str, Any]) -> Any:
         """``HubClient(*key).<method>(*args, **kwargs)`` in the agent; its value, or its
         failure raised here. Unbounded: the adapter bounds the thread that waits here."""
-        return self._request("call", key, method, args, dict(kwargs))
+        return self.result(self.submit(key, method, args, kwargs))
 
-    def configure(self, settings: Mapping[str, str]) -> list[str]:
-        """The hub's settings in the agent (its environment before its import, its frozen
-        constants after); the ones the library keeps nowhere it can still be told."""
-        return list(self._request("configure", dict(settings)))
+    def submit(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
+               kwargs: Mapping[str, Any], queue: SimpleQueue[Pending] | None = None,
+               ) -> Pending:
+        """:meth:`call`, sent without waiting: its reply is :meth:`result`'s (and the
+        request is put on ``queue`` once it has one)."""
+        return self._send("call", key, method, args, dict(kwargs), queue=queue)
+
+    def result(self, pending: Pending) -> Any:
+        """The value of a request sent, once its reply has come; its failure raised here."""
+        pending.done.wait()
+        reply = pending.reply
+        if reply is None:
+            raise AgentGone(self._gone())
+        if reply[0] == "ok":
+            return reply[2]
+        raise _decode(reply[2])
+
+    def configure(self, settings: Mapping[str, str]) -> Pending:
+        """The hub's settings sent to the agent (into its environment before its import,
+        its frozen constants after), applied before any request sent after them. The
+        reply (:meth:`result`) lists the ones the library keeps nowhere it can still be
+        told."""
+        return self._send("configure", dict(settings))
 
     def probe(self, names: list[str]) -> dict[str, dict[str, Any]]:
         """What the agent holds for each setting in ``names``: the library's constant of
@@ -228,7 +266,11 @@ class Agent:
         return self._exited.wait(bound_s)
 
     def _request(self, kind: str, *body: Any) -> Any:
-        pending = _Pending()
+        return self.result(self._send(kind, *body))
+
+    def _send(self, kind: str, *body: Any, queue: SimpleQueue[Pending] | None = None,
+              ) -> Pending:
+        pending = Pending(queue)
         with self._lock:
             if not self._alive or self._stdin is None:
                 raise AgentGone(self._gone())
@@ -239,13 +281,7 @@ class Agent:
             except (OSError, ValueError):
                 del self._pending[ident]
                 raise AgentGone(self._gone()) from None
-        pending.done.wait()
-        reply = pending.reply
-        if reply is None:
-            raise AgentGone(self._gone())
-        if reply[0] == "ok":
-            return reply[2]
-        raise _decode(reply[2])
+        return pending
 
     def _gone(self) -> str:
         status = self.returncode
@@ -262,8 +298,7 @@ class Agent:
                 with self._lock:
                     pending = self._pending.pop(message[1], None)
                 if pending is not None:
-                    pending.reply = message
-                    pending.done.set()
+                    pending.settle(message)
         except Exception:  # a frame that does not read: the agent is of no further use
             pass
         finally:
@@ -285,7 +320,7 @@ class Agent:
         self.returncode = _reap(self._pid)
         self._exited.set()
         for each in pending:
-            each.done.set()  # reply None: AgentGone
+            each.settle(None)  # AgentGone
         self.stop()
         if not self.ready.is_set():
             self._got_ready(("ready", None, "AgentGone", None))
@@ -378,15 +413,47 @@ class AgentClient:
         """Whether the agent this client last spoke to still runs."""
         return self._agent.alive
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _current(self) -> Agent:
         agent = self._agent
         if not agent.alive:
             agent = process(self._restart)
             if agent is not self._agent:
                 agent.ready.wait()  # in the adapter's bounded thread
-                agent.configure(self._settings)
+                agent.result(agent.configure(self._settings))
                 self._agent = agent
-        return agent.call(self._key, method, args, kwargs)
+        return agent
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._current().call(self._key, method, args, kwargs)
+
+    def each(self, method: str, calls: Iterable[tuple[tuple[Any, ...], Mapping[str, Any]]],
+             *, window: int, before: Callable[[], None]) -> Iterator[Any]:
+        """``method(*args, **kwargs)`` for each of ``calls``, up to ``window`` at once, from
+        this one thread (the agent runs each in a thread of its own): their values as
+        they arrive, in the order they arrive; the first failure is raised. ``before()``
+        runs before each call is sent (a signal, a cancelled branch: it raises there)."""
+        from queue import SimpleQueue
+
+        agent = self._current()
+        arrived: SimpleQueue[Pending] = SimpleQueue()
+        todo = iter(calls)
+        in_flight = 0
+
+        def send() -> None:
+            nonlocal in_flight
+            call = next(todo, None)
+            if call is not None:
+                before()
+                agent.submit(self._key, method, call[0], call[1], arrived)
+                in_flight += 1
+
+        for _ in range(window):
+            send()
+        while in_flight:
+            pending = arrived.get()
+            in_flight -= 1
+            yield agent.result(pending)
+            send()
 
     def main_commit(self, *args: Any, **kwargs: Any) -> str | None:
         value: str | None = self._call("main_commit", *args, **kwargs)
@@ -448,8 +515,10 @@ def serve(*, switch: bool = True) -> None:
         with write_lock:
             _write(replies, message)
 
+    from fsm import oom
     from fsm.hub import library
 
+    oom.lower_own_oom_score()  # as the runner's: the worker is the OOM killer's choice
     began = time.monotonic()
     error: str | None = None
     accelerator: str | None = None
@@ -461,9 +530,6 @@ def serve(*, switch: bool = True) -> None:
     except BaseException as exc:  # every call answers it
         error = type(exc).__name__
     reply(("ready", round(time.monotonic() - began, 6), error, accelerator))
-    from fsm import procs
-
-    procs.lower_own_oom_score()  # as the runner's: the worker is the OOM killer's choice
     clients: dict[tuple[Any, ...], Any] = {}
     clients_lock = threading.Lock()
 
@@ -495,7 +561,10 @@ def serve(*, switch: bool = True) -> None:
             reply(("err", ident, _encode(exc)))
 
     while (message := _read(requests)) is not None:
-        threading.Thread(target=run, args=(message,), daemon=True).start()
+        if message[0] == "call":
+            threading.Thread(target=run, args=(message,), daemon=True).start()
+        else:  # settings, and what they are: in order, before the calls sent after them
+            run(message)
     os._exit(0)  # the runner has gone: calls still in flight are of no use to anyone
 
 

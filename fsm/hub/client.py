@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -136,32 +136,37 @@ class HubClient:
         bytes are checked against that digest before they are moved to ``dest``.
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if expect is not None and expect.size == 0 and expect.oid == _EMPTY_BLOB:
+        if expect is None:
+            staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+            try:
+                blob = self._into_cache(repo_type, repo_id, path, revision, staging)
+                size = verify(blob, expect, path)
+                os.replace(blob, dest)
+                return size
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        if expect.size == 0 and expect.oid == _EMPTY_BLOB:
             dest.write_bytes(b"")
             return 0
-        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        fd, part = _part_file(dest)
         try:
-            if expect is None:
-                blob = self._into_cache(repo_type, repo_id, path, revision, staging)
-            else:
-                blob = staging / "blob"
-                self._get(repo_type, repo_id, path, revision, blob)
-            size = verify(blob, expect, path)
-            os.replace(blob, dest)
+            with os.fdopen(fd, "wb") as file:
+                self._get(repo_type, repo_id, path, revision, file)
+            size = verify(part, expect, path)
+            os.replace(part, dest)
             return size
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            part.unlink(missing_ok=True)
 
     def _get(self, repo_type: str, repo_id: str, path: str, revision: str,
-             into: Path) -> None:
+             into: BinaryIO) -> None:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.file_download import http_get
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
         url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
                          endpoint=self.endpoint)
-        with into.open("wb") as file:
-            http_get(url, file, headers=build_hf_headers(token=self._token))
+        http_get(url, into, headers=build_hf_headers(token=self._token))
 
     def warm(self, repo_id: str, entry: Entry, *, revision: str, cache_dir: Path) -> int:
         """One model file into the Hugging Face cache at ``cache_dir`` (the library's own
@@ -226,6 +231,18 @@ class HubClient:
         ignored = [op.path_in_repo for op in operations if getattr(op, "_should_ignore", False)]
         if any(path not in optional for path in ignored):
             raise Ignored(ignored)
+
+
+def _part_file(dest: Path) -> tuple[int, Path]:
+    """A new file beside ``dest`` for its download, open for writing, with the mode a file
+    the process creates gets (``mkstemp``'s would be 0600: the worker's code tree is read
+    by whoever runs it)."""
+    while True:
+        part = dest.with_name(f".{dest.name}.{os.urandom(6).hex()}.part")
+        try:
+            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), part
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
 
 
 def git_blob_id(data: bytes) -> str:

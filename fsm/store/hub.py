@@ -51,12 +51,12 @@ exception's type name only.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -135,8 +135,8 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
     """The settings of ``environ`` that are the hub's to decide (the rest, secrets
     included, is not ours; telemetry stays configure_transfer's, and progress bars stay
-    off in the runner: its stderr is JSON lines, see ``fsm.log.quiet_libraries``)."""
-    major = library.hub_major()
+    off in the runner: its stderr is JSON lines, see ``fsm.log.quiet_libraries``; the
+    agent drops what its hub line does not read, ``fsm.hub.library.apply_settings``)."""
     return {
         key: value
         for key, value in (environ or {}).items()
@@ -144,7 +144,6 @@ def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
         # HF_HUB_OFFLINE is the worker's: the runner's own calls must reach the store.
         and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
                         "HF_HUB_OFFLINE")
-        and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and major != 0)  # 1.x+: only warns
     }
 
 
@@ -433,17 +432,14 @@ class HubStore:
         with Progress("fetch", total_files=len(wanted), total_bytes=total,
                       folder=label) as progress:
 
-            def one(entry: Entry) -> None:
-                self._check_interrupt()  # a signal, or a prefetch branch cancelled
-                size = client.download("dataset", self.repo_id, entry.path,
-                                       local_root / entry.path, revision=sha, expect=entry)
-                progress.advance(files=1, bytes=size)
-
             def fetch() -> None:
                 progress.set(files=0, bytes=0)  # a retry fetches every file again
-                workers = min(FETCH_WORKERS, len(wanted))
-                with ThreadPoolExecutor(workers, thread_name_prefix="hub-fetch") as pool:
-                    list(pool.map(one, wanted))
+                calls = [(("dataset", self.repo_id, entry.path, local_root / entry.path),
+                          {"revision": sha, "expect": entry}) for entry in wanted]
+                # Before each file: a signal, or a prefetch branch cancelled, stops here.
+                for size in client.each("download", calls, window=FETCH_WORKERS,
+                                        before=self._check_interrupt):
+                    progress.advance(files=1, bytes=int(size))
 
             self._call("fetch", label, fetch, self.transfer_timeout_s)
         missing = [e.path for e in wanted if not (local_root / e.path).is_file()]
@@ -486,16 +482,14 @@ class HubStore:
         if on_start is not None:
             on_start(len(kept), sum(entry.size for entry in kept))
 
-        def one(entry: Entry) -> None:
-            self._check_interrupt()
-            client.warm(repo_id, entry, revision=commit, cache_dir=cache_dir)
-
         if kept:
 
             def fetch() -> None:
-                workers = min(FETCH_WORKERS, len(kept))
-                with ThreadPoolExecutor(workers, thread_name_prefix="hub-warm") as pool:
-                    list(pool.map(one, kept))
+                calls = [((repo_id, entry), {"revision": commit, "cache_dir": cache_dir})
+                         for entry in kept]
+                for _ in client.each("warm", calls, window=FETCH_WORKERS,
+                                     before=self._check_interrupt):
+                    pass
 
             self._call("warm", label, fetch, self.transfer_timeout_s)
         cache.set_main(commit)
@@ -523,14 +517,17 @@ class HubStore:
     # --- internals ------------------------------------------------------------------------
 
     def _client(self) -> AgentClient:
-        """The client of the agent process (``fsm.store.hub_agent``), once the library is
-        loaded there: waited for within the budget (a signal ends the wait), so that no
-        try's bound covers the import. The adapter's settings are sent to each agent first.
-        """
+        """The client of the agent process (``fsm.hub.agent``), once the library is loaded
+        there: waited for within the budget (a signal ends the wait), so that no try's
+        bound covers the import. The adapter's settings go to each agent first, sent
+        without waiting for the load (the agent applies them before any later call)."""
         if self._http is not None and self._http.alive:
             return self._http
         for _ in range(_AGENT_STARTS):
             agent = hub_agent.process(_new_agent)
+            configured: hub_agent.Pending | None = None
+            with contextlib.suppress(hub_agent.AgentGone):  # then its error says why
+                configured = agent.configure(self._settings)
             self._await(agent.ready, "waiting for huggingface_hub to load")
             if agent.error is None:
                 break
@@ -540,11 +537,10 @@ class HubStore:
             raise StoreUnavailable(
                 f"store {self.describe()}: the huggingface_hub process exited "
                 f"{_AGENT_STARTS} times before it was ready")
-        configure = Background(partial(agent.configure, self._settings), "hub-configure")
-        if not self._wait(configure, self.call_timeout_s):
+        if configured is None or not self._wait(configured, self.call_timeout_s):
             raise StoreUnavailable(f"store {self.describe()}: the huggingface_hub process "
                                    f"did not answer within {self.call_timeout_s:.3g}s")
-        _report_frozen(configure.result())
+        _report_frozen(agent.result(configured))
         self._http = AgentClient(self.endpoint, self._token, timeout_s=self.call_timeout_s,
                                  settings=self._settings, restart=_new_agent,
                                  agent=agent)
@@ -559,7 +555,7 @@ class HubStore:
                 raise DeadlineExceeded(f"store {self.describe()}: the attempt deadline "
                                        f"passed {what}")
 
-    def _wait(self, call: Background[_T], bound: float) -> bool:
+    def _wait(self, call: Background[_T] | hub_agent.Pending, bound: float) -> bool:
         """Whether ``call`` ended within ``bound``; a signal that stops the budget ends the
         wait at once (:class:`~fsm.errors.Interrupted`; the call runs on, abandoned)."""
         end = time.monotonic() + bound
