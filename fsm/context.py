@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -372,6 +373,14 @@ class Context:
         assert self.dest is not None, "LoadPayload finds the destination"
         return self.open_store(self.dest, Budget(self.work_deadline, flag), self.store_env(),
                                self.store_stats)
+
+    def start_prefetch(self, name: str, work: Callable[[Store], object]) -> None:
+        """``work(store)`` started now as the prefetch branch ``name``, with a store handle
+        of its own (:meth:`branch_store`), for a later state to join."""
+        from fsm.prefetch import Branch
+
+        flag = Branch.follow(self.interrupt)
+        self.prefetch[name] = Branch(name, partial(work, self.branch_store(flag)), flag)
 
     def cancel_prefetch(self) -> None:
         """Stop every prefetch branch (a state failed: nothing after it will join them)."""

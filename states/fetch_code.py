@@ -1,7 +1,8 @@
 """FetchCode: bring the worker's source tree (``code/**``) from the store to the code root.
 
 When the run has extras, LoadPayload started this download already (``fsm.prefetch``):
-the state then joins it, and its failure is raised (and classified) here.
+the state then joins it, and its failure is raised (and classified) here. Otherwise it
+starts a spilled spec's download (ResolveSpec joins it) and fetches the code itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def fetch_code(ctx: Context) -> str:
     if branch is not None:
         branch.join()  # started by LoadPayload, under the extras install
     else:
+        from states import resolve_spec
+
+        resolve_spec.prefetch_spec(ctx)  # a spilled spec downloads beside the code
         fetch(ctx, ctx.require_store())
     return table.CODE_FETCHED
 

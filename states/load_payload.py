@@ -26,7 +26,6 @@ still end in a retriable marker once the destination is known.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,6 @@ from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError, RetriableError
 from fsm.host import PROBE_S, HostFacts, HostProbe, facts_of
-from fsm.prefetch import Branch
-from fsm.store.base import Store
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -115,13 +112,8 @@ def _start_downloads(ctx: Context, p: payload.Payload) -> None:
     FetchCode and ResolveSpec join them (``fsm.prefetch``)."""
     from states import fetch_code, resolve_spec
 
-    works: dict[str, Callable[[Store], object]] = {"code": partial(fetch_code.fetch, ctx)}
-    if p.job_spec_in_hf and not p.job_spec_json:
-        works["spec"] = partial(resolve_spec.download_spec, ctx)
-    for name, work in works.items():
-        flag = Branch.follow(ctx.interrupt)
-        store = ctx.branch_store(flag)
-        ctx.prefetch[name] = Branch(name, partial(work, store), flag)
+    ctx.start_prefetch("code", partial(fetch_code.fetch, ctx))
+    resolve_spec.prefetch_spec(ctx)
 
 
 def _own_budget(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from fsm import rules, table
 from fsm.console import progress_path
@@ -153,9 +154,17 @@ def _spec(ctx: Context, p: Payload) -> str:
         )
     branch = ctx.prefetch.pop("spec", None)
     if branch is not None:
-        text: str = branch.join()  # started by LoadPayload, under the extras install
+        text: str = branch.join()  # started by LoadPayload or FetchCode
         return text
     return download_spec(ctx, ctx.require_store())
+
+
+def prefetch_spec(ctx: Context) -> None:
+    """A spilled spec's download started ahead of this state (by LoadPayload or FetchCode),
+    beside the code's: :func:`_spec` joins it."""
+    p = ctx.require_payload()
+    if p.job_spec_in_hf and not p.job_spec_json and "spec" not in ctx.prefetch:
+        ctx.start_prefetch("spec", partial(download_spec, ctx))
 
 
 def download_spec(ctx: Context, store: Store) -> str:
