@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Sequence
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -19,8 +20,9 @@ import structlog
 
 from fsm import rules, table
 from fsm.context import Context
-from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError
+from fsm.errors import DeadlineExceeded, FatalError, FlashError, Interrupted
 from fsm.log import Progress
+from fsm.prefetch import Branch
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
 
 RESULT_NAME = PRELOAD_RESULT_NAME
@@ -35,17 +37,15 @@ def preload(ctx: Context) -> str:
     problem = _mount_problem(hf_home, mount, p.cache_mount_marker, p.cache_block_device)
     if problem is None:
         cache_dir = Path(hf_home) / "hub"
-        for repo_id in p.models:
-            try:
-                outcome = _warm(ctx.require_store(), repo_id, cache_dir)
-            except DeadlineExceeded:
-                raise
-            except (FlashError, OSError, ValueError) as exc:
-                result["failed"][repo_id] = ctx.redactor.line(str(exc), 500)
-                log.warning("preload.model_failed", repo_id=repo_id, error=str(exc))
-                if isinstance(exc, StoreAuthError):
-                    break
+        for repo_id, outcome in _warm_all(ctx, p.models, cache_dir):
+            if isinstance(outcome, DeadlineExceeded):
+                raise outcome
+            if isinstance(outcome, FlashError | OSError | ValueError):
+                result["failed"][repo_id] = ctx.redactor.line(str(outcome), 500)
+                log.warning("preload.model_failed", repo_id=repo_id, error=str(outcome))
                 continue
+            if isinstance(outcome, BaseException):
+                raise outcome
             key = "already_cached" if outcome == "cached" else "preloaded"
             result[key].append(repo_id)
             log.info("preload.model_ready", repo_id=repo_id, outcome=outcome, cache=str(cache_dir))
@@ -61,6 +61,33 @@ def preload(ctx: Context) -> str:
         names = ", ".join(sorted(result["failed"]))
         raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
     return table.CACHE_WARMED
+
+
+def _warm_all(ctx: Context, models: Sequence[str], cache_dir: Path,
+              ) -> list[tuple[str, WarmOutcome | BaseException]]:
+    """Each model warmed at once, each in a branch with a store handle of its own
+    (``fsm.prefetch``; a model's files are fetched several at once too): each model's
+    outcome, or what it failed with, in the payload's order. A model refused for its
+    token does not stop the others: each says what it met. A signal while waiting
+    cancels them all."""
+    branches = []
+    for repo_id in models:
+        flag = Branch.follow(ctx.interrupt)
+        work = partial(_warm, ctx.branch_store(flag), repo_id, cache_dir)
+        branches.append((repo_id, Branch(f"warm-{repo_id}", work, flag)))
+    outcomes: list[tuple[str, WarmOutcome | BaseException]] = []
+    try:
+        for repo_id, branch in branches:
+            try:
+                outcomes.append((repo_id, branch.join()))
+            except (Interrupted, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # the caller decides
+                outcomes.append((repo_id, exc))
+    finally:
+        for _, branch in branches:
+            branch.cancel()  # (a no-op for a branch that ended)
+    return outcomes
 
 
 def _warm(store: Store, repo_id: str, cache_dir: Path) -> WarmOutcome:
