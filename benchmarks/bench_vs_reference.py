@@ -321,6 +321,12 @@ def _timeline(records: list[RequestRecord], started: float, worker_at: float | N
             event = json.loads(line)
             stamp = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
             what = event.get("msg", "?") + (f" -> {event['to']}" if "to" in event else "")
+            if str(event.get("msg", "")).startswith("hub.import_"):
+                # logged once logging is up; ``at`` is when it happened (epoch seconds)
+                if event.get("import_seconds") is not None:
+                    what += f" (import {1000 * event['import_seconds']:.0f} ms)"
+                rows.append((event["at"] - offset - started, f"agent    {what}"))
+                continue
             rows.append((stamp.timestamp() - offset - started, f"log      {what}"))
     return [f"{1000 * at:8.1f} ms  {text}" for at, text in sorted(rows)]
 
