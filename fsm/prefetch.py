@@ -1,10 +1,12 @@
-"""Downloads started ahead of the state that needs them, overlapping the extras install.
+"""Downloads started ahead of the state that needs them, overlapping other work.
 
 When a run has extras to install, LoadPayload starts the code download (and the spilled
 spec's) as branches, each in a thread of its own with a store handle of its own, and
-InstallExtras installs meanwhile. The machine keeps its eight states in their order, and
-each state owns its join: FetchCode joins the code branch, ResolveSpec the spec branch.
-The outcome is the serial one:
+InstallExtras installs meanwhile; without extras, FetchCode starts the spilled spec's
+beside its own download. The machine keeps its eight states in their order, and each
+state owns its join: FetchCode joins the code branch, ResolveSpec the spec branch
+(Preload warms its models as branches too, and joins them itself). The outcome is the
+serial one:
 
 * a branch's failure is raised by the state that joins it, so the policy classifies it in
   that state, and only once the earlier states have succeeded: the earliest failing
