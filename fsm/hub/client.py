@@ -8,11 +8,10 @@ call through the library and adds what the library does not do:
   listing of the whole repo;
 * existence is a ``HEAD`` of the file through ``get_hf_file_metadata`` (not
   ``file_exists``: it answers False to a 401);
-* a download of a listed file is the library's ``http_get`` (one GET) into a staging
-  file, else ``hf_hub_download`` into a staging cache; either way the bytes are checked
-  against the store's own digest of the file (the git blob id of a regular file, the
-  sha256 of an LFS/Xet one, and its size: from the folder's listing, else the id the
-  library named the blob by) before the file is moved where it is used. A mismatch is
+* a download is the library's ``http_get`` (one GET) into a part file beside its
+  destination, checked against the store's own digest of the file (the git blob id of a
+  regular file, the sha256 of an LFS/Xet one, and its size: from the folder's listing,
+  else from the library's ``HEAD`` of it) before the file is moved where it is used. A mismatch is
   :class:`ContentMismatch`, a transport failure (retried);
 * a commit is ``create_commit`` (with ``parent_commit`` for a fenced one), and afterwards
   the files the repo's ``.gitignore`` made the library leave out (preupload's
@@ -28,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,23 +125,16 @@ class HubClient:
 
         With ``expect`` (the file's entry in a listing, at the commit ``revision`` names),
         the library's own download (``file_download.http_get``: its session, redirects,
-        proxies and in-call retries) streams the file into a staging file beside
-        ``dest``: one GET, where ``hf_hub_download`` would first ask for the file's
-        metadata and keep a cache of blobs and links the runner does not use (it lays the
-        files out itself). Without one, ``hf_hub_download`` fetches it into a staging
-        cache, whose blob is named by the ETag (git blob id or sha256). Either way the
-        bytes are checked against that digest before they are moved to ``dest``.
+        proxies and in-call retries) streams the file into a part file beside ``dest``:
+        one GET, where ``hf_hub_download`` would first ask for the file's metadata and
+        keep a cache of blobs, links and locks the runner does not use (it lays the files
+        out itself). Without one, the library's ``HEAD`` of the file says what to expect
+        (:meth:`_metadata`) before the one GET. Either way the bytes are checked against
+        the store's digest before they are moved to ``dest``.
         """
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if expect is None:
-            staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-            try:
-                blob = self._into_cache(repo_type, repo_id, path, revision, staging)
-                size = verify(blob, expect, path)
-                os.replace(blob, dest)
-                return size
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+            expect = self._metadata(repo_type, repo_id, path, revision)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         if expect.size == 0 and expect.oid == _EMPTY_BLOB:
             dest.write_bytes(b"")
             return 0
@@ -157,6 +147,22 @@ class HubClient:
             return size
         finally:
             part.unlink(missing_ok=True)
+
+    def _metadata(self, repo_type: str, repo_id: str, path: str, revision: str) -> Entry:
+        """What a file no listing named is checked against, from the library's ``HEAD``
+        of it (``get_hf_file_metadata``, as ``hf_hub_download`` asks first): its size and
+        its ETag (the git blob id of a regular file, the sha256 of an LFS/Xet one). Bytes
+        of another version (``revision`` moved on meanwhile) do not pass the check."""
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
+                         endpoint=self.endpoint)
+        meta = get_hf_file_metadata(url, token=self._token, timeout=self.timeout_s,
+                                    endpoint=self.endpoint)
+        etag = str(meta.etag or "").lower()
+        size = meta.size if isinstance(meta.size, int) else -1
+        return Entry(path, size, etag if _is_hex(etag, 40) else "",
+                     etag if _is_hex(etag, 64) else None)
 
     def _get(self, repo_type: str, repo_id: str, path: str, revision: str,
              into: BinaryIO) -> None:
@@ -172,23 +178,18 @@ class HubClient:
         """One model file into the Hugging Face cache at ``cache_dir`` (the library's own
         layout: a blob, and a link in the commit's snapshot), checked against its listing
         entry: a blob that is not the store's is removed, with its link."""
-        snapshot = Path(self._into_cache("model", repo_id, entry.path, revision, cache_dir,
-                                         resolve=False))
+        from huggingface_hub import hf_hub_download
+
+        snapshot = Path(hf_hub_download(
+            repo_id, entry.path, repo_type="model", revision=revision,
+            cache_dir=str(cache_dir), token=self._token, endpoint=self.endpoint,
+            etag_timeout=self.timeout_s))
         try:
             return verify(snapshot.resolve(), entry, entry.path)
         except ContentMismatch:
             snapshot.resolve().unlink(missing_ok=True)
             snapshot.unlink(missing_ok=True)
             raise
-
-    def _into_cache(self, repo_type: str, repo_id: str, path: str, revision: str,
-                    cache_dir: Path, *, resolve: bool = True) -> Path:
-        from huggingface_hub import hf_hub_download
-
-        got = hf_hub_download(repo_id, path, repo_type=repo_type, revision=revision,
-                              cache_dir=str(cache_dir), token=self._token,
-                              endpoint=self.endpoint, etag_timeout=self.timeout_s)
-        return Path(got).resolve() if resolve else Path(got)
 
     def cached_offline(self, repo_id: str, cache_dir: Path, patterns: list[str]) -> bool:
         """Whether the model is complete in the cache at ``cache_dir`` by the library's own
