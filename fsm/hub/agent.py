@@ -430,30 +430,46 @@ class AgentClient:
              *, window: int, before: Callable[[], None]) -> Iterator[Any]:
         """``method(*args, **kwargs)`` for each of ``calls``, up to ``window`` at once, from
         this one thread (the agent runs each in a thread of its own): their values as
-        they arrive, in the order they arrive; the first failure is raised. ``before()``
-        runs before each call is sent (a signal, a cancelled branch: it raises there)."""
+        they arrive, in the order they arrive. ``before()`` runs before each call is sent
+        (a signal, a cancelled branch: it raises there). The first failure is raised once
+        the calls in flight have ended, as a pool's ``map`` would: nothing of the batch
+        still writes after it (a retry of the batch, a mismatched blob's removal)."""
         from queue import SimpleQueue
 
         agent = self._current()
         arrived: SimpleQueue[Pending] = SimpleQueue()
         todo = iter(calls)
         in_flight = 0
+        failure: BaseException | None = None
 
         def send() -> None:
-            nonlocal in_flight
-            call = next(todo, None)
-            if call is not None:
+            nonlocal in_flight, failure
+            call = next(todo, None) if failure is None else None
+            if call is None:
+                return
+            try:
                 before()
                 agent.submit(self._key, method, call[0], call[1], arrived)
-                in_flight += 1
+            except BaseException as exc:  # raised once the calls in flight have ended
+                failure = exc
+                return
+            in_flight += 1
 
         for _ in range(window):
             send()
         while in_flight:
             pending = arrived.get()
             in_flight -= 1
-            yield agent.result(pending)
-            send()
+            try:
+                value = agent.result(pending)
+            except BaseException as exc:
+                failure = failure or exc
+                continue
+            if failure is None:
+                yield value
+                send()
+        if failure is not None:
+            raise failure
 
     def main_commit(self, *args: Any, **kwargs: Any) -> str | None:
         value: str | None = self._call("main_commit", *args, **kwargs)
