@@ -485,9 +485,6 @@ class AgentClient:
     def download(self, *args: Any, **kwargs: Any) -> int:
         return int(self._call("download", *args, **kwargs))
 
-    def warm(self, *args: Any, **kwargs: Any) -> int:
-        return int(self._call("warm", *args, **kwargs))
-
     def commit(self, *args: Any, **kwargs: Any) -> None:
         self._call("commit", *args, **kwargs)
 
