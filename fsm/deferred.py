@@ -16,10 +16,12 @@ own fallback); rich stays importable afterwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 UNUSED_BEFORE_THE_WORKER = ("asyncio",)
 #: What structlog imports if it can, and the runner does without (see above).
@@ -31,25 +33,44 @@ class Deferred(types.ModuleType):
     for free; the first attribute looked up on it imports the real module (which then
     replaces it in ``sys.modules``), and every lookup after that is passed on to it.
 
+    A function named in ``calls`` may be looked up before that without importing: what
+    is found is a stand-in that imports the module when it is called (for a library that
+    binds ``partial(module.function, ...)`` at its import and calls it only on a path the
+    runner never takes).
+
     (``importlib.util.LazyLoader`` does not do here: on Python 3.11 the import statement
     itself reads the module's ``__spec__``, which loads a lazy module at once.)
     """
 
+    def __init__(self, name: str, calls: Iterable[str] = ()) -> None:
+        super().__init__(name)
+        self.__dict__["_calls"] = frozenset(calls)
+
     def __getattr__(self, attr: str) -> object:
-        real = self.__dict__.get("_real")
+        if attr in self.__dict__["_calls"] and self.__dict__.get("_real") is None:
+            return functools.partial(_call_real, self, attr)
+        return getattr(self._load(), attr)
+
+    def _load(self) -> types.ModuleType:
+        real: types.ModuleType | None = self.__dict__.get("_real")
         if real is None:
             if sys.modules.get(self.__name__) is self:
                 del sys.modules[self.__name__]
             real = importlib.import_module(self.__name__)
             self.__dict__["_real"] = real
-        return getattr(real, attr)
+        return real
 
 
-def defer(names: Iterable[str]) -> None:
-    """Put a :class:`Deferred` in ``sys.modules`` for each of ``names`` not imported yet."""
+def _call_real(module: Deferred, attr: str, *args: Any, **kwargs: Any) -> Any:
+    return getattr(module._load(), attr)(*args, **kwargs)
+
+
+def defer(names: Iterable[str], *, calls: Mapping[str, Iterable[str]] | None = None) -> None:
+    """Put a :class:`Deferred` in ``sys.modules`` for each of ``names`` not imported yet
+    (with the functions ``calls`` names for it, if any)."""
     for name in names:
         if name not in sys.modules:
-            sys.modules[name] = Deferred(name)
+            sys.modules[name] = Deferred(name, (calls or {}).get(name, ()))
 
 
 def import_without(module: str, absent: Iterable[str]) -> None:

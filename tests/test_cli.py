@@ -295,3 +295,23 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
                           check=False)
     assert proc.stdout.decode().strip() == "ok", proc.stderr.decode()
+
+
+def test_a_deferred_modules_named_function_is_found_without_importing_it() -> None:
+    """What the agent does to ``yaml``: a library may bind ``partial(module.function)``
+    at its import; the module loads only when that is called."""
+    code = """
+import functools, sys
+from fsm import deferred
+deferred.defer(["colorsys"], calls={"colorsys": ["rgb_to_hsv"]})
+import colorsys
+bound = functools.partial(colorsys.rgb_to_hsv, 1.0)
+assert isinstance(sys.modules["colorsys"], deferred.Deferred)
+assert bound(0.0, 0.0) == (0.0, 1.0, 1.0)
+assert not isinstance(sys.modules["colorsys"], deferred.Deferred)
+assert colorsys.hsv_to_rgb(0.0, 1.0, 1.0) == (1.0, 0.0, 0.0)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
+                          check=False)
+    assert proc.stdout.decode().strip() == "ok", proc.stderr.decode()

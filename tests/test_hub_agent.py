@@ -118,3 +118,33 @@ def test_the_agents_quiet_settings_are_the_runners() -> None:
     from fsm.hub import agent
 
     assert agent.QUIET_SETTINGS == log.QUIET_SETTINGS
+
+
+_LOAD = """
+import json, sys, warnings
+from fsm.hub import library
+library.load_library()
+from huggingface_hub.utils import yaml_dump
+loaded = {name: type(sys.modules.get(name)).__name__ for name in
+          ("yaml", "idna", "anyio", "brotli", "chardet", "charset_normalizer")}
+dumped = yaml_dump({"model": "é"})  # the stand-in imports yaml and calls the real dump
+print(json.dumps({"before": loaded, "dumped": dumped,
+                  "after": type(sys.modules["yaml"]).__name__}))
+"""
+
+
+def test_the_agent_loads_the_library_without_what_its_calls_never_use() -> None:
+    """``load_library`` (the agent's import) leaves out the modules no call of the
+    adapter's uses: YAML stays deferred though the library binds its ``dump`` at import
+    (and a dump still works), the optional decoders and encoding guessers are not loaded,
+    and requests' warning about a missing guesser never reaches the agent's stderr (the
+    runner's events)."""
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", _LOAD], capture_output=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stderr == b""
+    found = json.loads(proc.stdout)
+    assert found["before"] == {"yaml": "Deferred", "idna": "Deferred", "anyio": "NoneType",
+                               "brotli": "NoneType", "chardet": "NoneType",
+                               "charset_normalizer": "NoneType"}
+    assert found["dumped"] == "model: é\n" and found["after"] == "module"

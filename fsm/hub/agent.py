@@ -47,6 +47,7 @@ loads nothing of the runner's but ``fsm.hub``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import pickle
@@ -536,12 +537,18 @@ def serve(*, switch: bool = True) -> None:
     error: str | None = None
     accelerator: str | None = None
     os.environ.update(QUIET_SETTINGS)
+    # The import makes some 100,000 objects and frees few of them: the collector's passes
+    # over them meanwhile would find nothing, and they are the library's for good.
+    gc.disable()
     try:
         if switch:
             accelerator = library.switch_transfer(os.environ)[0]
         library.load_library()
     except BaseException as exc:  # every call answers it
         error = type(exc).__name__
+    finally:
+        gc.freeze()  # never looked at again: only what the calls make is collected
+        gc.enable()
     reply(("ready", round(time.monotonic() - began, 6), error, accelerator))
     clients: dict[tuple[Any, ...], Any] = {}
     clients_lock = threading.Lock()

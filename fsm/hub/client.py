@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
 
-__all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id"]
+__all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id", "write_if_empty"]
 
 _CHUNK = 1 << 20
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty file
@@ -134,9 +134,7 @@ class HubClient:
         """
         if expect is None:
             expect = self._metadata(repo_type, repo_id, path, revision)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if expect.size == 0 and expect.oid == _EMPTY_BLOB:
-            dest.write_bytes(b"")
+        if write_if_empty(expect, dest):
             return 0
         fd, part = _part_file(dest)
         try:
@@ -232,6 +230,16 @@ class HubClient:
         ignored = [op.path_in_repo for op in operations if getattr(op, "_should_ignore", False)]
         if any(path not in optional for path in ignored):
             raise Ignored(ignored)
+
+
+def write_if_empty(entry: Entry, dest: Path) -> bool:
+    """Write ``dest`` empty when ``entry`` is git's empty blob (nothing to download: its
+    id is its content's); False otherwise (the folder ``dest`` is in exists then too)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if entry.size != 0 or entry.oid != _EMPTY_BLOB:
+        return False
+    dest.write_bytes(b"")
+    return True
 
 
 def _part_file(dest: Path) -> tuple[int, Path]:

@@ -86,14 +86,25 @@ def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = Tru
     return accelerator, frozen
 
 
-#: Imported by the library's HTTP stack at its import and used by none of the adapter's
-#: calls (``idna``: host names beyond ASCII; ``truststore``: the certificate stores of
-#: Windows and macOS): deferred to their first use (``fsm.deferred``).
-UNUSED_BY_THE_CALLS = ("idna", "truststore")
-#: What the library's HTTP stack takes when it is installed and does without otherwise
-#: (``anyio``: httpcore's async transport; the adapter's calls are synchronous): the
-#: library is imported as if it were absent.
-OPTIONAL_FOR_THE_CALLS = ("anyio",)
+#: Imported by the library at its import and used by none of the adapter's calls
+#: (``idna``: host names beyond ASCII; ``truststore``: the certificate stores of Windows
+#: and macOS; ``yaml``: model cards, whose ``dump`` the library binds at its import and
+#: calls only to write one): deferred to their first use (``fsm.deferred``).
+UNUSED_BY_THE_CALLS = ("idna", "truststore", "yaml")
+DEFERRED_CALLS = {"yaml": ("dump",)}
+#: What the library's HTTP stack takes when it is installed and does without otherwise;
+#: the library is imported as if each were absent:
+#:
+#: * ``anyio``: httpcore's async transport (the adapter's calls are synchronous);
+#: * ``brotli``, ``brotlicffi``, ``backports.zstd``: httpx's decoders of ``br`` and
+#:   ``zstd`` bodies (never asked for then: its ``Accept-Encoding`` names only what it
+#:   can decode);
+#: * ``chardet``, ``charset_normalizer``: requests' guess at a text body's encoding when
+#:   the answer names none (utf-8 without one: the Hub's JSON is utf-8, files are bytes).
+OPTIONAL_FOR_THE_CALLS = ("anyio", "brotli", "brotlicffi", "backports.zstd", "chardet",
+                          "charset_normalizer")
+#: requests' warning at its import when it finds no encoding guesser (see above).
+_NO_GUESSER_WARNING = "Unable to find acceptable character detection dependency"
 
 
 def load_library() -> None:
@@ -101,7 +112,10 @@ def load_library() -> None:
     ``fsm.hub.agent``, whose environment holds the transfer switch by then), less what
     those calls never use (:data:`UNUSED_BY_THE_CALLS`, :data:`OPTIONAL_FOR_THE_CALLS`).
     The runner's own calls never obey ``HF_HUB_OFFLINE``: it is the worker's setting."""
-    deferred.defer(UNUSED_BY_THE_CALLS)
+    import warnings
+
+    deferred.defer(UNUSED_BY_THE_CALLS, calls=DEFERRED_CALLS)
+    warnings.filterwarnings("ignore", message=_NO_GUESSER_WARNING)
     with deferred.without(OPTIONAL_FOR_THE_CALLS):
         from huggingface_hub import constants
         from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]

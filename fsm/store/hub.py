@@ -76,7 +76,7 @@ from fsm.errors import (
 from fsm.hub import agent as hub_agent
 from fsm.hub import library
 from fsm.hub.agent import AgentClient
-from fsm.hub.client import Entry, Ignored
+from fsm.hub.client import Entry, Ignored, write_if_empty
 from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
@@ -434,8 +434,16 @@ class HubStore:
 
             def fetch() -> None:
                 progress.set(files=0, bytes=0)  # a retry fetches every file again
-                calls = [(("dataset", self.repo_id, entry.path, local_root / entry.path),
-                          {"revision": sha, "expect": entry}) for entry in wanted]
+                # An empty file (a package's __init__.py) is written here: the listing's
+                # id of it is its content, and the agent would make no request for it.
+                calls = []
+                for entry in wanted:
+                    if write_if_empty(entry, local_root / entry.path):
+                        progress.advance(files=1, bytes=0)
+                    else:
+                        calls.append((("dataset", self.repo_id, entry.path,
+                                       local_root / entry.path),
+                                      {"revision": sha, "expect": entry}))
                 # Before each file: a signal, or a prefetch branch cancelled, stops here.
                 for size in client.each("download", calls, window=FETCH_WORKERS,
                                         before=self._check_interrupt):
