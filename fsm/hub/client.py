@@ -136,6 +136,7 @@ class HubClient:
             expect = self._metadata(repo_type, repo_id, path, revision)
         if write_if_empty(expect, dest):
             return 0
+        dest.parent.mkdir(parents=True, exist_ok=True)
         fd, part = _part_file(dest)
         try:
             with os.fdopen(fd, "wb") as file:
@@ -234,10 +235,10 @@ class HubClient:
 
 def write_if_empty(entry: Entry, dest: Path) -> bool:
     """Write ``dest`` empty when ``entry`` is git's empty blob (nothing to download: its
-    id is its content's); False otherwise (the folder ``dest`` is in exists then too)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    id is its content's); False, and nothing written, otherwise."""
     if entry.size != 0 or entry.oid != _EMPTY_BLOB:
         return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(b"")
     return True
 
