@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsm.budget import Background, Budget
 from fsm.clock import Deadline
-from fsm.errors import Interrupted, PayloadError
+from fsm.errors import HostFault, Interrupted, PayloadError
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.outlet import Outlet
@@ -29,7 +29,7 @@ from fsm.rules import Rule
 from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
-    from fsm.gpus import Snapshot
+    from fsm.gpus import Snapshot, StartVerdict
     from fsm.host import HostProbe
     from fsm.prefetch import Branch
     from fsm.supervise import WorkerExit
@@ -152,11 +152,16 @@ DEFAULT_STALL_S = 1800.0
 DEFAULT_HOST_WATCH_S = 30.0
 #: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
 MIN_WATCH_S = 5.0
+#: FLASH_GPU_QUERY_S's default and floor (CONTRACT section 8): ``fsm.gpus``'s.
+DEFAULT_GPU_QUERY_S = 60.0
+MIN_GPU_QUERY_S = 5.0
 
 
-def watch_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+def watch_seconds(env: Mapping[str, str], key: str, default: float, *,
+                  minimum: float = MIN_WATCH_S, can_be_off: bool = True) -> float:
     """The seconds a watch setting names: ``default`` when it is unset or empty, 0 for
-    off, else a finite number of at least :data:`MIN_WATCH_S`; anything else raises
+    off (when it ``can_be_off``: a bound such as ``FLASH_GPU_QUERY_S`` cannot), else a
+    finite number of at least ``minimum``; anything else raises
     :class:`~fsm.errors.PayloadError` naming ``key``."""
     raw = env.get(key)
     if raw is None or not raw.strip():
@@ -165,12 +170,13 @@ def watch_seconds(env: Mapping[str, str], key: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if value == 0:
+    if value == 0 and can_be_off:
         return 0.0
-    if not math.isfinite(value) or value < MIN_WATCH_S:
+    if not math.isfinite(value) or value < minimum:
         raise PayloadError(
-            f"{key}={raw[:40]!r} is unusable: it must be 0 (off) or a number of seconds of "
-            f"at least {MIN_WATCH_S:g}"
+            f"{key}={raw[:40]!r} is unusable: it must be "
+            f"{'0 (off) or ' if can_be_off else ''}a number of seconds of "
+            f"at least {minimum:g}"
         )
     return value
 
@@ -190,12 +196,14 @@ class Tuning:
     py_spy: str | None = None
     #: Seconds between looks at the GPUs while the worker runs (0: no host watch).
     host_watch_s: float = DEFAULT_HOST_WATCH_S
+    #: Each nvidia-smi query's bound (FLASH_GPU_QUERY_S): a slower answer is none.
+    gpu_query_s: float = DEFAULT_GPU_QUERY_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
         """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``,
-        ``FLASH_HOST_WATCH_S``) is an unusable payload: :class:`~fsm.errors.PayloadError`
-        naming it."""
+        ``FLASH_HOST_WATCH_S``, ``FLASH_GPU_QUERY_S``) is an unusable payload:
+        :class:`~fsm.errors.PayloadError` naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
             console_upload_interval_s=max(
@@ -207,6 +215,8 @@ class Tuning:
             stall_s=watch_seconds(env, "FLASH_STALL_S", DEFAULT_STALL_S),
             py_spy=env.get("FLASH_PY_SPY") or None,
             host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", DEFAULT_HOST_WATCH_S),
+            gpu_query_s=watch_seconds(env, "FLASH_GPU_QUERY_S", DEFAULT_GPU_QUERY_S,
+                                      minimum=MIN_GPU_QUERY_S, can_be_off=False),
         )
 
     def reserve_for(self, budget_s: float) -> float:
@@ -221,6 +231,26 @@ def _float(value: str | None, default: Any) -> Any:
         return float(value) if value not in (None, "") else default
     except ValueError:
         return default
+
+
+def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFault:
+    """The start's verdict as the attempt's failure: its rule, a message naming the GPU
+    (index and UUID) and what it reported, and the findings and snapshot as evidence."""
+    from fsm import rules
+
+    rule = {"short": rules.HOST_GPU_MISSING, "unresponsive": rules.HOST_GPU_UNRESPONSIVE,
+            "busy": rules.HOST_GPU_BUSY}.get(verdict.kind or "", rules.HOST_GPU_UNHEALTHY)
+    if verdict.kind == "short":
+        message = f"host {hostname} is short of GPUs: {verdict.text}"
+    elif verdict.kind == "unresponsive":
+        message = (f"host {hostname}'s GPUs are not answering before the worker started, "
+                   f"retry on a fresh host: {verdict.text}")
+    else:
+        message = (f"host {hostname} is {verdict.kind} before the worker started, retry on a "
+                   f"fresh host: {verdict.text}")
+    evidence = {"gpu_health": {"findings": verdict.findings.evidence(),
+                               "snapshot": snap.evidence()}}
+    return HostFault(message, rule=rule, evidence=evidence)
 
 
 @dataclass(frozen=True)
@@ -265,8 +295,15 @@ class Context:
     worker_result: WorkerExit | None = None
     #: ``nvidia-smi``'s answer, asked for once the attempt is owned (LoadPayload)
     host: HostProbe | None = None
-    #: The GPUs' health before setup (``fsm.gpus``): what later snapshots are compared with.
+    #: The GPUs' health before the worker started (``fsm.gpus``): what later snapshots
+    #: are compared with.
     host_start: Snapshot | None = None
+    #: A fault the GPUs reported while setup ran (:meth:`watch_host`): set from the
+    #: probe's thread, it ends the running state at once (the driver raises it).
+    host_fault: HostFault | None = None
+    #: Stops setup's waits (the extras install, downloads and their retries): every stop
+    #: signal, and a fault the GPUs report (:meth:`watch_host`).
+    setup_stop: InterruptFlag = field(default_factory=InterruptFlag)
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
     failure: Failure | None = None
@@ -288,6 +325,39 @@ class Context:
     storage_start: dict[str, Any] = field(default_factory=dict)
     #: While False, a signal only sets the flag (the handler watches it itself).
     raise_on_interrupt: bool = False
+
+    def __post_init__(self) -> None:
+        self.setup_stop = self.interrupt.follower()
+
+    def watch_host(self, expected: int | None) -> None:
+        """From now until the worker starts, a fault the GPUs report (``fsm.host``) ends
+        setup the moment it comes: it is kept as :attr:`host_fault`, and
+        :attr:`setup_stop` stops the install and the downloads under way."""
+        probe = self.host
+        assert probe is not None, "LoadPayload starts the probe"
+        probe.limit(self.tuning.gpu_query_s)
+
+        def on_fault(verdict: StartVerdict, snap: Snapshot) -> None:
+            self.host_fault = host_fault(probe.hostname, verdict, snap)
+            self.setup_stop.trigger(15)
+
+        probe.watch(expected, on_fault)
+
+    def settle_host(self, expected: int | None) -> None:
+        """Before the worker starts (or a preload claims success): wait for the GPUs'
+        verdict (at most ``FLASH_GPU_QUERY_S``; a signal ends the wait), raise the fault
+        it reports, and keep the snapshot as the baseline of later looks."""
+        probe = self.host
+        if probe is None:
+            return
+        verdict, snap = probe.settle(expected, stopped=self.interrupt.is_set)
+        if self.interrupt.is_set():
+            raise Interrupted(self.interrupt.signum or 15)
+        if self.host_fault is not None:
+            raise self.host_fault
+        if verdict.kind is not None:
+            raise host_fault(probe.hostname, verdict, snap)
+        self.host_start = snap
 
     @property
     def reserve_s(self) -> float:
@@ -357,6 +427,11 @@ class Context:
             self._verify_store = self.store_for(self.begin_end().verify_budget())
         return self._verify_store
 
+    def setup_store(self) -> Store:
+        """The store for setup (FetchCode, ResolveSpec, Preload): bounded by the work
+        deadline, its retries stopped by :attr:`setup_stop`."""
+        return self.store_for(Budget(self.work_deadline, self.setup_stop))
+
     def store_until(self, deadline: Deadline) -> Store:
         """A store handle for the attempt's destination whose calls end by ``deadline``;
         a signal stops its retries."""
@@ -379,7 +454,7 @@ class Context:
         of its own (:meth:`branch_store`), for a later state to join."""
         from fsm.prefetch import Branch
 
-        flag = Branch.follow(self.interrupt)
+        flag = self.setup_stop.follower()
         self.prefetch[name] = Branch(name, partial(work, self.branch_store(flag)), flag)
 
     def cancel_prefetch(self) -> None:

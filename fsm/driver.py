@@ -21,7 +21,14 @@ import structlog
 from fsm import log as log_config
 from fsm import marker, outcome, policy, rules, table
 from fsm.context import Context, Failure
-from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, Interrupted
+from fsm.errors import (
+    AttemptBusy,
+    DeadlineExceeded,
+    FatalError,
+    FlashError,
+    HostFault,
+    Interrupted,
+)
 from fsm.machine import RunMachine
 
 Handler = Callable[[Context], str]
@@ -95,16 +102,29 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             raise Interrupted(ctx.interrupt.signum or 15)
         if ctx.work_deadline.expired() and state != table.LOAD_PAYLOAD:
             raise DeadlineExceeded(f"run wall deadline exceeded before {state} could start")
+        if ctx.host_fault is not None:
+            raise ctx.host_fault
         ctx.raise_on_interrupt = True
         try:
-            return handler(ctx)
+            event = handler(ctx)
         finally:
             ctx.raise_on_interrupt = False
+        # A fault the GPUs reported while setup ran (fsm.host, from the probe's thread)
+        # ends the state it came in, whether or not the state's work saw it.
+        if ctx.host_fault is not None:
+            raise ctx.host_fault
+        return event
     except BaseException as exc:  # every failure is classified, none escapes the machine
         if isinstance(exc, SystemExit | AttemptBusy):
             raise
         if isinstance(exc, LookupError) and handler is None:
             return _internal(ctx, state, str(exc))
+        if ctx.host_fault is not None:
+            # What setup raised after the GPUs reported a fault (an install or download
+            # stopped for it) came of that fault: the fault decides.
+            exc = ctx.host_fault
+        if isinstance(exc, HostFault):
+            ctx.evidence.update(exc.evidence)
         if (
             ctx.interrupt.is_set()
             and not isinstance(exc, Interrupted)

@@ -10,6 +10,8 @@ Anything else is classified by the policy from its type.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fsm import rules
 from fsm.rules import Rule
 
@@ -40,6 +42,15 @@ class RetriableError(FlashError):
         if not rule.retriable:
             raise TypeError(f"RetriableError names the fatal rule {rule.id!r}")
         super().__init__(message, rule=rule, stands_after_signal=stands_after_signal)
+
+
+class HostFault(RetriableError):
+    """A fault the host's own GPUs reported before the worker started (``fsm.host``):
+    ``evidence`` (the findings and the snapshot) goes into the marker."""
+
+    def __init__(self, message: str, *, rule: Rule, evidence: dict[str, Any]) -> None:
+        super().__init__(message, rule=rule, stands_after_signal=True)
+        self.evidence = evidence
 
 
 class FatalError(FlashError):

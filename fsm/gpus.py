@@ -1,8 +1,8 @@
-"""What the GPUs say about themselves: one bounded ``nvidia-smi`` snapshot, answered in data,
-and the verdicts drawn from snapshots (CONTRACT section 8, issue 24).
+"""What the GPUs say about themselves: ``nvidia-smi``'s answers, read as data, and the
+verdicts drawn from them (CONTRACT section 8).
 
 A snapshot is three invocations of nvidia-smi's selective query interface, started together
-and bounded together (nvidia-smi takes *one* of ``--query-gpu``, ``--query-compute-apps``,
+(nvidia-smi takes *one* of ``--query-gpu``, ``--query-compute-apps``,
 ``--query-remapped-rows`` per invocation: its ``-h`` lists them under "[one of]"):
 
 * ``--query-gpu=`` :data:`GPU_FIELDS`: the GPUs, their memory and their ECC / page
@@ -10,10 +10,19 @@ and bounded together (nvidia-smi takes *one* of ``--query-gpu``, ``--query-compu
 * ``--query-remapped-rows=`` :data:`REMAP_FIELDS`: row remapping (Ampere and newer);
 * ``--query-compute-apps=`` :data:`APP_FIELDS`: the processes holding a compute context.
 
-Each with ``--format=csv,noheader,nounits``. Every process runs in a session of its own; at
-the bound (:data:`SNAPSHOT_S`, 2 s, for all three together) whatever still runs is killed
-with its process group and the snapshot says ``hung``: a hung nvidia-smi is the classic sign
-of a GPU that fell off the bus, and its own outcome, distinct from ``failed``.
+Each with ``--format=csv,noheader,nounits``, in a session of its own, and each **ends on
+its own**: its answer, or its bound (``FLASH_GPU_QUERY_S``, default
+:data:`DEFAULT_QUERY_S`), when it is killed with its process group.
+
+**Only what the GPUs say is evidence; silence is not.** nvidia-smi is slow on healthy
+hosts (seconds on a loaded 8-GPU host, about 30 s without the persistence daemon), so a
+query that did not answer says nothing about the GPUs. ``problem`` records the silence of
+``--query-gpu`` (``hung``: killed at its bound; ``pending``: still within it); a silent
+remapped-rows or compute-apps query leaves its part unknown and is only a warning. Every
+verdict below reads rows and messages that nvidia-smi printed, never a ``problem``; the
+one place silence decides anything is the start's ``host-gpu-unresponsive``
+(:func:`before_setup`): ``--query-gpu`` unanswered at its bound, the driver itself not
+answering.
 
 What nvidia-smi prints is kept as it is meant:
 
@@ -29,16 +38,17 @@ What nvidia-smi prints is kept as it is meant:
   get renamed across driver releases) is dropped and ``--query-gpu`` asked again, within
   the same bound: that field is unknown, the rest is read.
 
-:func:`snapshot` takes one, blocking for at most its bound; :func:`start` takes one in a
-daemon thread (:class:`PendingSnapshot`), for a caller that must not block (the watch while
-the worker runs). :func:`parse_snapshot` is the reading alone, a pure function of what
-nvidia-smi printed.
+:func:`snapshot` takes one, blocking; :func:`start` takes one in a daemon thread
+(:class:`PendingSnapshot`), whose answers can be judged one by one as they come (the start
+judges each the moment it arrives). :func:`parse_snapshot` is the reading alone, a pure
+function of what nvidia-smi printed.
 
 The verdicts are pure functions of snapshots, for the policy and for property tests:
-:func:`unhealthy` (before setup), :func:`busy` (before setup) and :func:`changed` (while the
-worker runs, and after it died). Each returns a :class:`Verdict`: findings that name the GPU
-by index and UUID, as marker evidence (:meth:`Verdict.evidence`) and as one line for the
-marker's ``error`` (:meth:`Verdict.describe`).
+:func:`before_setup` (sick, busy, short or unresponsive: the start's one judgment, from
+:func:`unhealthy` and :func:`busy`) and :func:`changed` (while the worker runs, and after
+it died). Each returns findings that name the GPU by index and UUID, as marker evidence
+(:meth:`Verdict.evidence`) and as one line for the marker's ``error``
+(:meth:`Verdict.describe`).
 
 The standard library only: this runs on the start path, before any setup.
 """
@@ -54,13 +64,19 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-#: The longest a snapshot takes, its three nvidia-smi invocations together (CONTRACT
-#: section 8: "This costs at most 2 s").
-SNAPSHOT_S = 2.0
+#: ``FLASH_GPU_QUERY_S``'s default: each query's bound (CONTRACT section 8). nvidia-smi takes
+#: about 30 s on a large host without the persistence daemon (Azure/aks-gpu#105).
+DEFAULT_QUERY_S = 60.0
+#: ``FLASH_GPU_QUERY_S`` is a number of at least this many seconds.
+MIN_QUERY_S = 5.0
+#: How often the taking thread looks at the bound (which can move) while queries run.
+POLL_S = 0.25
+#: How long a query whose output streams closed is waited for at a time to exit.
+EXIT_POLL_S = 0.02
 #: After the bound, how long a killed nvidia-smi is waited for before it is left to a
 #: reaper thread (a process stuck in the driver may not even die of SIGKILL).
 KILL_GRACE_S = 0.2
@@ -111,7 +127,7 @@ MESSAGE_CHARS = 300
 #: At most this many warnings are kept.
 WARNINGS_KEPT = 10
 
-Problem = Literal["absent", "failed", "hung"]
+Problem = Literal["absent", "failed", "hung", "pending"]
 
 _BUS = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 #: The message of a GPU NVML cannot reach, in the spellings drivers print:
@@ -238,10 +254,11 @@ class Answer:
 @dataclass(frozen=True)
 class Query:
     """How one invocation went: ``answered`` (exit 0, or rows printed beside a non-zero
-    exit), ``failed``, ``hung`` or ``not-started``."""
+    exit), ``failed``, ``hung`` (killed at its bound), ``pending`` (still running: a partial
+    snapshot) or ``not-started``."""
 
     name: str
-    outcome: Literal["answered", "failed", "hung", "not-started"]
+    outcome: Literal["answered", "failed", "hung", "pending", "not-started"]
     status: int | None
     seconds: float
     detail: str = ""
@@ -261,11 +278,13 @@ class Snapshot:
 
     ``problem`` is None when ``--query-gpu`` answered; else ``"absent"`` (no nvidia-smi on
     PATH), ``"failed"`` (it exited non-zero without a GPU row or a lost-GPU message, or
-    could not start) or ``"hung"`` (one of the invocations did not answer within the bound:
-    rows the others printed are still kept). ``apps`` is None when ``--query-compute-apps``
-    did not answer (unknown, not empty). ``listed`` is True when ``--query-gpu`` answered
-    with its rows, so ``gpus`` and ``lost`` are every GPU nvidia-smi knows (a listing of
-    nothing but lost-GPU messages may have stopped at the first one: not ``listed``)."""
+    could not start), ``"hung"`` (it did not answer within its bound and was killed) or
+    ``"pending"`` (a partial snapshot: it is still within its bound). The other two
+    queries' silence is no ``problem``: their part is unknown (a warning says so). ``apps``
+    is None when ``--query-compute-apps`` did not answer (unknown, not empty). ``listed``
+    is True when ``--query-gpu`` answered with its rows, so ``gpus`` and ``lost`` are every
+    GPU nvidia-smi knows (a listing of nothing but lost-GPU messages may have stopped at the
+    first one: not ``listed``)."""
 
     gpus: tuple[Gpu, ...] = ()
     lost: tuple[LostGpu, ...] = ()
@@ -276,7 +295,12 @@ class Snapshot:
     warnings: tuple[str, ...] = ()
     queries: tuple[Query, ...] = ()
     seconds: float = 0.0
-    timeout_s: float = SNAPSHOT_S
+    timeout_s: float = DEFAULT_QUERY_S
+
+    @property
+    def complete(self) -> bool:
+        """Every query ended (answered, failed or killed at its bound)."""
+        return all(query.outcome != "pending" for query in self.queries)
 
     def describe_problem(self) -> str:
         if self.problem is None:
@@ -284,8 +308,10 @@ class Snapshot:
         if self.problem == "absent":
             return "nvidia-smi is not on PATH (no NVIDIA driver visible)"
         if self.problem == "hung":
-            return (f"nvidia-smi did not answer within {self.timeout_s:g}s "
-                    f"(a hung GPU or driver){': ' + self.detail if self.detail else ''}")
+            return (f"nvidia-smi --query-gpu did not answer within {self.timeout_s:g}s "
+                    "(FLASH_GPU_QUERY_S): the driver is not answering")
+        if self.problem == "pending":
+            return f"nvidia-smi has not answered yet ({self.seconds:.1f}s so far)"
         return f"nvidia-smi failed: {self.detail}"
 
     def evidence(self) -> dict[str, Any]:
@@ -326,70 +352,136 @@ class Snapshot:
 # --- taking one ----------------------------------------------------------------------------
 
 
-def snapshot(environ: Mapping[str, str], timeout_s: float = SNAPSHOT_S) -> Snapshot:
+def snapshot(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> Snapshot:
     """Ask nvidia-smi (found on ``environ``'s PATH) about the GPUs: returns within
     ``timeout_s`` (plus :data:`KILL_GRACE_S` when something had to be killed), never
     raises for anything nvidia-smi does."""
-    started = time.monotonic()
-    exe = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
-    if exe is None:
-        return Snapshot(problem="absent", timeout_s=timeout_s)
-    env = {k: v for k, v in environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
-    deadline = started + timeout_s
-    answers = _run_together(exe, env, QUERIES, deadline)
-    gpu_fields: tuple[str, ...] = GPU_FIELDS
-    refused: list[str] = []
-    for _ in range(RETRIES):
-        fewer = _without_refused(answers["gpu"], gpu_fields)
-        if fewer is None or time.monotonic() >= deadline:
-            break
-        refused.append(_last_line(answers["gpu"].stdout + "\n" + answers["gpu"].stderr))
-        gpu_fields = fewer
-        query = (f"--query-gpu={','.join(gpu_fields)}", FORMAT)
-        answers["gpu"] = _run_together(exe, env, {"gpu": query}, deadline)["gpu"]
-    snap = parse_snapshot(answers, gpu_fields=gpu_fields,
-                          seconds=time.monotonic() - started, timeout_s=timeout_s)
-    if refused:
-        note = (f"nvidia-smi refused a field ({'; '.join(refused)}); asked again "
-                "without it: unknown for every GPU")
-        snap = _with_warnings(snap, (note[:MESSAGE_CHARS],))
-    return snap
+    asking = PendingSnapshot(environ, timeout_s, background=False)
+    final = asking.result(0)
+    assert final is not None  # taken in this thread: complete on return
+    return final
 
 
 class PendingSnapshot:
-    """A :func:`snapshot` taken in a daemon thread, for callers that must not block on it
-    (the supervision loop): ``result(wait_s)`` waits at most ``wait_s``."""
+    """A snapshot being taken: its three queries run at once, each ending on its own (its
+    answer, or the bound). In a daemon thread unless ``background`` is False.
 
-    def __init__(self, environ: Mapping[str, str], timeout_s: float = SNAPSHOT_S) -> None:
-        self.timeout_s = timeout_s
-        self._done = threading.Event()
-        self._snapshot: Snapshot | None = None
-        threading.Thread(
-            target=self._take, args=(dict(environ), timeout_s), name="gpu-snapshot",
-            daemon=True,
-        ).start()
+    ``partial()`` is what has answered so far, as a :class:`Snapshot` whose unfinished
+    queries are ``pending``: a caller judges each answer the moment it comes.
+    ``result(wait_s)`` is the whole snapshot once every query ended. ``limit(s)`` moves
+    the bound (counted from the start) while the queries run: the runner asks before it
+    has read the payload that may set ``FLASH_GPU_QUERY_S``. ``subscribe(fn)`` calls
+    ``fn()`` (from the taking thread) after each answer."""
+
+    def __init__(self, environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S, *,
+                 background: bool = True) -> None:
+        self.started = time.monotonic()
+        self._bound_s = timeout_s
+        self._cond = threading.Condition()
+        self._answers: dict[str, Answer] = {}
+        self._fields: tuple[str, ...] = GPU_FIELDS
+        self._refused: list[str] = []
+        self._final: Snapshot | None = None
+        self._listeners: list[Callable[[], None]] = []
+        if background:
+            threading.Thread(target=self._take, args=(dict(environ),), name="gpu-snapshot",
+                             daemon=True).start()
+        else:
+            self._take(environ)
+
+    @property
+    def timeout_s(self) -> float:
+        return self._bound_s
+
+    def limit(self, timeout_s: float) -> None:
+        """Bound every query at ``timeout_s`` from the start (applied within
+        :data:`POLL_S`)."""
+        with self._cond:
+            self._bound_s = timeout_s
+
+    def deadline(self) -> float:
+        """When the queries still running are killed (monotonic)."""
+        return self.started + self._bound_s
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._final is not None
 
     def result(self, wait_s: float | None = None) -> Snapshot | None:
-        """The snapshot, or None when it is not taken within ``wait_s`` (None: wait for
-        it; it takes at most its bound plus :data:`KILL_GRACE_S`)."""
-        if self._done.wait(wait_s):
-            return self._snapshot
-        return None
+        """The whole snapshot, or None when it is not taken within ``wait_s`` (None: wait
+        for it; it takes at most its bound plus :data:`KILL_GRACE_S`)."""
+        with self._cond:
+            if self._final is None and (wait_s is None or wait_s > 0):
+                self._cond.wait_for(lambda: self._final is not None, wait_s)
+            return self._final
 
-    def _take(self, environ: Mapping[str, str], timeout_s: float) -> None:
+    def partial(self) -> Snapshot:
+        """What has answered so far (the whole snapshot once it is taken)."""
+        with self._cond:
+            if self._final is not None:
+                return self._final
+            answers = dict(self._answers)
+            fields = self._fields
+        return parse_snapshot(answers, gpu_fields=fields, seconds=time.monotonic() - self.started,
+                              timeout_s=self._bound_s, pending=set(QUERIES) - set(answers))
+
+    def wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the next answer (or the end)."""
+        with self._cond:
+            if self._final is None:
+                self._cond.wait(max(0.0, seconds))
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after every answer from now on, and once now."""
+        with self._cond:
+            self._listeners.append(listener)
+        listener()
+
+    def _take(self, environ: Mapping[str, str]) -> None:
         try:
-            self._snapshot = snapshot(environ, timeout_s)
+            final = self._ask(environ)
         except Exception as exc:  # a bug here must not leave the caller waiting forever
-            self._snapshot = Snapshot(problem="failed", timeout_s=timeout_s,
-                                      detail=f"snapshot crashed: {type(exc).__name__}: {exc}")
-        finally:
-            self._done.set()
+            final = Snapshot(problem="failed", timeout_s=self._bound_s,
+                             detail=f"snapshot crashed: {type(exc).__name__}: {exc}")
+        with self._cond:
+            self._final = final
+            self._cond.notify_all()
+        self._tell()
+
+    def _tell(self) -> None:
+        for listener in tuple(self._listeners):
+            with contextlib.suppress(Exception):  # a listener's bug must not stop the snapshot
+                listener()
+
+    def _ask(self, environ: Mapping[str, str]) -> Snapshot:
+        exe = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
+        if exe is None:
+            return Snapshot(problem="absent", timeout_s=self._bound_s)
+        env = {k: v for k, v in environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
+        runs = _Runs(exe, env, self.deadline)
+        for name, args in QUERIES.items():
+            runs.start(name, args)
+        for name, answer in runs.answers():
+            if name == "gpu" and len(self._refused) < RETRIES:
+                fewer = _without_refused(answer, self._fields)
+                if fewer is not None and time.monotonic() < self.deadline():
+                    self._refused.append(_last_line(answer.stdout + "\n" + answer.stderr))
+                    self._fields = fewer
+                    runs.start("gpu", (f"--query-gpu={','.join(fewer)}", FORMAT))
+                    continue
+            with self._cond:
+                self._answers[name] = answer
+                self._cond.notify_all()
+            self._tell()
+        snap = parse_snapshot(self._answers, gpu_fields=self._fields,
+                              seconds=time.monotonic() - self.started, timeout_s=self._bound_s)
+        if self._refused:
+            note = (f"nvidia-smi refused a field ({'; '.join(self._refused)}); asked again "
+                    "without it: unknown for every GPU")
+            snap = _with_warnings(snap, (note[:MESSAGE_CHARS],))
+        return snap
 
 
-def start(environ: Mapping[str, str], timeout_s: float = SNAPSHOT_S) -> PendingSnapshot:
+def start(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> PendingSnapshot:
     """Start a snapshot in the background (see :class:`PendingSnapshot`)."""
     return PendingSnapshot(environ, timeout_s)
 
@@ -403,61 +495,93 @@ class _Run:
     open_streams: int = 2
 
 
-def _run_together(
-    exe: str, env: Mapping[str, str], queries: Mapping[str, Sequence[str]], deadline: float
-) -> dict[str, Answer]:
-    """Run each query's nvidia-smi at once, each in its own session; read them all until
-    they exit or ``deadline``; kill (by process group) whatever is still running then."""
-    answers: dict[str, Answer] = {}
-    runs: dict[str, _Run] = {}
-    for name, args in queries.items():
+class _Runs:
+    """nvidia-smi invocations read together, each in its own session, each ending on its
+    own: its exit, or ``deadline()`` (read again every :data:`POLL_S`), when it is killed
+    with its process group."""
+
+    def __init__(self, exe: str, env: Mapping[str, str], deadline: Callable[[], float]) -> None:
+        self._exe = exe
+        self._env = dict(env)
+        self._deadline = deadline
+        self._runs: dict[str, _Run] = {}
+        self._ready: list[tuple[str, Answer]] = []
+        self._sel = selectors.DefaultSelector()
+
+    def start(self, name: str, args: Sequence[str]) -> None:
         try:
             proc = subprocess.Popen(
-                [exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
+                [self._exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=self._env, start_new_session=True,
             )
         except OSError as exc:
-            answers[name] = Answer(status=None, error=f"could not start ({exc.strerror or exc})")
-            continue
-        runs[name] = _Run(proc, time.monotonic(), bytearray(), bytearray())
-    with selectors.DefaultSelector() as sel:
-        for name, run in runs.items():
-            assert run.proc.stdout is not None and run.proc.stderr is not None
-            sel.register(run.proc.stdout, selectors.EVENT_READ, (name, run.out))
-            sel.register(run.proc.stderr, selectors.EVENT_READ, (name, run.err))
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for key, _ in sel.select(left):
-                name, buf = key.data
-                chunk = os.read(key.fd, 65536)
-                if chunk:
-                    if len(buf) < OUTPUT_CAP:
-                        buf += chunk[: OUTPUT_CAP - len(buf)]
-                    continue
-                sel.unregister(key.fileobj)
-                runs[name].open_streams -= 1
-    statuses: dict[str, int | None] = {}
-    for name, run in runs.items():
-        statuses[name] = None
-        if run.open_streams == 0:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                statuses[name] = run.proc.wait(max(0.0, deadline - time.monotonic()))
-    _kill([run.proc for name, run in runs.items() if statuses[name] is None])
-    for name, run in runs.items():
-        status = statuses[name]
+            self._ready.append(
+                (name, Answer(status=None, error=f"could not start ({exc.strerror or exc})")))
+            return
+        run = _Run(proc, time.monotonic(), bytearray(), bytearray())
+        self._runs[name] = run
+        assert proc.stdout is not None and proc.stderr is not None
+        self._sel.register(proc.stdout, selectors.EVENT_READ, (name, run.out))
+        self._sel.register(proc.stderr, selectors.EVENT_READ, (name, run.err))
+
+    def answers(self) -> Iterator[tuple[str, Answer]]:
+        """Each invocation's answer as it ends (one started meanwhile is read too)."""
+        try:
+            while self._ready or self._runs:
+                while self._ready:
+                    yield self._ready.pop(0)
+                if self._runs:
+                    self._step()
+        finally:
+            self._sel.close()
+
+    def _step(self) -> None:
+        left = self._deadline() - time.monotonic()
+        if left <= 0:
+            hung = list(self._runs)
+            _kill([self._runs[name].proc for name in hung])
+            for name in hung:
+                self._end(name, None)
+            return
+        exiting = [name for name, run in self._runs.items() if run.open_streams == 0]
+        wait = min(left, POLL_S, EXIT_POLL_S if exiting else POLL_S)
+        for key, _ in self._sel.select(os_wait(wait)):
+            name, buf = key.data
+            chunk = os.read(key.fd, 65536)
+            if chunk:
+                if len(buf) < OUTPUT_CAP:
+                    buf += chunk[: OUTPUT_CAP - len(buf)]
+                continue
+            self._sel.unregister(key.fileobj)
+            self._runs[name].open_streams -= 1
+        for name, run in list(self._runs.items()):
+            if run.open_streams == 0:
+                status = run.proc.poll()
+                if status is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        status = run.proc.wait(EXIT_POLL_S)
+                if status is not None:
+                    self._end(name, status)
+
+    def _end(self, name: str, status: int | None) -> None:
+        run = self._runs.pop(name)
         for stream in (run.proc.stdout, run.proc.stderr):
             if stream is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(stream)
                 stream.close()
-        answers[name] = Answer(
+        self._ready.append((name, Answer(
             stdout=run.out.decode("utf-8", "replace"),
             stderr=run.err.decode("utf-8", "replace"),
             status=status,
             hung=status is None,
             seconds=time.monotonic() - run.started,
-        )
-    return answers
+        )))
+
+
+def os_wait(seconds: float) -> float:
+    """A select timeout the OS takes (never negative)."""
+    return max(0.0, seconds)
 
 
 def _kill(procs: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -499,10 +623,12 @@ def parse_snapshot(
     *,
     gpu_fields: Sequence[str] = GPU_FIELDS,
     seconds: float = 0.0,
-    timeout_s: float = SNAPSHOT_S,
+    timeout_s: float = DEFAULT_QUERY_S,
+    pending: Collection[str] = (),
 ) -> Snapshot:
     """The snapshot the three answers (keyed as :data:`QUERIES`) make: a pure function of
-    what nvidia-smi printed and how it exited."""
+    what nvidia-smi printed and how it exited. The queries named in ``pending`` are still
+    running (a partial snapshot); any other missing one was not asked."""
     warnings: list[str] = []
     lost: dict[str, LostGpu] = {}
     queries: list[Query] = []
@@ -512,7 +638,9 @@ def parse_snapshot(
     for name in ("gpu", "remapped-rows", "compute-apps"):
         answer = answers.get(name)
         if answer is None:
-            queries.append(Query(name, "not-started", None, 0.0, "not asked"))
+            queries.append(Query(name, "pending", None, seconds, "still running")
+                           if name in pending else Query(name, "not-started", None, 0.0,
+                                                         "not asked"))
             continue
         rows, stray = _rows(answer.stdout, fields_of[name], keys[name])
         noise = [line.strip() for line in answer.stderr.splitlines() if line.strip()]
@@ -534,13 +662,14 @@ def parse_snapshot(
             warnings += [line for line in said if line not in warnings]
         elif name != "gpu" and query.outcome == "failed":
             warnings.append(f"{_SWITCH[name]} failed: {query.detail}")
+        elif name != "gpu" and query.outcome == "hung":
+            warnings.append(f"{_SWITCH[name]} did not answer within {timeout_s:g}s: unknown")
     gpu_query = queries[0]
     problem: Problem | None = None
     detail = ""
-    hung = [q for q in queries if q.outcome == "hung"]
-    if hung:
-        problem = "hung"
-        detail = ", ".join(_SWITCH[q.name] for q in hung) + " killed at the bound"
+    if gpu_query.outcome in ("hung", "pending"):
+        problem = gpu_query.outcome
+        detail = "--query-gpu killed at its bound" if problem == "hung" else ""
     elif gpu_query.outcome != "answered":
         problem = "failed"
         detail = gpu_query.detail
@@ -873,21 +1002,18 @@ def busy(snap: Snapshot, own_pids: Collection[int] = ()) -> Verdict:
 
 
 def changed(start: Snapshot, now: Snapshot) -> Verdict:
-    """What got worse since ``start`` (CONTRACT section 8, while the worker runs and after
-    it died): a GPU gone (no longer listed, its UUID missing), one that can no longer be
-    reached, fewer GPUs than at the start, uncorrectable ECC errors whose count rose; and
-    nvidia-smi no longer answering (hung or failed) when it answered at the start.
+    """What got worse since ``start`` that the GPUs report (CONTRACT section 8, while the
+    worker runs and after it died): a GPU gone from a listing that answered (its UUID
+    missing), one nvidia-smi reports it cannot reach, fewer GPUs listed than at the start,
+    uncorrectable ECC errors whose count rose.
 
-    Nothing is a change without a baseline: a ``start`` that did not answer gives no
-    findings. A count unknown at either end is no finding, nor one that did not rise."""
+    Silence is no change: a ``now`` whose queries did not answer (hung, failed, pending)
+    says nothing about the GPUs it did not list. Nothing is a change without a baseline
+    either: a ``start`` that did not answer gives no findings. A count unknown at either
+    end is no finding, nor one that did not rise."""
     if start.problem is not None:
         return Verdict()
     found: list[Finding] = []
-    if now.problem is not None:
-        found.append(Finding(
-            "unanswered", None, None, None,
-            f"nvidia-smi no longer answers: {now.describe_problem()}",
-            (("problem", now.problem), ("detail", now.detail))))
     at_start = len(start.gpus)
     for gpu in start.gpus:
         later = _same_gpu(gpu, now.gpus)
@@ -939,3 +1065,43 @@ def _same_lost(gpu: Gpu, lost: Iterable[LostGpu]) -> LostGpu | None:
         if candidate.bus_id is None and gpu.index is not None and candidate.index == gpu.index:
             return candidate
     return None
+
+
+# --- the start's one judgment ---------------------------------------------------------------
+
+StartKind = Literal["short", "unresponsive", "unhealthy", "busy"]
+
+
+@dataclass(frozen=True)
+class StartVerdict:
+    """What the GPUs' answers so far say before the worker starts (CONTRACT section 8).
+
+    ``kind`` is None while they say nothing wrong; else ``short`` (fewer GPUs than
+    ``expect_gpus``, or no working nvidia-smi where GPUs are expected), ``unresponsive``
+    (``--query-gpu`` killed at its bound), ``unhealthy`` or ``busy``. ``decided`` is True
+    when no later answer can change the verdict: a fault reported, or every query ended."""
+
+    kind: StartKind | None
+    decided: bool
+    text: str = ""
+    findings: Verdict = Verdict()
+
+
+def before_setup(snap: Snapshot, expected: int | None = None) -> StartVerdict:
+    """The start's judgment of ``snap`` (partial or whole), each query on its own: only
+    what answered can make a GPU sick (``--query-gpu``, ``--query-remapped-rows``, and
+    lost-GPU messages) or busy (the memory ``--query-gpu`` reports, the entries
+    ``--query-compute-apps`` lists). Silence decides only at ``--query-gpu``'s bound."""
+    if expected is not None:
+        wanted = f"the payload expects {expected} (expect_gpus), "
+        if snap.problem in ("absent", "failed"):
+            return StartVerdict("short", True, wanted + snap.describe_problem())
+        if snap.problem is None and len(snap.gpus) < expected:
+            seen = ", ".join(gpu.uuid or gpu.label for gpu in snap.gpus) or "none"
+            return StartVerdict("short", True, f"{wanted}{len(snap.gpus)} visible ({seen})")
+    if snap.problem == "hung":
+        return StartVerdict("unresponsive", True, snap.describe_problem())
+    for kind, verdict in (("unhealthy", unhealthy(snap)), ("busy", busy(snap))):
+        if verdict:
+            return StartVerdict(kind, True, verdict.describe(), verdict)  # type: ignore[arg-type]
+    return StartVerdict(None, snap.complete)

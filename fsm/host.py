@@ -2,12 +2,15 @@
 OOM kills counted by the container's memory cgroup.
 
 ``HostProbe`` asks the GPUs once (``fsm.gpus``), in the background, from the runner's
-first step: LoadPayload waits for the answer, never more than ``PROBE_S``, before any
-setup, and ends the attempt on a sick or busy GPU (CONTRACT section 8; a hung
-``nvidia-smi``, the classic sign of a GPU that fell off the bus, is killed and reported,
-never waited for). Its facts ride in every marker as the ``host`` evidence, so the control
-plane can stop renting a bad machine; the snapshot is the baseline the host watch and the
-after-death check compare with.
+first step, and judges each answer the moment it comes (``fsm.gpus.before_setup``, the one
+rule every start-time reading follows). Setup (extras, code, spec) goes on meanwhile:
+:meth:`HostProbe.watch` reports a fault the answers show while setup runs, and
+:meth:`HostProbe.settle` waits for the verdict before the worker starts. Only what the GPUs
+say decides; ``--query-gpu`` unanswered at its bound (``FLASH_GPU_QUERY_S``) is the one
+silence that does: the driver is not answering (CONTRACT section 8). The answer's facts
+ride in every marker as the ``host`` evidence, so the control plane can stop renting a bad
+machine; the whole snapshot is the baseline the host watch and the after-death check
+compare with.
 
 ``oom_kills`` reads the ``oom_kill`` count of the runner's memory cgroup (cgroup v2
 ``memory.events``, v1 ``memory.oom_control``): Train reads it before and after the worker,
@@ -16,18 +19,23 @@ and a rise means the kernel's OOM killer ended (part of) the worker.
 
 from __future__ import annotations
 
+import math
 import os
-import time
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from fsm import gpus
 
-#: The longest the attempt waits for ``nvidia-smi``; then it is killed and called hung.
-PROBE_S = gpus.SNAPSHOT_S
+#: How long the marker waits for nvidia-smi's answer to carry its facts: evidence, not
+#: worth holding the marker for (a slow nvidia-smi is normal).
+FACTS_WAIT_S = 2.0
+#: The slice of :meth:`HostProbe.settle`'s wait (a signal's handler runs between slices).
+SETTLE_SLICE_S = 0.1
 #: Overrides where the memory cgroup's OOM count is read (unusual mounts, tests).
 MEMORY_EVENTS_VAR = "FLASH_MEMORY_EVENTS"
+QUERY_VAR = "FLASH_GPU_QUERY_S"
 
 
 class Gpu(NamedTuple):
@@ -37,8 +45,9 @@ class Gpu(NamedTuple):
 
 
 class HostFacts(NamedTuple):
-    """What ``nvidia-smi`` said. ``problem`` is None when it answered: else ``"absent"``
-    (not on PATH), ``"failed"`` (non-zero exit or unreadable output) or ``"hung"``."""
+    """What ``nvidia-smi`` said. ``problem`` is None when ``--query-gpu`` answered: else
+    ``"absent"`` (not on PATH), ``"failed"`` (non-zero exit or unreadable output),
+    ``"hung"`` (killed at its bound) or ``"pending"`` (not answered yet)."""
 
     hostname: str
     gpus: tuple[Gpu, ...] = ()
@@ -61,32 +70,45 @@ class HostFacts(NamedTuple):
         return facts
 
     def describe_problem(self) -> str:
-        return {
-            None: "nvidia-smi answered",
-            "absent": "nvidia-smi is not on PATH (no NVIDIA driver visible)",
-            "hung": f"nvidia-smi did not answer within {PROBE_S:g}s (a hung GPU or driver)",
-            "failed": f"nvidia-smi failed: {self.detail}",
-        }.get(self.problem, self.problem or "")
+        if self.problem is None:
+            return "nvidia-smi answered"
+        if self.problem == "absent":
+            return "nvidia-smi is not on PATH (no NVIDIA driver visible)"
+        if self.problem == "failed":
+            return f"nvidia-smi failed: {self.detail}"
+        return self.detail or str(self.problem)
+
+
+def query_bound(environ: Mapping[str, str]) -> float:
+    """``FLASH_GPU_QUERY_S`` of ``environ`` when usable, else the default: the bound the
+    early probe starts with (the payload's value replaces it once read, and an unusable
+    one is refused there: ``fsm.context.Tuning``)."""
+    try:
+        value = float(environ.get(QUERY_VAR) or gpus.DEFAULT_QUERY_S)
+    except ValueError:
+        return gpus.DEFAULT_QUERY_S
+    return value if math.isfinite(value) and value >= gpus.MIN_QUERY_S else gpus.DEFAULT_QUERY_S
+
+
+Fault = Callable[[gpus.StartVerdict, gpus.Snapshot], None]
 
 
 class HostProbe:
     """The GPUs asked once (``fsm.gpus``: ``--query-gpu``, ``--query-remapped-rows`` and
-    ``--query-compute-apps`` together) in a daemon thread, started at the runner's first
-    step. ``snapshot(wait_s)`` waits at most ``wait_s`` for the whole answer (it takes at
-    most ``PROBE_S`` plus the kill grace: a hung ``nvidia-smi`` is killed and reported);
-    ``facts(wait_s)`` is the same answer as the marker's ``host`` evidence."""
+    ``--query-compute-apps`` together, each ending on its own) in a daemon thread, started
+    at the runner's first step."""
 
-    def __init__(self, environ: Mapping[str, str], *, timeout_s: float = PROBE_S) -> None:
+    def __init__(self, environ: Mapping[str, str], *, timeout_s: float | None = None) -> None:
         self._hostname = os.uname().nodename
-        self._timeout_s = timeout_s
-        self._started = time.monotonic()
         self.path = environ.get("PATH")
-        self._pending = gpus.start(environ, timeout_s)
+        self._pending = gpus.start(
+            environ, timeout_s if timeout_s is not None else query_bound(environ))
+        self._fired = threading.Lock()
 
     @classmethod
     def start_early(cls, environ: Mapping[str, str]) -> None:
         """Ask the GPUs at the runner's first instruction (``fsm.cli``), so that the answer
-        is in by the time LoadPayload needs it: it overlaps the runner's imports."""
+        is in as early as it can be: it overlaps the runner's imports and its setup."""
         global _early
         _early = cls(environ)
 
@@ -103,20 +125,50 @@ class HostProbe:
     def hostname(self) -> str:
         return self._hostname
 
+    def limit(self, query_s: float) -> None:
+        """Each query's bound: ``query_s`` from the probe's start (``FLASH_GPU_QUERY_S``)."""
+        self._pending.limit(query_s)
+
     def snapshot(self, wait_s: float) -> gpus.Snapshot | None:
-        """The snapshot, waiting at most ``wait_s`` for it (None while it is under way)."""
+        """The whole snapshot, waiting at most ``wait_s`` for it (None while under way)."""
         return self._pending.result(max(0.0, wait_s))
 
-    def facts(self, wait_s: float) -> HostFacts | None:
-        """The answer, waiting at most ``wait_s`` for it: ``hung`` once ``nvidia-smi`` has
-        had its time, None while it still may answer."""
-        left = self._started + self._timeout_s + gpus.KILL_GRACE_S - time.monotonic()
-        snap = self.snapshot(min(wait_s, max(0.0, left)))
-        if snap is not None:
-            return facts_of(self._hostname, snap)
-        if wait_s < left:
-            return None
-        return HostFacts(self._hostname, problem="hung")
+    def partial(self) -> gpus.Snapshot:
+        """What has answered so far."""
+        return self._pending.partial()
+
+    def judge(self, expected: int | None) -> gpus.StartVerdict:
+        """The start's verdict on the answers so far (``fsm.gpus.before_setup``)."""
+        return gpus.before_setup(self._pending.partial(), expected)
+
+    def watch(self, expected: int | None, on_fault: Fault) -> None:
+        """Call ``on_fault(verdict, snapshot)`` once, the moment the answers report a fault
+        (from the probe's thread, or from here when one is in already)."""
+        def look() -> None:
+            snap = self._pending.partial()
+            verdict = gpus.before_setup(snap, expected)
+            if verdict.kind is not None and self._fired.acquire(blocking=False):
+                on_fault(verdict, snap)
+
+        self._pending.subscribe(look)
+
+    def settle(self, expected: int | None, stopped: Callable[[], bool] = lambda: False
+               ) -> tuple[gpus.StartVerdict, gpus.Snapshot]:
+        """Wait until the verdict is decided (a fault, or every query ended: at most the
+        bound plus the kill grace), in slices; ``stopped()`` ends the wait early (the
+        verdict then undecided)."""
+        while True:
+            snap = self._pending.partial()
+            verdict = gpus.before_setup(snap, expected)
+            if verdict.decided or stopped():
+                return verdict, snap
+            self._pending.wait(SETTLE_SLICE_S)
+
+    def facts(self, wait_s: float) -> HostFacts:
+        """The answer's facts, waiting at most ``wait_s`` for the whole snapshot; else
+        what has answered so far (``pending`` while ``--query-gpu`` has not)."""
+        snap = self._pending.result(max(0.0, wait_s))
+        return facts_of(self._hostname, snap if snap is not None else self._pending.partial())
 
 
 _early: HostProbe | None = None
@@ -126,8 +178,9 @@ def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
     drivers = [gpu.driver for gpu in snap.gpus if gpu.driver]
     listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
-    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem,
-                     snap.detail)
+    detail = snap.detail if snap.problem == "failed" else (
+        snap.describe_problem() if snap.problem is not None else "")
+    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail)
 
 
 # --- the kernel's OOM kills ---------------------------------------------------------------

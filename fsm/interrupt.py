@@ -105,6 +105,15 @@ class InterruptFlag:
         for listener in self._listeners:  # a snapshot: the tuple is replaced, never mutated
             listener(signum)
 
+    def follower(self) -> InterruptFlag:
+        """A flag of its own that this one triggers too (signal-safe): a cancel of part of
+        the work (a prefetch branch, setup) that every stop signal also cancels."""
+        flag = InterruptFlag()
+        self.subscribe(flag.trigger)  # signal-safe: trigger only assigns and calls
+        if self.signum is not None:
+            flag.trigger(self.signum)
+        return flag
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(signum)`` on every trigger; returns the function that unsubscribes."""
         self._listeners = (*self._listeners, listener)

@@ -18,7 +18,7 @@ from fsm import log as log_config
 from fsm import marker, outlet, rules, table, termination
 from fsm.budget import Budget
 from fsm.context import END_MIN_S, Context, Failure
-from fsm.host import PROBE_S
+from fsm.host import FACTS_WAIT_S
 from fsm.marker import Persisted
 from fsm.store import retry_delays
 from fsm.store.base import Store
@@ -38,7 +38,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "run_id": ctx.evidence.get("run_id"),
     }
     for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
-                "gpu_health", "disk", "shm", "storage"):
+                "gpu_health", "gpu_watch", "disk", "shm", "storage"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
@@ -77,13 +77,12 @@ _SETTLE_S = 0.2
 
 
 def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:
-    """The ``host`` evidence: ``nvidia-smi``'s answer, waited for within its own bound
-    (at most ``PROBE_S`` after LoadPayload asked) unless ``wait`` is False."""
+    """The ``host`` evidence: ``nvidia-smi``'s answer, waited for at most
+    ``FACTS_WAIT_S`` (unless ``wait`` is False), else what has answered so far."""
     if ctx.host is None:
         return None
     left = ctx.begin_end().mark_budget().remaining()
-    facts = ctx.host.facts(max(0.0, min(PROBE_S, left / 4)) if wait else 0.0)
-    return facts.evidence() if facts is not None else None
+    return ctx.host.facts(max(0.0, min(FACTS_WAIT_S, left / 4)) if wait else 0.0).evidence()
 
 
 #: The console tail rides with the marker only when at least this much of the marker's

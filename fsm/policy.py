@@ -432,6 +432,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.HOST_GPU_UNHEALTHY, Claim()),
+    (rules.HOST_GPU_UNRESPONSIVE, Claim()),
     (rules.HOST_GPU_BUSY, Claim()),
     (rules.HOST_STORAGE, Claim()),
     (rules.HOST_STORAGE_FILLED, Claim()),

@@ -46,15 +46,6 @@ class Branch(Generic[_T]):
         threading.Thread(target=self._run, args=(work,), name=f"prefetch-{name}",
                          daemon=True).start()
 
-    @staticmethod
-    def follow(interrupt: InterruptFlag) -> InterruptFlag:
-        """A cancel flag that a signal (``interrupt``) triggers too."""
-        flag = InterruptFlag()
-        interrupt.subscribe(flag.trigger)  # signal-safe: trigger only assigns and calls
-        if interrupt.is_set():
-            flag.trigger(interrupt.signum or signal.SIGTERM)
-        return flag
-
     def _run(self, work: Callable[[], _T]) -> None:
         try:
             self._result.append(work())

@@ -75,19 +75,28 @@ PAYLOAD_INVALID: Final = _fatal(
 )
 HOST_GPU_MISSING: Final = _retriable(
     "host-gpu-missing", table.LOAD_PAYLOAD,
-    "the payload's `expect_gpus` and the host disagree: fewer GPUs visible, or `nvidia-smi` "
-    "missing, failing or hung (a short host, before any install or download)",
+    "the payload's `expect_gpus` and the host disagree: `nvidia-smi --query-gpu` lists fewer "
+    "GPUs, or is missing or failing (a short host; judged the moment it answers, setup "
+    "stopped, the worker never started)",
 )
 HOST_GPU_UNHEALTHY: Final = _retriable(
     "host-gpu-unhealthy", ANY,
-    "before setup, a GPU reports uncorrectable ECC errors, pending page retirement or row "
-    "remapping, or a row-remapping failure, or cannot be reached by NVML, or nvidia-smi hung; "
-    "or new uncorrectable ECC errors while the worker ran (the host watch stopped it)",
+    "before the worker starts, a GPU reports uncorrectable ECC errors, pending page "
+    "retirement or row remapping, or a row-remapping failure, or nvidia-smi reports it "
+    "cannot reach it (setup stopped the moment it answered); or new uncorrectable ECC "
+    "errors while the worker ran, seen on two looks (the host watch stopped it)",
+)
+HOST_GPU_UNRESPONSIVE: Final = _retriable(
+    "host-gpu-unresponsive", ANY,
+    "`nvidia-smi --query-gpu` gave no answer within FLASH_GPU_QUERY_S (default 60 s) before "
+    "the worker started: the driver is not answering, and the worker could not use the GPUs "
+    "either (killed with its process group; a slow answer within the bound is an answer)",
 )
 HOST_GPU_BUSY: Final = _retriable(
     "host-gpu-busy", ANY,
-    "a GPU already holds more than 1 GiB of memory or lists a compute process the attempt did "
-    "not start (the previous tenant's leftover), before setup",
+    "a GPU already holds more than 1 GiB of memory, or `--query-compute-apps` lists a "
+    "compute process the attempt did not start (the previous tenant's leftover), before the "
+    "worker starts; a slow or failing apps query makes no GPU busy",
 )
 HOST_STORAGE: Final = _retriable(
     "host-storage", ANY,
@@ -154,15 +163,17 @@ WORKER_OOM_KILLED: Final = _fatal(
 )
 WORKER_HOST_FAULT: Final = _retriable(
     "worker-host-fault", table.VERIFY_REMOTE,
-    "no completion artifacts; the GPUs changed since the start (a GPU gone or out of reach, "
-    "new uncorrectable ECC errors), which wins over the console; or the worker's last "
+    "no completion artifacts; the GPUs report a change since the start (a GPU gone from a "
+    "listing that answered, one nvidia-smi cannot reach, new uncorrectable ECC errors; no "
+    "answer is no change), which wins over the console; or the worker's last "
     "console lines show a GPU, driver or interconnect fault of the host, and no job fault",
 )
 HOST_GPU_LOST: Final = _retriable(
     "host-gpu-lost", table.VERIFY_REMOTE,
-    "no completion artifacts; while the worker ran a GPU could no longer be reached "
-    "(nvidia-smi failed for it, or hung past its bound) or fewer were visible than at the "
-    "start: the host watch stopped the worker (its stacks first)",
+    "no completion artifacts; while the worker ran, nvidia-smi reported a GPU it cannot "
+    "reach, or a listing that answered left a GPU out, on two looks a few seconds apart: the "
+    "host watch stopped the worker (its stacks first); a look that does not answer decides "
+    "nothing",
 )
 WORKER_STALLED: Final = _retriable(
     "worker-stalled", table.VERIFY_REMOTE,

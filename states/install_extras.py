@@ -26,7 +26,7 @@ def install_extras(ctx: Context) -> str:
                 requirements,
                 env=ctx.merged_env(),
                 deadline=ctx.work_deadline,
-                interrupt=ctx.interrupt,
+                interrupt=ctx.setup_stop,  # a signal, or a fault the GPUs report
                 python=ctx.python,
                 output_log=ctx.scratch / OUTPUT_LOG,
                 backoff_s=ctx.tuning.pip_backoff_s,

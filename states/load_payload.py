@@ -1,12 +1,12 @@
 """LoadPayload: read and validate the payload, take the attempt's lock, fix the deadline,
-open the store, and ask the GPUs about the host before any setup (CONTRACT section 8):
-``nvidia-smi`` is started at the first step and its answer waited for (at most 2 s) before
-extras, code or models. A short host (fewer GPUs than the payload's ``expect_gpus``), a
-sick GPU (uncorrectable ECC errors, pages or rows pending retirement or remapping, a
-row-remapping failure, a GPU NVML cannot reach, or ``nvidia-smi`` hung) or a busy one
-(memory held or a compute process the attempt did not start) ends the attempt at once,
-retriable. The snapshot is the baseline the host watch compares with while the worker
-runs, and VerifyRemote after it died.
+open the store, and arm the GPUs' verdict (CONTRACT section 8): ``nvidia-smi`` was started
+at the runner's first step, and setup goes on while it answers (``Context.watch_host``). A
+short host (fewer GPUs than the payload's ``expect_gpus``), a sick GPU (uncorrectable ECC
+errors, pages or rows pending retirement or remapping, a row-remapping failure, a GPU
+nvidia-smi reports it cannot reach), a busy one (memory held or a compute process the
+attempt did not start), or ``--query-gpu`` unanswered at ``FLASH_GPU_QUERY_S`` ends the
+attempt the moment the answer says so, retriable, in whichever state is running; Train
+starts no worker before the verdict (``Context.settle_host``).
 
 Nothing is written for the attempt before its lock is held: a payload whose destination
 is unusable gets no marker at all, and a runner that cannot get the lock (another live
@@ -32,12 +32,12 @@ from typing import Any
 
 import structlog
 
-from fsm import attempt_start, gpus, marker, payload, rules, storage, table
+from fsm import attempt_start, marker, payload, storage, table
 from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
-from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError, RetriableError
-from fsm.host import PROBE_S, HostFacts, HostProbe, facts_of
+from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError
+from fsm.host import HostProbe
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -86,7 +86,7 @@ def load_payload(ctx: Context) -> str:
             spent = _own_budget(ctx, parsed, dest, ident)
         # An unusable store setting (FLASH_STORE in the payload's env) is the payload's
         # fault: it raises PayloadError before the payload counts as loaded.
-        ctx.store = ctx.store_until(ctx.work_deadline)
+        ctx.store = ctx.setup_store()
         ctx.payload = parsed
         ctx.scratch.mkdir(parents=True, exist_ok=True)
         if recorded is not None:
@@ -96,7 +96,7 @@ def load_payload(ctx: Context) -> str:
             raise DeadlineExceeded(spent)
         if ctx.interrupt.is_set():
             raise Interrupted(ctx.interrupt.signum or 15)
-        _check_host(ctx, ctx.host, parsed.expect_gpus)
+        ctx.watch_host(parsed.expect_gpus)  # from here a fault the GPUs report ends setup
         # The cache's filesystem too (the runner measured its own dirs at its start): a
         # full disk is judged against the room it had before setup (fsm.storage).
         ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
@@ -174,61 +174,11 @@ def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     raise AttemptBusy(f"{why}; this runner wrote nothing", ended_by=got)
 
 
-def _check_host(ctx: Context, probe: HostProbe, expected: int | None) -> None:
-    """End the attempt of a short, sick or busy host before anything is installed or
-    downloaded; keep the snapshot as the baseline of later comparisons."""
-    asked = time.monotonic()
-    snap = probe.snapshot(PROBE_S + gpus.KILL_GRACE_S)
-    waited_s = time.monotonic() - asked
-    if snap is None:  # only a snapshot thread that outlived its own bound
-        snap = gpus.Snapshot(problem="hung", detail="no answer within the bound")
-    ctx.host_start = snap
-    if snap.problem != "absent":
-        # seconds: what the snapshot took; waited_s: what of it the attempt waited for
-        # (the rest overlapped the payload, the lock and the store)
-        log.info("host.gpus", gpus=len(snap.gpus), problem=snap.problem,
-                 seconds=round(snap.seconds, 3), waited_s=round(waited_s, 3))
-    if expected is not None:
-        _require_gpus(facts_of(probe.hostname, snap), expected)
-    if snap.problem == "hung":
-        raise _unhealthy(ctx, probe.hostname, snap, gpus.Verdict(), snap.describe_problem())
-    for verdict, rule in ((gpus.unhealthy(snap), rules.HOST_GPU_UNHEALTHY),
-                          (gpus.busy(snap), rules.HOST_GPU_BUSY)):
-        if verdict:
-            raise _unhealthy(ctx, probe.hostname, snap, verdict, verdict.describe(), rule)
-
-
 def _cache_dir(ctx: Context, p: payload.Payload) -> Path:
     """The Hugging Face cache the worker writes to."""
     env = {**ctx.environ, **p.env}
     cache = env.get("HF_HUB_CACHE") or env.get("HF_HOME")
     return Path(cache) if cache else Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface"
-
-
-def _unhealthy(ctx: Context, hostname: str, snap: gpus.Snapshot, verdict: gpus.Verdict,
-               said: str, rule: rules.Rule = rules.HOST_GPU_UNHEALTHY) -> RetriableError:
-    """The marker names the GPU (index and UUID) and what nvidia-smi reported."""
-    ctx.evidence["gpu_health"] = {"findings": verdict.evidence(), "snapshot": snap.evidence()}
-    what = "busy" if rule is rules.HOST_GPU_BUSY else "unhealthy"
-    return RetriableError(
-        f"host {hostname} is {what} before setup, retry on a fresh host: {said}", rule=rule
-    )
-
-
-def _require_gpus(facts: HostFacts, expected: int) -> None:
-    """End a short host's attempt before anything is installed or downloaded."""
-    if facts.problem is None and len(facts.gpus) >= expected:
-        return
-    if facts.problem is None:
-        seen = ", ".join(gpu.uuid for gpu in facts.gpus) or "none"
-        found = f"{len(facts.gpus)} visible ({seen})"
-    else:
-        found = facts.describe_problem()
-    raise RetriableError(
-        f"host {facts.hostname} is short of GPUs: the payload expects {expected} "
-        f"(expect_gpus), {found}",
-        rule=rules.HOST_GPU_MISSING,
-    )
 
 
 def _learn_secrets(ctx: Context, env: object) -> None:

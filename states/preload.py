@@ -3,6 +3,10 @@
 Refuses to warm ephemeral disk: the parent of ``HF_HOME`` must exist and, when the
 payload names a sentinel, hold it. ``preload_result.json`` is the completion signal the
 warm driver polls: it goes up in one commit with the marker.
+
+The models warm while the GPUs answer (as setup does): a fault they report stops the
+warming at once, and a preload claims success only once their verdict is in
+(``Context.settle_host``), so its marker does not depend on which came first.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def preload(ctx: Context) -> str:
     if result["failed"]:
         names = ", ".join(sorted(result["failed"]))
         raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
+    ctx.settle_host(p.expect_gpus)
     return table.CACHE_WARMED
 
 
@@ -72,7 +77,7 @@ def _warm_all(ctx: Context, models: Sequence[str], cache_dir: Path,
     cancels them all."""
     branches = []
     for repo_id in models:
-        flag = Branch.follow(ctx.interrupt)
+        flag = ctx.setup_stop.follower()  # a signal, or a fault the GPUs report
         work = partial(_warm, ctx.branch_store(flag), repo_id, cache_dir)
         branches.append((repo_id, Branch(f"warm-{repo_id}", work, flag)))
     outcomes: list[tuple[str, WarmOutcome | BaseException]] = []

@@ -10,9 +10,13 @@ A worker that makes no progress for ``FLASH_STALL_S`` (no console byte, no touch
 first signal (``fsm.stacks``), as they are when the deadline stops it, and ride with the
 marker as ``stacks_<phase>.txt``; the state fires ``worker_stalled``, and VerifyRemote
 judges the stall. The GPUs are asked every ``FLASH_HOST_WATCH_S`` too (``fsm.gpu_watch``,
-CONTRACT section 8): one that can no longer be reached, fewer than at the start, or new
-uncorrectable ECC errors stop the worker the same way (stacks first), and the state fires
-``host_failed``.
+CONTRACT section 8): a GPU nvidia-smi reports it cannot reach, one missing from a listing
+that answered, or new uncorrectable ECC errors, each reported again on a second look,
+stop the worker the same way (stacks first), and the state fires ``host_failed``; a look
+that does not answer decides nothing.
+
+No worker starts before the GPUs' verdict (``Context.settle_host``): setup overlapped
+their answer, and a fault it reports ends the attempt here at the latest.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ LAST_LINE_CHARS = 300
 def train(ctx: Context) -> str:
     env = ctx.worker_env
     assert env is not None, "ResolveSpec builds the worker environment"
+    ctx.settle_host(ctx.require_payload().expect_gpus)
     for stale in ("metrics.json", "train_meta.json", progress_path(ctx).name):
         with contextlib.suppress(FileNotFoundError):
             (ctx.scratch / stale).unlink()
@@ -56,7 +61,8 @@ def train(ctx: Context) -> str:
     oom_before = oom_kills(oom_file)
 
     # The GPUs asked every FLASH_HOST_WATCH_S, compared with what they said before setup.
-    host_watch = (GpuWatch(ctx.host_start, ctx.environ, tuning.host_watch_s)
+    host_watch = (GpuWatch(ctx.host_start, ctx.environ, tuning.host_watch_s,
+                           query_s=tuning.gpu_query_s)
                   if tuning.host_watch_s > 0 and ctx.host_start is not None
                   and watchable(ctx.host_start) else None)
 
@@ -86,6 +92,8 @@ def train(ctx: Context) -> str:
         progress.done(ok=result.reason == "exited", reason=result.reason)
     if periodic is not None:
         periodic.close(timeout_s=ctx.stop_deadline.bound(TAIL_CLOSE_S))
+    if host_watch is not None:
+        ctx.evidence["gpu_watch"] = host_watch.evidence()
     ctx.evidence["worker"] = {
         "exit_code": result.returncode,
         "signal": signal.Signals(result.signal).name if result.signal else None,

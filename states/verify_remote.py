@@ -180,15 +180,16 @@ def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
 
 def _gpus_since_start(ctx: Context) -> dict[str, bool]:
     """After a worker ended without its completion artifacts: the GPUs asked again, and
-    compared with what they said before setup (a GPU gone or out of reach, new
-    uncorrectable ECC errors): ``gpus_changed``, or ``gpus_fine`` when every GPU answered
-    the same. Within the snapshot's own bound, and never more than half of what
-    verification has left; no snapshot before setup, no comparison."""
+    compared with what they said before the worker started: a change they report (a GPU
+    gone from a listing that answered, one out of reach, new uncorrectable ECC errors) is
+    ``gpus_changed``; ``gpus_fine`` when every GPU answered the same. No answer is no
+    change. Within ``FLASH_GPU_QUERY_S``, and never more than half of what verification
+    has left; no snapshot before the worker, no comparison."""
     start = ctx.host_start
     if not watchable(start) or start is None:
         return {}
     left = ctx.begin_end().verify_budget().remaining()
-    now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(gpus.SNAPSHOT_S, left / 2)))
+    now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(ctx.tuning.gpu_query_s, left / 2)))
     verdict = gpus.changed(start, now)
     if not verdict:
         fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)

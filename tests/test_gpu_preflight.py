@@ -1,23 +1,28 @@
-"""The GPUs asked before any setup (issue 24 item 1, CONTRACT section 8), through the real
-runner with a fake nvidia-smi that answers in the real tool's query formats
+"""The GPUs asked before the worker starts (issues 24 and 36, CONTRACT section 8), through
+the real runner with a fake nvidia-smi that answers in the real tool's query formats
 (``fsm.testing.nvidia_smi``).
 
-A sick GPU (uncorrectable ECC errors, pages pending retirement, rows pending remapping, a
-remapping failure, a GPU NVML cannot reach) ends the attempt in LoadPayload, retriable
-``host-gpu-unhealthy``; a busy one (more than 1 GiB held, or a compute process the attempt
-did not start) retriable ``host-gpu-busy``. The marker names the GPU's index and UUID and
-what it reported, and nothing was installed, fetched or run. Fields a GPU or a driver does
-not support are unknown, never sick."""
+Setup goes on while they answer. A sick GPU (uncorrectable ECC errors, pages pending
+retirement, rows pending remapping, a remapping failure, a GPU NVML cannot reach) ends
+the attempt the moment the answer comes, retriable ``host-gpu-unhealthy``; a busy one
+(more than 1 GiB held, or a compute process the attempt did not start) retriable
+``host-gpu-busy``; and no worker ever starts before the answer. The marker names the GPU's
+index and UUID and what it reported. Fields a GPU or a driver does not support are unknown,
+never sick; a slow answer is an answer."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PREFIX, REPO, TRAIN_PATH, Layout
+from pypi_server import PypiServer, build_wheel
 
 from fsm.testing.nvidia_smi import FakeApp, FakeGpu, FakeHost, FakeNvidiaSmi
 
@@ -40,13 +45,18 @@ def _run(layout: Layout, smi: FakeNvidiaSmi, **payload: Any
     return proc, marker
 
 
+#: The states an answer of the GPUs can end the attempt in: setup overlaps it, and Train
+#: waits for it before the worker.
+BEFORE_WORKER = ("LoadPayload", "InstallExtras", "FetchCode", "ResolveSpec", "Train")
+
+
 def _assert_ended_before_setup(layout: Layout, marker: dict[str, Any], rule: str) -> None:
+    """Ended by the GPUs' answer, retriable, before any worker ran."""
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, True, rule), marker
-    assert marker["state"] == "LoadPayload"
-    assert marker["path"] == ["LoadPayload", "Mark"]
+    assert marker["state"] in BEFORE_WORKER
+    assert marker["path"][-2:] == [marker["state"], "Mark"]
     assert "worker" not in marker
     assert not (layout.scratch / "worker-ran").exists()
-    assert not (layout.code_root / "code").exists()  # the code was never fetched
 
 
 def _sick(attr: str, value: object) -> Callable[[FakeHost], None]:
@@ -239,3 +249,84 @@ def test_explain_names_the_sick_gpu_of_the_marker(layout: Layout, smi: FakeNvidi
     shown = proc.stdout.decode()
     assert "gpus before setup" in shown
     assert f"row-remap-failure: GPU 4 {host.gpus[4].uuid}" in shown
+
+
+# --- a slow answer is an answer; setup overlaps it, the worker waits for it -----------------
+
+STARTED_WORKER = "(SCRATCH / 'worker-ran').write_text(repr(time.time())); complete()"
+
+
+@pytest.mark.parametrize("delay", [3.0, 30.0])
+def test_a_healthy_host_whose_nvidia_smi_is_slow_runs_and_the_worker_waits_for_the_answer(
+    layout: Layout, smi: FakeNvidiaSmi, delay: float
+) -> None:
+    """Every query answers correctly but late (3 s; 30 s, as large hosts without the
+    persistence daemon do, under the default 60 s bound): the attempt succeeds, and the
+    worker starts only once the GPUs have answered."""
+    host = smi.host()
+    host.delay = {"*": delay}
+    smi.set(host)
+    layout.write_worker(STARTED_WORKER)
+    layout.write_payload(expect_gpus=8)
+
+    started = time.time()
+    proc = layout.cli(*layout.run_args(), env=smi.env(), timeout=delay + 60)
+    marker = layout.marker()
+
+    assert marker is not None, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 0 and marker["ok"] is True, marker["error"]
+    assert float((layout.scratch / "worker-ran").read_text()) - started >= delay
+    assert len(marker["host"]["gpus"]) == 8 and "error" not in marker["host"]
+
+
+def test_a_sick_answer_stops_setup_the_moment_it_comes(
+    layout: Layout, smi: FakeNvidiaSmi, tmp_path: Path
+) -> None:
+    """The extras install hangs on its index; the GPUs answer 2 s in that GPU 5 has
+    uncorrectable ECC errors: the install is stopped at once (not at pip's timeouts), the
+    attempt ends in InstallExtras, host-gpu-unhealthy, and no worker runs."""
+    host = smi.host()
+    host.gpus[5].ecc_uncorrected = 3
+    host.delay = {"*": 2.0}
+    smi.set(host)
+    (tmp_path / "wheels").mkdir()
+    wheel = build_wheel(tmp_path / "wheels", "flashextra", "1.0")
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_TIMEOUT": "60", "PIP_RETRIES": "5",
+           "FLASH_INSTALLER": "pip", "PIP_TARGET": str(tmp_path / "target")}
+    with PypiServer([wheel], hang_limit_s=120) as index:
+        index.mode = "hang"
+        layout.write_worker(SENTINEL_WORKER)
+        layout.write_payload(extra_pip=["--index-url", index.url, "flashextra"],
+                             env={**layout.payload()["env"], **env})
+        started = time.monotonic()
+        proc = layout.cli(*layout.run_args(), env=smi.env(), timeout=60)
+        took = time.monotonic() - started
+        hits = index.hits
+
+    marker = layout.marker()
+    assert marker is not None, proc.stderr.decode()[-3000:]
+    _assert_ended_before_setup(layout, marker, "host-gpu-unhealthy")
+    assert marker["state"] == "InstallExtras" and hits >= 1  # pip was waiting on the index
+    assert f"GPU 5 ({host.gpus[5].uuid})" in marker["error"]
+    assert took < 20, took  # 2 s of nvidia-smi, not pip's 60 s timeout
+    assert proc.returncode == 75
+
+
+def test_a_slow_apps_query_neither_makes_a_gpu_busy_nor_holds_the_worker_past_its_bound(
+    layout: Layout, smi: FakeNvidiaSmi
+) -> None:
+    """--query-compute-apps never answers: unknown, not busy; the worker starts at the
+    bound (FLASH_GPU_QUERY_S=5) and the run succeeds, the silence in the evidence only."""
+    host = smi.host()
+    host.hang = ["--query-compute-apps"]
+    smi.set(host)
+    layout.write_worker(STARTED_WORKER)
+    layout.write_payload(env={**layout.payload()["env"], "FLASH_GPU_QUERY_S": "5"})
+
+    proc = layout.cli(*layout.run_args(), env=smi.env(), timeout=60)
+    marker = layout.marker()
+
+    assert marker is not None, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 0 and marker["ok"] is True, marker["error"]
+    assert "gpu_health" not in marker
+    assert json.dumps(marker["host"]).count("error") == 0

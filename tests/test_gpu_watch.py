@@ -1,12 +1,14 @@
-"""The GPUs asked while the worker runs and after it died (issue 24 items 2 and 3, CONTRACT
+"""The GPUs asked while the worker runs and after it died (issues 24 and 36, CONTRACT
 section 8), through the real runner with a fake nvidia-smi that answers in the real tool's
 documented format (``fsm.testing.nvidia_smi``) and whose host the test changes mid-run.
 
-A GPU out of reach, fewer GPUs, new uncorrectable ECC errors: the watch stops the worker
-(its stacks first) and the attempt ends retriable, ``host-gpu-lost`` or
-``host-gpu-unhealthy``. After a worker died, a change since the start makes it
-``worker-host-fault``, over a job fault in the console; the job's own
-``CUDA_VISIBLE_DEVICES`` explaining "No CUDA GPUs are available" keeps it the job's."""
+A GPU out of reach, fewer GPUs, new uncorrectable ECC errors, reported on two looks: the
+watch stops the worker (its stacks first) and the attempt ends retriable,
+``host-gpu-lost`` or ``host-gpu-unhealthy``. Only what the GPUs say counts: a look that is
+slow, hangs or fails as a whole decides nothing, and a fault seen on one look only is
+not confirmed. After a worker died, a change the GPUs report makes it
+``worker-host-fault``, over a job fault in the console (no answer is no change); the job's
+own ``CUDA_VISIBLE_DEVICES`` explaining "No CUDA GPUs are available" keeps it the job's."""
 
 from __future__ import annotations
 
@@ -21,8 +23,14 @@ import pytest
 from conftest import CANARY, Layout, read_until
 
 from fsm import gpus
-from fsm.gpu_watch import GpuWatch, hidden_by_env
-from fsm.testing.nvidia_smi import DRIVER_UNREACHABLE, FakeHost, FakeNvidiaSmi
+from fsm.gpu_watch import CONFIRM_S, GpuWatch, hidden_by_env
+from fsm.testing.nvidia_smi import (
+    DRIVER_UNREACHABLE,
+    GPU_IS_LOST,
+    NVML_UNKNOWN,
+    FakeHost,
+    FakeNvidiaSmi,
+)
 
 WATCH_S = 5.0
 
@@ -82,8 +90,10 @@ def test_a_gpu_lost_while_the_worker_runs_stops_it_retriable_naming_the_gpu(
     smi.set(host)
     changed_at = time.monotonic()
     marker = _finish(layout, proc)
-    assert time.monotonic() - changed_at < WATCH_S + 2 + 20 + 10  # a period, the snapshot, stacks
+    # a period, two looks a confirmation apart, the stacks
+    assert time.monotonic() - changed_at < WATCH_S + CONFIRM_S + 2 + 20 + 10
     assert (marker["ok"], marker["retriable"], marker["rule"]) == (False, True, "host-gpu-lost")
+    assert marker["gpu_watch"]["looks"] >= 2  # seen on two looks
     assert lost_uuid in marker["error"] and "GPU 1" in marker["error"]
     assert marker["worker"]["reason"] == "host"
     assert marker["stacks"]["for"] == "host"
@@ -102,15 +112,108 @@ def test_new_uncorrectable_ecc_errors_while_the_worker_runs_are_host_gpu_unhealt
     assert smi.host().gpus[0].uuid in marker["error"]
 
 
-def test_an_nvidia_smi_that_hangs_mid_run_is_a_lost_gpu_only_after_its_bound(
-    layout: Layout, smi: FakeNvidiaSmi
-) -> None:
-    def hangs(host: FakeHost) -> None:
-        host.hang = ["*"]
+#: A worker that trains for a while, then completes.
+TRAINS_THEN_COMPLETES = ("print('ready', flush=True)\n"
+                         "while not (SCRATCH / 'go').exists():\n    time.sleep(0.02)\n"
+                         "complete()\n")
 
-    marker = _change_mid_run(layout, smi, RUNS, hangs)
-    assert (marker["retriable"], marker["rule"]) == (True, "host-gpu-lost")
-    assert "did not answer within 2s" in marker["error"]
+
+def _silence(kind: str) -> Callable[[FakeHost], None]:
+    def change(host: FakeHost) -> None:
+        if kind == "hang":
+            host.hang = ["*"]
+        elif kind == "nvml-unknown":  # the container lost NVML, the training goes on [16]
+            host.failure, host.failure_status = NVML_UNKNOWN, 255
+        elif kind == "driver-unreachable":
+            host.failure, host.failure_status = DRIVER_UNREACHABLE, 9
+        else:  # slower than the bound: a look that does not answer
+            host.delay = {kind: 8.0}
+    return change
+
+
+def _looks(smi: FakeNvidiaSmi, since: int, count: int, *, ended: bool = False,
+           timeout: float = 60) -> None:
+    """Wait (a poll with a bound) until ``count`` looks (--query-gpu calls) began after the
+    ``since``-th call of the fake, and with ``ended`` until they ended too. The watch takes
+    one look at a time: a look that began means the runner judged the one before."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        calls = [e for e in smi._log()[since:] if e["argv"][0].startswith("--query-gpu")]
+        if len(calls) >= count and not (ended and any(_alive(e["pid"]) for e in calls)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} looks within {timeout}s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("kind", ["--query-gpu", "--query-remapped-rows",
+                                  "--query-compute-apps", "hang", "nvml-unknown",
+                                  "driver-unreachable"])
+def test_looks_that_are_slow_hang_or_fail_as_a_whole_decide_nothing_and_the_run_completes(
+    layout: Layout, smi: FakeNvidiaSmi, kind: str
+) -> None:
+    """Two looks past their bound (FLASH_GPU_QUERY_S=5), each query kind in turn, or
+    nvidia-smi hanging or failing as a whole: the healthy run completes, and the marker
+    counts the looks that did not answer."""
+    layout.write_worker(TRAINS_THEN_COMPLETES)
+    proc = _start(layout, smi, env=_env(FLASH_GPU_QUERY_S="5"))
+    read_until(proc.stdout, b"ready")
+    since = len(smi._log())
+    host = smi.host()
+    _silence(kind)(host)
+    smi.set(host)
+    _looks(smi, since, 3)  # two silent looks judged (and a third begun)
+    (layout.scratch / "go").write_text("")
+    marker = _finish(layout, proc)
+    assert (marker["ok"], marker["rule"]) == (True, "completion-confirmed"), marker
+    watched = marker["gpu_watch"]
+    assert watched["looks"] >= 2
+    if kind in ("--query-gpu", "hang", "nvml-unknown", "driver-unreachable"):
+        assert watched["unanswered"] >= 2
+
+
+@pytest.mark.parametrize("unreachable", ["Unknown Error", GPU_IS_LOST])
+def test_a_gpu_missing_on_one_look_only_does_not_stop_the_worker(
+    layout: Layout, smi: FakeNvidiaSmi, unreachable: str
+) -> None:
+    """NVML cannot reach GPU 1 on one look; the next look, a few seconds later, lists it
+    again: not confirmed, the run completes."""
+    layout.write_worker(TRAINS_THEN_COMPLETES)
+    proc = _start(layout, smi)
+    read_until(proc.stdout, b"ready")
+    since = len(smi._log())
+    healthy = smi.host()
+    host = smi.host()
+    host.gpus[1].unreachable = unreachable
+    smi.set(host)
+    _looks(smi, since, 1, ended=True)  # one look answered with the GPU out of reach
+    smi.set(healthy)                   # well before the second look, CONFIRM_S later
+    since = len(smi._log())
+    _looks(smi, since, 2)  # the second look (the GPU back) judged, a third begun
+    (layout.scratch / "go").write_text("")
+    marker = _finish(layout, proc)
+    assert (marker["ok"], marker["rule"]) == (True, "completion-confirmed"), marker
+    assert marker["gpu_watch"]["looks"] >= 2 and "gpu_change" not in marker
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "4", "-5", "nan"])
+def test_an_unusable_gpu_query_bound_makes_the_payload_unusable_naming_it(
+    layout: Layout, smi: FakeNvidiaSmi, value: str
+) -> None:
+    """FLASH_GPU_QUERY_S is a number of seconds of at least 5 (no "off": a bound)."""
+    layout.write_worker("complete()\n")
+    proc = _start(layout, smi, env=_env(FLASH_GPU_QUERY_S=value))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err.decode()[-3000:]
+    last = err.decode().strip().splitlines()[-1]
+    assert "FLASH_GPU_QUERY_S" in last and "Traceback" not in err.decode()
+    assert layout.marker() is not None  # the destination is known: a marker is written
 
 
 def test_with_the_host_watch_off_a_gpu_lost_mid_run_does_not_stop_the_worker(
@@ -258,11 +361,13 @@ def test_the_watch_takes_one_snapshot_at_a_time_and_says_the_host_failed_on_a_ch
     host = smi.host()
     host.gpus[0].unreachable = "Unknown Error"
     smi.set(host)
-    now[0] = 60.0
-    watch.look()
-    assert watch._pending is not None and watch._pending.result(5) is not None
-    assert watch.look() is True
+    for at, stops in ((60.0, False), (60.0 + CONFIRM_S, True)):  # seen, then seen again
+        now[0] = at
+        watch.look()
+        assert watch._pending is not None and watch._pending.result(5) is not None
+        assert watch.look() is stops
     assert watch.verdict is not None and watch.verdict.kinds() == {"unreachable"}
+    assert watch.evidence() == {"looks": 3, "unanswered": 0}
 
 
 @pytest.mark.parametrize(("visible", "hidden"), [

@@ -163,14 +163,14 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
 
 def test_a_branch_follows_the_signal_and_hands_its_failure_to_the_joining_state() -> None:
     signal_flag = InterruptFlag()
-    flag = Branch.follow(signal_flag)
+    flag = signal_flag.follower()
     failing = Branch("f", lambda: (_ for _ in ()).throw(ValueError("broken")), flag)
     with pytest.raises(ValueError, match="broken"):
         failing.join()
-    assert Branch("ok", lambda: 42, Branch.follow(signal_flag)).join() == 42
+    assert Branch("ok", lambda: 42, signal_flag.follower()).join() == 42
     signal_flag.trigger(15)
     assert flag.is_set() and flag.signum == 15
-    assert Branch.follow(signal_flag).is_set()  # one made after the signal starts set
+    assert signal_flag.follower().is_set()  # one made after the signal starts set
 
     def stopped() -> None:
         raise Interrupted(15)

@@ -22,7 +22,8 @@ the state file afresh, so a test changes the host between two calls with :meth:`
 It answers ``--query-gpu``, ``--query-remapped-rows``, ``--query-compute-apps`` (each with
 ``--format=csv[,noheader][,nounits]``, optionally ``-i``) and ``-L``; anything else is refused.
 A hang (``FakeHost.hang``) sleeps until killed: :meth:`FakeNvidiaSmi.stop` (or leaving the
-``with`` block) kills whatever the fake left hanging.
+``with`` block) kills whatever the fake left hanging. A delay (``FakeHost.delay``, per
+switch) answers correctly but slowly, as the real tool does on large hosts [14].
 
 Where each format detail comes from; the code cites these by number. Details no source
 showed are marked *assumed*.
@@ -100,6 +101,20 @@ showed are marked *assumed*.
 [13] A field whose query failed prints the NVML error in brackets, e.g. ``[Unknown Error]``
     beside ``[Not Supported]`` and ``[N/A]`` (enkore/i3pystatus#850); ``power.management``
     is documented as "Either "Supported" or "[Not Supported]"" ([4]).
+[14] Slow but correct answers: about 30 s per call on large multi-GPU VMs without the
+    persistence daemon, about 2 s with it (Azure/aks-gpu#105); the same reported on GCP
+    (GoogleCloudPlatform/ai-infra-cluster-provisioning#227). ``FakeHost.delay``.
+[15] A GPU that fell off the bus, in NVML's other words: ``Unable to determine the device
+    handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU``
+    (JosephKJ/OWOD#81; with two spaces before "Reboot" in marian-nmt/marian#251 and
+    AlexeyAB/darknet#86): :data:`GPU_IS_LOST` as ``FakeGpu.unreachable``. A domain of three
+    digits, ``for GPU 000:BA:80.0: Unknown Error``, in NVIDIA/dcgm-exporter#604.
+[16] A whole-tool failure inside a running container while the training on its GPUs goes
+    on: ``Failed to initialize NVML: Unknown Error`` after the host's ``systemctl
+    daemon-reload`` (NVIDIA/nvidia-docker#1671; #1678: "we can see the training process
+    information through host nvidia-smi command output"; NVIDIA/nvidia-container-toolkit
+    #1744): :data:`NVML_UNKNOWN` as ``FakeHost.failure``. Its exit status is not quoted in
+    those threads; the fake uses 255 ("Other error", [8]; *assumed*).
 
 This module imports nothing but the standard library and nothing of ``fsm``: it runs as a
 script of its own. The runtime never imports it (the container image does not carry it).
@@ -115,12 +130,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
-    "DRIVER_UNREACHABLE", "INVALID_ARGUMENTS", "NVML_MISMATCH", "FakeApp", "FakeGpu",
+    "DRIVER_UNREACHABLE", "GPU_IS_LOST", "INVALID_ARGUMENTS", "NVML_MISMATCH", "NVML_UNKNOWN",
+    "FakeApp", "FakeGpu",
     "FakeHost", "FakeNvidiaSmi", "Rendered", "render",
 ]
 
@@ -135,6 +151,10 @@ DRIVER_UNREACHABLE = (
     "that the latest NVIDIA driver is installed and running."
 )
 NVML_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+#: [16]
+NVML_UNKNOWN = "Failed to initialize NVML: Unknown Error"
+#: [15]: NVML's reason for a GPU that fell off the bus
+GPU_IS_LOST = "GPU is lost. Reboot the system to recover this GPU"
 SWITCHES = ("--query-gpu", "--query-remapped-rows", "--query-compute-apps")
 
 
@@ -188,6 +208,8 @@ class FakeHost:
     driver: str = "550.54.15"
     #: switches (``--query-gpu``, ...) that never answer; ``"*"`` for every call
     hang: list[str] = field(default_factory=list)
+    #: switch (or ``"*"``) -> seconds a call takes before it answers [14]
+    delay: dict[str, float] = field(default_factory=dict)
     #: a whole-tool failure: this message (on stdout [9]) and ``failure_status`` [10]
     failure: str | None = None
     failure_status: int = 9
@@ -233,6 +255,8 @@ class Rendered:
     stderr: str
     status: int
     hang: bool = False
+    #: seconds before the answer is printed [14]
+    delay: float = 0.0
 
 
 # --- the answer, as a pure function --------------------------------------------------------
@@ -369,6 +393,13 @@ def render(host: FakeHost, argv: Sequence[str]) -> Rendered:
         else:
             return Rendered(INVALID_ARGUMENTS + "\n", "", 2)  # [9]
     switch = next((s for s in SWITCHES if s in options), None)
+    answer = _render(host, options, listing, switch)
+    delay = host.delay.get(switch or "-L", host.delay.get("*", 0.0))
+    return replace(answer, delay=delay) if delay and not answer.hang else answer
+
+
+def _render(host: FakeHost, options: Mapping[str, str], listing: bool,
+            switch: str | None) -> Rendered:
     if listing == (switch is not None):
         if not listing:
             return Rendered("", "fake nvidia-smi (fsm.testing.nvidia_smi) answers only "
@@ -513,7 +544,7 @@ class FakeNvidiaSmi:
         for argv, ans in zip(self._precompute, self._answer_paths(), strict=True):
             out = ans.with_suffix(".out")
             answer = render(host, argv)
-            if answer.hang or answer.status != 0 or answer.stderr:
+            if answer.hang or answer.delay or answer.status != 0 or answer.stderr:
                 out.unlink(missing_ok=True)  # answered by Python, as it must be
                 continue
             part = ans.with_suffix(".part")
@@ -565,6 +596,8 @@ def main(argv: Sequence[str]) -> int:
     if answer.hang:
         while True:  # a GPU stuck in the driver: until killed
             time.sleep(3600)
+    if answer.delay:
+        time.sleep(answer.delay)  # a slow, healthy answer [14]
     sys.stdout.write(answer.stdout)
     sys.stderr.write(answer.stderr)
     sys.stdout.flush()
