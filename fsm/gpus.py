@@ -1099,6 +1099,10 @@ def before_setup(snap: Snapshot, expected: int | None = None) -> StartVerdict:
         if snap.problem is None and len(snap.gpus) < expected:
             seen = ", ".join(gpu.uuid or gpu.label for gpu in snap.gpus) or "none"
             return StartVerdict("short", True, f"{wanted}{len(snap.gpus)} visible ({seen})")
+        if snap.problem == "pending":
+            # The count decides first (a lost GPU is a short host too): one rule, whichever
+            # query answers first.
+            return StartVerdict(None, False)
     if snap.problem == "hung":
         return StartVerdict("unresponsive", True, snap.describe_problem())
     for kind, verdict in (("unhealthy", unhealthy(snap)), ("busy", busy(snap))):

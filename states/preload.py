@@ -59,12 +59,13 @@ def preload(ctx: Context) -> str:
     # The warm driver polls preload_result.json: it goes up in the marker's own commit, so
     # it has landed exactly when the marker has.
     ctx.end_artifacts[RESULT_NAME] = ctx.redactor.text(json.dumps(result))
+    # The verdict waits for the GPUs' (whichever came first, the same marker).
+    ctx.settle_host(p.expect_gpus)
     if problem is not None:
         raise FatalError(problem, rule=rules.PRELOAD_UNMOUNTED)
     if result["failed"]:
         names = ", ".join(sorted(result["failed"]))
         raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
-    ctx.settle_host(p.expect_gpus)
     return table.CACHE_WARMED
 
 

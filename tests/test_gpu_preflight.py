@@ -152,7 +152,9 @@ def test_a_foreign_compute_process_before_setup_is_busy_however_small(
 def test_a_sick_gpu_ends_a_preload_before_the_cache_is_warmed(
     layout: Layout, smi: FakeNvidiaSmi
 ) -> None:
-    """Before extras, code or models: a preload attempt asks the GPUs too."""
+    """A preload attempt asks the GPUs too: its models warm while they answer, and its
+    verdict waits for theirs, so a sick GPU decides even where the warming failed (the
+    model is not in the store): the same marker whichever came first."""
     host = smi.host()
     host.gpus[0].ecc_uncorrected = 1
     smi.set(host)
@@ -167,9 +169,8 @@ def test_a_sick_gpu_ends_a_preload_before_the_cache_is_warmed(
     marker = layout.marker()
 
     assert marker is not None, proc.stderr.decode()[-3000:]
-    assert (marker["rule"], marker["retriable"], marker["state"]) == (
-        "host-gpu-unhealthy", True, "LoadPayload")
-    assert not (mount / "hf").exists()
+    assert (marker["rule"], marker["retriable"]) == ("host-gpu-unhealthy", True), marker
+    assert marker["state"] in ("LoadPayload", "Preload")
 
 
 def _not_supported(host: FakeHost) -> None:

@@ -32,6 +32,7 @@ STABLE_IDS = (
     "payload-invalid",
     "host-gpu-missing",
     "host-gpu-unhealthy",
+    "host-gpu-unresponsive",
     "host-gpu-busy",
     "host-storage",
     "host-storage-filled",
