@@ -4,7 +4,9 @@
 
 The runner starts a worker that records ``time.time()`` as its first instruction, on a
 local store, with the fake ``nvidia-smi`` (``fsm.testing.nvidia_smi``) answering every
-query correctly after ``delay`` seconds (8 healthy H100s; ``FakeHost.delay``), and once
+query correctly after ``delay`` seconds (8 healthy H100s; ``FakeHost.delay``; answered by
+the fake's shell script with ``sleep`` and ``cat``, about as cheap as the real binary: three
+Python fakes at once would take the runner's own CPU on two cores), and once
 with no nvidia-smi at all (setup alone). For each case: start (the runner's spawn) to the
 worker's first instruction, median of the rounds, and the answer's own time (one direct
 call of the fake, its interpreter start included). ``excess`` is start-to-worker minus the
@@ -23,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fsm import gpus
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 WORKER = "import time, pathlib, os\n" \
@@ -62,10 +65,11 @@ def main() -> None:
     setup = statistics.median(_once(root, {**base, "PATH": bare}) for _ in range(args.rounds))
     result: dict[str, float] = {"setup_alone_s": round(setup, 3)}
     for delay in (float(d) for d in args.delays.split(",")):
-        with FakeNvidiaSmi(root / f"smi-{delay:g}", FakeHost.h100s(8, delay={"*": delay})) as fake:
+        host = FakeHost.h100s(8, delay={"*": delay})
+        queries = [list(args) for args in gpus.QUERIES.values()]
+        with FakeNvidiaSmi(root / f"smi-{delay:g}", host, precompute=queries) as fake:
             t0 = time.monotonic()
-            subprocess.run([str(fake.path), "--query-gpu=index", "--format=csv"],
-                           capture_output=True, check=False)
+            subprocess.run([str(fake.path), *queries[0]], capture_output=True, check=False)
             answer = time.monotonic() - t0
             took = statistics.median(_once(root, {**base, **fake.env()})
                                      for _ in range(args.rounds))

@@ -38,7 +38,8 @@ if sys.argv[1:2] == ["run"]:
 
     hub_import.start()
     deferred.import_without("structlog", deferred.OPTIONAL_FOR_STRUCTLOG)
-    # The GPUs are asked now, in the background: the answer is due before any setup.
+    # The GPUs are asked now, in the background: setup overlaps their answer, the worker
+    # waits for it (fsm.host).
     from fsm.host import HostProbe
 
     HostProbe.start_early(os.environ)

@@ -514,7 +514,9 @@ class FakeNvidiaSmi:
                   "import nvidia_smi; sys.exit(nvidia_smi.main(sys.argv[1:]))")
         cached = "".join(
             f'if [ "$*" = {shlex.quote(" ".join(argv))} ] && [ -f {shlex.quote(str(ans))}.out ]'
-            f"; then cat {shlex.quote(str(ans))}.out; exit 0; fi\n"
+            f"; then if [ -f {shlex.quote(str(ans))}.delay ]; then "
+            f'sleep "$(cat {shlex.quote(str(ans))}.delay)"; fi; '
+            f"cat {shlex.quote(str(ans))}.out; exit 0; fi\n"
             for argv, ans in zip(self._precompute, self._answer_paths(), strict=True))
         self.path.write_text(
             "#!/bin/sh\n" + cached
@@ -544,9 +546,14 @@ class FakeNvidiaSmi:
         for argv, ans in zip(self._precompute, self._answer_paths(), strict=True):
             out = ans.with_suffix(".out")
             answer = render(host, argv)
-            if answer.hang or answer.delay or answer.status != 0 or answer.stderr:
+            if answer.hang or answer.status != 0 or answer.stderr:
                 out.unlink(missing_ok=True)  # answered by Python, as it must be
                 continue
+            delay = ans.with_suffix(".delay")
+            if answer.delay:
+                delay.write_text(f"{answer.delay:g}")  # before the answer it delays
+            else:
+                delay.unlink(missing_ok=True)
             part = ans.with_suffix(".part")
             part.write_text(answer.stdout)
             os.replace(part, out)
