@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsm.budget import Background, Budget
 from fsm.clock import Deadline
-from fsm.errors import HostFault, Interrupted, PayloadError
+from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError
 from fsm.interrupt import InterruptFlag
 from fsm.marker import AttemptLock, Persisted, Publisher
 from fsm.outlet import Outlet
@@ -350,9 +350,14 @@ class Context:
         probe = self.host
         if probe is None:
             return
-        verdict, snap = probe.settle(expected, stopped=self.interrupt.is_set)
+        deadline = self.work_deadline
+        verdict, snap = probe.settle(
+            expected, stopped=lambda: self.interrupt.is_set() or deadline.expired())
         if self.interrupt.is_set():
             raise Interrupted(self.interrupt.signum or 15)
+        if not verdict.decided and deadline.expired():
+            raise DeadlineExceeded("run wall deadline exceeded while waiting for the GPUs' "
+                                   "answer before the worker")
         if self.host_fault is not None:
             raise self.host_fault
         if verdict.kind is not None:
