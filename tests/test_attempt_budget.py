@@ -426,7 +426,9 @@ def test_a_forward_clock_step_stops_nothing_before_the_monotonic_deadline(
     assert proc.returncode == 124, log
     last_seen = float(re.findall(rb"mono ([\d.]+)", out)[-1])
     assert last_seen >= started + 3 - 0.5, "stopped before the runner's work deadline"
-    assert time.monotonic() - started < 4 + 2
+    # Late is not this test's question (a loaded CI machine took 7 s); a deadline moved
+    # later by the step would take 4 + 10 s.
+    assert time.monotonic() - started < 4 + STEP_S / 2
 
 
 # --- the step arithmetic of the attempt's deadline ----------------------------------------
