@@ -8,6 +8,16 @@ A value can leak around a redactor that only knows whole values (TRAPS.md), so t
 * knows each secret in the forms it is printed in: as is, URL-quoted (three ways),
   JSON-escaped (ASCII or not), backslash-escaped as by ``repr`` (both quote styles) and
   whitespace-collapsed; ``bytes`` knows the UTF-8 of each of these;
+* knows each secret's bytes (its UTF-8; for a value read from an undecodable environment
+  byte, that byte) encoded as secret scanners look for them: hex (lower and upper case) and
+  base64 (the standard and the URL-safe alphabet, with and without ``=`` padding), alone
+  or inside a longer base64 text (``user:token`` in a Basic header, a file, ``echo $TOKEN
+  | base64``). There the secret's bytes start at one of three offsets in a 3-byte group,
+  and for each the form is its *stable core*: the characters that encode the secret's bits
+  alone, the same whatever surrounds it. The one character at each end of a core that
+  mixes the secret's last (first) bits with a neighbour's, when it agrees with the secret,
+  and the ``=`` padding that may follow, are masked with it: every character that carries
+  a bit of the secret goes;
 * masks every occurrence of every form whole, overlapping ones included (the union of all
   matches becomes masks; the text between matches is kept unchanged);
 * masks credentials it was never told about: the userinfo of a URL
@@ -17,15 +27,25 @@ A value can leak around a redactor that only knows whole values (TRAPS.md), so t
   ``tail_of``), so no cut leaves a piece of a secret behind. ``tail_of`` reads ``longest``
   bytes more than it keeps, so a secret straddling the kept window is masked whole, and
   masks the piece of a secret that the read window itself cut at its start (and a secret's
-  start still being written at the end of the file).
+  start still being written at the end of the file): a piece of any form, encoded ones
+  included, that holds the form's last (first) 10 characters, or any piece of a form
+  shorter than that.
 
 Results never hold 10 or more consecutive characters of a known secret (or the whole
-secret, when it is shorter) in any of those forms, for inputs that hold the secret whole
-(or, for ``tail_of``, cut by the read window).
+secret, when it is shorter) in any of those forms (each alignment's base64 core included),
+for inputs that hold the secret whole (or, for ``tail_of``, cut by the read window: what a
+cut leaves of a form at the window's start is masked from 10 characters on, so fewer may
+stay, with the one mixed character after them). Not recognised: base64 wrapped over several
+lines, encodings of an encoding (base64 of a URL-quoted secret, a URL-quoted base64), other
+encodings (base32, ``\\x``-escaped bytes).
+
+Matching is one ``find`` scan per form (not one regex alternation of them all): a secret
+has a dozen or two forms, and the scans cost a fraction of a millisecond on a 64 KiB tail.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import json
 import os
@@ -128,6 +148,99 @@ def _forms(secret: str) -> set[str]:
     return forms
 
 
+_BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_URL_SAFE = str.maketrans("+/", "-_")
+
+
+class _Around(NamedTuple):
+    """What a match of an encoded form may take with it: the character just before it when
+    it is in ``before``, then the one just after it when it is in ``after`` (``None``: no
+    such character, the padding may follow at once), then up to ``pad`` ``=``."""
+
+    before: frozenset[str]
+    after: frozenset[str] | None
+    pad: int
+
+
+_NOTHING = frozenset[str]()
+
+
+def _secret_bytes(secret: str) -> list[builtins.bytes]:
+    """The bytes a program holding ``secret`` encodes: its UTF-8, or, for a value holding
+    lone surrogates, the bytes they stand for (``surrogateescape``) or their UTF-8 encoding
+    as written by ``surrogatepass``."""
+    try:
+        return [secret.encode()]
+    except UnicodeError:
+        pass
+    out = []
+    for errors in ("surrogateescape", "surrogatepass"):
+        try:
+            out.append(secret.encode("utf-8", errors))
+        except UnicodeError:
+            continue
+    return out
+
+
+def _agreeing(value: int, bits: int, low: bool) -> frozenset[str]:
+    """The base64 characters whose ``bits`` low (else high) bits are those of ``value``'s."""
+    if low:
+        mask = (1 << bits) - 1
+        return frozenset(c for i, c in enumerate(_BASE64) if i & mask == value & mask)
+    shift = 6 - bits
+    return frozenset(c for i, c in enumerate(_BASE64) if i >> shift == value >> shift)
+
+
+def _base64_cores(data: builtins.bytes) -> Iterable[tuple[str, _Around]]:
+    """For each offset of ``data`` in a 3-byte group, the characters of a base64 text that
+    encode ``data``'s bits alone (standard alphabet), and what may go with them."""
+    for offset in range(3):
+        # Zero bytes stand in for the neighbours: only the characters made of data's bits
+        # alone are kept, and the mixed ones at the ends become sets of what agrees.
+        encoded = base64.b64encode(bytes(offset) + data + bytes(2)).decode()
+        start, end = 8 * offset, 8 * (offset + len(data))  # data's bits in ``encoded``
+        first, last = -(-start // 6), end // 6  # the characters of data's bits alone
+        before = (
+            _agreeing(_BASE64.index(encoded[first - 1]), 6 * first - start, low=True)
+            if start % 6 else _NOTHING
+        )
+        after = (
+            _agreeing(_BASE64.index(encoded[last]), end - 6 * last, low=False)
+            if end % 6 else _NOTHING
+        )
+        yield encoded[first:last], _Around(before, after, -(offset + len(data)) % 3)
+
+
+def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
+    """Every encoded form of ``secret`` long enough to be masked (see the module), with what
+    a match of each may take with it."""
+    forms: dict[str, list[_Around]] = {}
+
+    def add(form: str, around: _Around | None = None) -> None:
+        if len(form) >= _MIN_SECRET_LEN:
+            known = forms.setdefault(form, [])
+            if around is not None and around not in known:
+                known.append(around)
+
+    for data in _secret_bytes(secret):
+        add(data.hex())
+        add(data.hex().upper())
+        alone = base64.b64encode(data).decode()
+        pad = len(alone) - len(alone.rstrip("="))
+        for core, around in _base64_cores(data):
+            add(core, around)
+            url = _Around(
+                frozenset(c.translate(_URL_SAFE) for c in around.before),
+                frozenset(c.translate(_URL_SAFE) for c in around.after or ()),
+                around.pad,
+            )
+            add(core.translate(_URL_SAFE), url)
+        for form in (alone, alone.translate(_URL_SAFE)):
+            add(form)
+            add(form.rstrip("="), _Around(_NOTHING, None, pad))
+    return forms
+
+
 class _BytesForm(NamedTuple):
     """One printed form as bytes, with how many of its last (first) bytes a piece of it cut
     at the start (end) of a read window must keep to count as the secret: those of its last
@@ -159,11 +272,14 @@ def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
     return list(out.values())
 
 
-def _cut_piece(forms: list[_BytesForm], window: builtins.bytes, at_end: bool = False) -> int:
+def _cut_piece(
+    forms: list[_BytesForm], window: builtins.bytes, at_end: bool = False
+) -> tuple[int, list[builtins.bytes]]:
     """The length of the longest piece of a form cut off at the start of ``window``: a
-    proper suffix of the form, ``min_suffix`` bytes or more (0 if none). With ``at_end``,
-    ``window`` comes reversed and the piece is a proper prefix, ``min_prefix`` bytes or more."""
-    best = 0
+    proper suffix of the form, ``min_suffix`` bytes or more (0 if none), and the forms it is
+    a piece of. With ``at_end``, ``window`` comes reversed and the piece is a proper prefix,
+    ``min_prefix`` bytes or more."""
+    best, of = 0, list[builtins.bytes]()
     for form in forms:
         data, least = (form.data[::-1], form.min_prefix) if at_end else (form.data, form.min_suffix)
         if not least or len(window) < least:
@@ -172,28 +288,65 @@ def _cut_piece(forms: list[_BytesForm], window: builtins.bytes, at_end: bool = F
         at = data.find(needle, 1)
         while 0 < at <= len(data) - least:
             if window.startswith(data[at:]):
-                best = max(best, len(data) - at)
+                if len(data) - at > best:
+                    best, of = len(data) - at, []
+                if len(data) - at == best:
+                    of.append(form.data)
                 break
             at = data.find(needle, at + 1)
-    return best
+    return best, of
 
 
-def _alternation(forms: Iterable[AnyStr]) -> list[AnyStr]:
-    """Longest first, so at any position the whole form is matched."""
-    return sorted(set(forms), key=lambda f: (-len(f), f))
+def _char(value: str | builtins.bytes, at: int) -> str:
+    """The character (byte, as Latin-1) at ``at``; "" outside ``value``."""
+    piece = value[at : at + 1] if at >= 0 else value[:0]
+    return piece.decode("latin-1") if isinstance(piece, builtins.bytes) else piece
 
 
-def _spans(pattern: re.Pattern[AnyStr] | None, value: AnyStr) -> list[tuple[int, int]]:
-    """Every position where a form starts, with the longest form matching there
-    (overlapping matches included, so the union of the spans covers every occurrence)."""
+def _widened(
+    value: str | builtins.bytes, start: int, end: int, arounds: Iterable[_Around]
+) -> tuple[int, int]:
+    """The span of an encoded form's match, with what each of ``arounds`` lets it take:
+    the mixed character before and after it, and the padding."""
+    low, high = start, end
+    for around in arounds:
+        if _char(value, start - 1) in around.before:
+            low = min(low, start - 1)
+        stop = end
+        if around.after is not None:
+            if _char(value, stop) not in around.after:
+                continue
+            stop += 1
+        for _ in range(around.pad):
+            if _char(value, stop) != "=":
+                break
+            stop += 1
+        high = max(high, stop)
+    return low, high
+
+
+def _spans(
+    forms: Iterable[AnyStr], value: AnyStr, arounds: Mapping[str, list[_Around]]
+) -> list[tuple[int, int]]:
+    """Every occurrence of every form, overlapping ones included (so the union of the
+    spans covers every occurrence), an encoded form's widened by what goes with it.
+
+    One ``find`` scan per form: with a few dozen forms, ten times faster than one regex
+    alternation of them all (whose first characters, base64's, are nearly any)."""
     spans: list[tuple[int, int]] = []
-    if pattern is None:
-        return spans
-    found = pattern.search(value)
-    while found is not None:
-        spans.append(found.span())
-        found = pattern.search(value, found.start() + 1)
+    for form in forms:
+        around = arounds.get(_text_of(form))
+        at = value.find(form)
+        while at >= 0:
+            end = at + len(form)
+            spans.append(_widened(value, at, end, around) if around else (at, end))
+            at = value.find(form, at + 1)
     return spans
+
+
+def _text_of(form: str | builtins.bytes) -> str:
+    """A matched form as the key of its ``arounds`` (encoded forms are ASCII)."""
+    return form.decode("latin-1") if isinstance(form, builtins.bytes) else form
 
 
 def _masked(
@@ -228,9 +381,10 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
-        self._pattern: re.Pattern[str] | None = None
-        self._bpattern: re.Pattern[builtins.bytes] | None = None
+        self._forms: list[str] = []
         self._bforms: list[_BytesForm] = []
+        #: what a match of each encoded form may take with it (see ``_Around``)
+        self._arounds: dict[str, list[_Around]] = {}
         self.add(secrets)
 
     def learn(self, env: Mapping[str, str], extra_keys: Iterable[str] = ()) -> set[str]:
@@ -248,12 +402,13 @@ class Redactor:
         if new <= self._secrets:
             return
         self._secrets |= new
-        forms = _alternation(f for s in self._secrets for f in _forms(s))
-        self._bforms = _byte_forms(forms)
-        self._pattern = re.compile("|".join(re.escape(f) for f in forms))
-        self._bpattern = re.compile(
-            b"|".join(re.escape(b) for b in _alternation(f.data for f in self._bforms))
-        )
+        for secret in new:
+            for form, arounds in _encoded_forms(secret).items():
+                known = self._arounds.setdefault(form, [])
+                known += (a for a in arounds if a not in known)
+        forms = {f for s in self._secrets for f in _forms(s)} | self._arounds.keys()
+        self._forms = sorted(forms)
+        self._bforms = _byte_forms(self._forms)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -265,18 +420,23 @@ class Redactor:
         return max((len(f.data) for f in self._bforms), default=0)
 
     def text(self, value: str) -> str:
-        return _masked(value, _spans(self._pattern, value), MASK, _TEXT_CREDENTIALS)
+        spans = _spans(self._forms, value, self._arounds)
+        return _masked(value, spans, MASK, _TEXT_CREDENTIALS)
 
     def bytes(
         self, value: builtins.bytes, *, cut_start: bool = False, cut_end: bool = False
     ) -> builtins.bytes:
         """``cut_start`` (``cut_end``): ``value`` was read from a longer text that may go on
         before (after) it, so a piece of a secret it starts (ends) with is masked too."""
-        spans = _spans(self._bpattern, value)
-        if cut_start and (piece := _cut_piece(self._bforms, value)):
-            spans.append((0, piece))
-        if cut_end and (piece := _cut_piece(self._bforms, value[::-1], at_end=True)):
-            spans.append((len(value) - piece, len(value)))
+        spans = _spans((f.data for f in self._bforms), value, self._arounds)
+        for cut, at_end in ((cut_start, False), (cut_end, True)):
+            if not cut:
+                continue
+            piece, of = _cut_piece(self._bforms, value[::-1] if at_end else value, at_end)
+            if piece:
+                start, end = (len(value) - piece, len(value)) if at_end else (0, piece)
+                arounds = [a for f in of for a in self._arounds.get(_text_of(f), ())]
+                spans.append(_widened(value, start, end, arounds))
         return _masked(value, spans, _BMASK, _BYTES_CREDENTIALS)
 
     def deep(self, value: object) -> object:

@@ -1,12 +1,14 @@
 """Secrets never leave the process: arbitrary secret values, regex metacharacters and
 non-ASCII included, are masked in text, in bytes, in nested events and by the log chain; in
-every form they get printed in (URL-quoted, JSON- and backslash-escaped, whitespace-collapsed);
-through every cut of a tail, a line or a console file; credentials in URLs and Authorization
-headers are masked though nobody named them; settings under secret-looking keys are not
-secrets (issue 11)."""
+every form they get printed in (URL-quoted, JSON- and backslash-escaped, whitespace-collapsed)
+and encoded in (hex, base64 alone and inside a longer base64 text, issue 38); through every
+cut of a tail, a line or a console file; credentials in URLs and Authorization headers are
+masked though nobody named them; settings under secret-looking keys are not secrets
+(issue 11)."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -21,6 +23,7 @@ import structlog
 from conftest import printed_forms
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from test_redact import carrying, encoded_forms
 
 from fsm import log
 from fsm.redact import MASK, Redactor
@@ -62,7 +65,7 @@ def test_no_secret_survives_redacting_a_text(secrets: list[str], data: st.DataOb
 def test_a_text_without_secrets_is_left_alone(secrets: list[str], text: str) -> None:
     """The redactor masks nothing that is not secret: no printed form of a secret, no URL
     credentials, no Authorization value, no bearer token in the text, no change."""
-    assume(not any(form in text for secret in secrets for form in printed_forms(secret)))
+    assume(not any(form in text for secret in secrets for form in all_forms(secret)))
     assume("://" not in text and not re.search("authorization|bearer", text, re.IGNORECASE))
     assert Redactor(secrets).text(text) == text
 
@@ -198,14 +201,19 @@ FRAGMENT = 10
 _OUTSIDE = re.compile(f"[^{re.escape(AROUND_CHARS)}*]+")
 
 
+def all_forms(secret: str) -> list[str]:
+    """Every form the redactor must know: printed (conftest) and encoded (test_redact)."""
+    return sorted({*printed_forms(secret), *encoded_forms(secret)}, key=len)
+
+
 def leak(output: str, secret: str) -> str | None:
     """A piece of ``output`` that gives the secret away: 10 or more consecutive characters of
-    one of its printed forms (the whole form when it is shorter), or None.
+    one of its printed or encoded forms (the whole form when it is shorter), or None.
 
     Neither the mask nor the text around the secret (AROUND_CHARS) has a character of any
     form, so such a piece can only lie inside a run of other characters: only those runs
     are searched."""
-    forms = printed_forms(secret)
+    forms = all_forms(secret)
     runs: list[str] = _OUTSIDE.findall(output)
     for run in runs:
         for form in forms:
@@ -231,9 +239,11 @@ def around_each(forms: list[str], data: st.DataObject) -> tuple[str, str]:
 def test_every_printed_form_of_a_secret_is_masked_whole_and_its_surroundings_kept(
     secret: str, data: st.DataObject
 ) -> None:
-    """URL-quoted, JSON-escaped, backslash-escaped and whitespace-collapsed forms are masked
-    like the secret itself, in text and in UTF-8 bytes; the text around them is unchanged."""
-    text, expected = around_each(printed_forms(secret), data)
+    """URL-quoted, JSON-escaped, backslash-escaped and whitespace-collapsed forms, hex and
+    base64 (alone, and the stable core of each alignment inside a longer base64 text) are
+    masked like the secret itself, in text and in UTF-8 bytes; the text around them is
+    unchanged."""
+    text, expected = around_each(all_forms(secret), data)
     assert leak(text, secret), "the leak check sees the unredacted text"
     redactor = Redactor([secret])
     assert redactor.text(text) == expected
@@ -256,7 +266,7 @@ def test_keeping_the_last_or_first_characters_never_cuts_a_secret_into_a_leak(
     """Redact, then shorten: at every cut offset (through every printed form) the result is
     the redacted text's end (start), with no piece of the secret, where cutting first would
     have left one."""
-    text, expected = around_each(printed_forms(secret), data)
+    text, expected = around_each(all_forms(secret), data)
     redactor = Redactor([secret])
     for n in _cuts(len(text), data):
         last, first = redactor.keep_last(text, n), redactor.keep_first(text, n)
@@ -276,7 +286,7 @@ def test_the_one_line_form_redacts_before_collapsing_whitespace_and_cutting(
 ) -> None:
     """A secret with newlines (a PEM key) is masked before its whitespace is collapsed; the
     line is the redacted text on one line, cut at any length."""
-    text, expected = around_each(printed_forms(secret), data)
+    text, expected = around_each(all_forms(secret), data)
     one_line = " ".join(expected.split())
     redactor = Redactor([secret])
     for n in _cuts(len(text), data, every=400):
@@ -296,7 +306,7 @@ def test_a_console_tail_cut_through_a_secret_holds_no_piece_of_it(
     redactor = Redactor([secret])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "console.txt"
-        for form in printed_forms(secret):
+        for form in all_forms(secret):
             raw = form.encode()
             copies = min(64, redactor.longest // max(1, len(raw) - len(MASK)) + 2)
             head = data.draw(AROUND).encode()
@@ -320,6 +330,88 @@ def test_a_console_tail_cut_through_a_secret_holds_no_piece_of_it(
                 tail = redactor.tail_of(path, limit)
                 assert tail.endswith(after_redacted[-limit:]), (at, tail)
                 assert leak(tail.decode("utf-8", "replace"), secret) is None, (at, tail)
+
+
+# --- inside a longer base64 text (issue 38) ----------------------------------------------------
+
+ALPHABETS = {"standard": base64.b64encode, "url-safe": base64.urlsafe_b64encode}
+
+
+@st.composite
+def in_base64(draw: st.DrawFn, secret: str) -> tuple[str, str]:
+    """A base64 text (either alphabet, padded or not) holding the secret's bytes after
+    3k + 0, 1 or 2 other bytes, then maybe more bytes; and that text as it must come out of
+    the redactor: the characters that carry a bit of the secret (the two it shares with its
+    neighbours included) and the padding right after them become one mask.
+
+    The other bytes are none of the secret's (0xFF is never in UTF-8), and a text where a
+    form of the secret shows up elsewhere by chance (a secret of slashes in the base64 of
+    0xFF bytes) is no example: what must be masked is exact."""
+    raw = secret.encode()
+    others = st.binary(max_size=10).map(lambda b: bytes(x for x in b if x not in raw))
+    offset = draw(st.integers(0, 2))
+    before = draw(others)
+    before += b"\xff" * ((offset - len(before)) % 3)
+    after = draw(others)
+    blob = ALPHABETS[draw(st.sampled_from(sorted(ALPHABETS)))](before + raw + after).decode()
+    if not draw(st.booleans()):
+        blob = blob.rstrip("=")
+    first, last = carrying(len(before), len(raw))
+    if not after:
+        last = len(blob)  # the padding goes with it
+    assume(not any(form in blob for form in printed_forms(secret)))
+    for form in encoded_forms(secret):
+        at = blob.find(form)
+        while at >= 0:
+            assume(first <= at and at + len(form) <= last)
+            at = blob.find(form, at + 1)
+    return blob, blob[:first] + MASK + blob[last:]
+
+
+@given(LONG_SECRETS, st.data())
+def test_a_secret_inside_a_longer_base64_text_loses_every_character_that_carries_its_bits(
+    secret: str, data: st.DataObject
+) -> None:
+    """At each alignment, in either alphabet, padded or not, with or without bytes after
+    it: exactly the characters that carry the secret's bits are masked (so no 10 of its
+    stable core remain), in text, in bytes and on a line; the text around is kept."""
+    blob, expected_blob = data.draw(in_base64(secret))
+    left, right = data.draw(AROUND), data.draw(AROUND)
+    text, expected = left + blob + right, left + expected_blob + right
+    assert leak(text, secret), "the leak check sees the unredacted text"
+    redactor = Redactor([secret])
+    assert redactor.text(text) == expected
+    assert redactor.bytes(text.encode()) == expected.encode()
+    assert redactor.line(text, 10_000) == " ".join(expected.split())
+    assert leak(expected, secret) is None
+
+
+@given(LONG_SECRETS, st.data())
+def test_a_console_tail_cut_through_a_base64_text_holding_a_secret_holds_no_piece_of_it(
+    secret: str, data: st.DataObject
+) -> None:
+    """The read window starts anywhere in a longer base64 text holding the secret (at any
+    alignment), with masked copies after it that make the kept bytes reach back to the
+    window's first byte: what is left of the secret's characters is masked or shorter than
+    10 characters, and the text after it is kept as redacted."""
+    blob, expected_blob = data.draw(in_base64(secret))
+    redactor = Redactor([secret])
+    copies = min(64, redactor.longest // max(1, len(blob) - len(expected_blob)) + 2)
+    gaps = [data.draw(AROUND) for _ in range(copies)]
+    after = "".join(gap + blob for gap in gaps) + AROUND_CHARS[0] * (redactor.longest + 1)
+    after_redacted = ("".join(gap + expected_blob for gap in gaps)
+                      + AROUND_CHARS[0] * (redactor.longest + 1)).encode()
+    head = data.draw(AROUND).encode()
+    content = head + blob.encode() + after.encode()
+    sample = data.draw(st.lists(st.integers(0, len(blob) - 1), max_size=16))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "console.txt"
+        path.write_bytes(content)
+        for at in sorted({0, 1, len(blob) - 1, *sample}):
+            limit = len(content) - redactor.longest - (len(head) + at)
+            tail = redactor.tail_of(path, limit)
+            assert tail.endswith(after_redacted[-limit:]), (at, tail[:200])
+            assert leak(tail.decode("utf-8", "replace"), secret) is None, (at, tail[:200])
 
 
 # --- credentials nobody named ------------------------------------------------------------

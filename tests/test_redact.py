@@ -1,10 +1,14 @@
 """The redactor on the cases of issue 11, one example each: a token across the console
 tail's 64,000-byte boundary, a URL-special password printed quoted and escaped, text cut or
-collapsed before redaction, "false" taken for a secret; and the rules around them."""
+collapsed before redaction, "false" taken for a secret; and the rules around them. Then
+issue 38's: a token printed base64-encoded (alone or inside a longer base64 text, at each
+alignment, in either alphabet) or hex-encoded."""
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -25,6 +29,40 @@ PEM = (
 
 def fragments(secret: str, size: int = 10) -> list[str]:
     return [secret[i : i + size] for i in range(len(secret) - size + 1)]
+
+
+def encoded_forms(secret: str) -> list[str]:
+    """How programs print a secret's bytes encoded, worked out by brute force (not by the
+    redactor's arithmetic): hex in both cases; base64 in the standard and the URL-safe
+    alphabet, alone with and without padding, and inside a longer base64 text for each of
+    the 3 offsets of its first byte in a 3-byte group: the characters that stay the same
+    whatever bytes surround it (encoded between zero bytes and between 0xFF bytes, the run
+    of characters both agree on; a character that mixes in a neighbour's bits differs)."""
+    data = secret.encode("utf-8", "surrogateescape")
+    forms = {data.hex(), data.hex().upper()}
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        alone = encode(data).decode()
+        forms |= {alone, alone.rstrip("=")}
+        for offset in range(3):
+            zeros = encode(bytes(offset) + data + bytes(2)).decode()
+            ones = encode(b"\xff" * offset + data + b"\xff\xff").decode()
+            forms |= set("".join(z if z == o else " " for z, o in zip(zeros, ones, strict=True))
+                         .split())
+    return sorted((f for f in forms if len(f) >= 4), key=len)
+
+
+def encoded_leaks(text: str, secret: str) -> list[str]:
+    """The 10-character pieces of an encoded form of ``secret`` (the whole form when
+    shorter) that ``text`` holds."""
+    return sorted({piece for form in encoded_forms(secret)
+                   for piece in (fragments(form) if len(form) >= 10 else [form])
+                   if piece in text})
+
+
+def carrying(before: int, size: int) -> tuple[int, int]:
+    """The characters of a base64 text that carry a bit of the ``size`` bytes that follow
+    the first ``before`` bytes: from the first through the last, as a slice."""
+    return 8 * before // 6, -(-8 * (before + size) // 6)
 
 
 def test_a_token_printed_across_the_tail_boundary_is_masked_whole(tmp_path: Path) -> None:
@@ -229,12 +267,15 @@ def test_values_shorter_than_four_characters_are_never_masked() -> None:
     assert redactor.text("ab x1y") == "ab x1y"
 
 
-def test_longest_is_the_longest_printed_form_in_bytes() -> None:
+def test_longest_is_the_longest_printed_or_encoded_form_in_bytes() -> None:
     assert Redactor().longest == 0
-    assert Redactor(["ééééé"]).longest == len(quote("ééééé").encode())  # 30
+    # URL-quoted, 30 bytes: longer than its hex (20) and its base64 (16)
+    assert Redactor(["ééééé"]).longest == len(quote("ééééé").encode()) == 30
     redactor = Redactor(["abcd"])
     redactor.add([PASSWORD])
-    assert redactor.longest == max(len(quote(PASSWORD, safe="")), len(quote_plus(PASSWORD)))
+    # hex, two characters a byte: longer than any quoted form (41)
+    assert max(len(quote(PASSWORD, safe="")), len(quote_plus(PASSWORD))) == 41
+    assert redactor.longest == len(PASSWORD.encode().hex()) == 46
 
 
 def test_a_secret_with_an_undecodable_byte_is_masked_in_console_bytes() -> None:
@@ -242,6 +283,10 @@ def test_a_secret_with_an_undecodable_byte_is_masked_in_console_bytes() -> None:
     redactor = Redactor([secret])
     assert redactor.bytes(b"[tok\xff-value]") == b"[***]"
     assert redactor.text(f"[{secret}]") == "[***]"
+    # encoded, it is the bytes the program read that show
+    for form in (base64.b64encode(b"tok\xff-value").decode(), b"tok\xff-value".hex()):
+        assert redactor.text(f"[{form}]") == "[***]"
+        assert redactor.bytes(f"[{form}]".encode()) == b"[***]"
 
 
 def test_deep_redacts_nested_events_and_keeps_their_shape() -> None:
@@ -251,3 +296,135 @@ def test_deep_redacts_nested_events_and_keeps_their_shape() -> None:
         "args": (1, [f"x{TOKEN}", None], {"k": quote(TOKEN)}),
     }
     assert redactor.deep(event) == {"msg": "using ***", "args": (1, ["x***", None], {"k": MASK})}
+
+
+# --- encoded (issue 38) ------------------------------------------------------------------------
+
+#: A key whose base64 holds "+" and "/" at each of the three alignments: the URL-safe
+#: alphabet writes it differently at every one.
+KEY = "sk-live~Zq8?Xw>V3n~~P0rT6~yLm???K2?bC9dF4gH7j"
+ALPHABETS: dict[str, Callable[[bytes], bytes]] = {
+    "standard": base64.b64encode, "url-safe": base64.urlsafe_b64encode,
+}
+
+
+def test_the_key_is_written_differently_by_the_two_alphabets_at_every_alignment() -> None:
+    """(What the tests below rely on.)"""
+    for offset in range(3):
+        std = base64.b64encode(bytes(offset) + KEY.encode()).decode()
+        assert std != base64.urlsafe_b64encode(bytes(offset) + KEY.encode()).decode()
+        assert {"+", "/"} & set(std[2:-3]), offset
+
+
+@pytest.mark.parametrize("after", [b"", b"\n", b"\x00rest of the file"],
+                         ids=["at-the-end", "echo-newline", "more-bytes"])
+@pytest.mark.parametrize("alphabet", sorted(ALPHABETS))
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_a_key_inside_a_longer_base64_text_loses_every_character_that_carries_its_bits(
+    offset: int, alphabet: str, after: bytes
+) -> None:
+    """``user:key`` in a Basic header, a config file, ``echo $KEY | base64``: the key's
+    bytes start at any of the three offsets of a 3-byte group. The characters made of its
+    bits alone are masked, and so are the two that mix its first and last bits with a
+    neighbour's (and the padding right after it); the rest of the text stays."""
+    before = b"\x00\x9fuser:ab"[: 6 + offset]  # the key starts at ``offset`` in a group
+    assert len(before) % 3 == offset
+    blob = ALPHABETS[alphabet](before + KEY.encode() + after).decode()
+    first, last = carrying(len(before), len(KEY.encode()))
+    if not after:
+        last = len(blob)  # the padding goes with it
+    redactor = Redactor([KEY])
+    line = f"creds={blob} (cached)"
+    expected = f"creds={blob[:first]}{MASK}{blob[last:]} (cached)"
+    assert encoded_leaks(line, KEY), "the leak check sees the unredacted text"
+    assert redactor.text(line) == expected
+    assert redactor.bytes(line.encode()) == expected.encode()
+    assert encoded_leaks(expected, KEY) == []
+    assert redactor.line(line, 1_000) == expected
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        base64.b64encode(KEY.encode()).decode(),
+        base64.b64encode(KEY.encode()).decode().rstrip("="),
+        base64.urlsafe_b64encode(KEY.encode()).decode(),
+        base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("="),
+        KEY.encode().hex(),
+        KEY.encode().hex().upper(),
+    ],
+    ids=["base64", "base64-unpadded", "url-safe", "url-safe-unpadded", "hex", "HEX"],
+)
+def test_a_key_printed_encoded_alone_is_masked_whole(printed: str) -> None:
+    redactor = Redactor([KEY])
+    assert redactor.text(f"key={printed}; retry") == f"key={MASK}; retry"
+    assert redactor.bytes(f"key={printed}; retry".encode()) == f"key={MASK}; retry".encode()
+    assert redactor.deep({"k": [f"x{printed}"]}) == {"k": [f"x{MASK}"]}
+
+
+@pytest.mark.parametrize("upper", [False, True], ids=["hex", "HEX"])
+def test_a_key_hex_encoded_inside_a_longer_hex_dump_is_masked(upper: bool) -> None:
+    around = bytes(range(0x90, 0xA8))
+    dump = (around + KEY.encode() + around).hex()
+    dump = dump.upper() if upper else dump
+    masked = Redactor([KEY]).text(f"dump {dump}\n")
+    assert masked == f"dump {dump[:48]}{MASK}{dump[-48:]}\n"
+    assert encoded_leaks(masked, KEY) == []
+
+
+def test_encodings_of_short_values_and_settings_are_left_alone() -> None:
+    """Values shorter than 4 characters and settings under secret-looking keys are no
+    secrets: their encodings are as innocent as they are."""
+    redactor = Redactor()
+    redactor.learn({"TOKENIZERS_PARALLELISM": "false", "MAX_TOKENS": "4096", "AB_KEY": "ab"})
+    assert not redactor
+    text = " ".join(
+        form
+        for value in ("false", "4096", "ab")
+        for form in (base64.b64encode(value.encode()).decode(), value.encode().hex(),
+                     base64.b64encode(b"x" + value.encode()).decode())
+    )
+    assert redactor.text(text) == text
+    assert redactor.bytes(text.encode()) == text.encode()
+
+
+def test_base64_and_hex_that_do_not_hold_the_key_are_left_alone() -> None:
+    """Nor does a value that is not the key (its last byte changed): like its plain text,
+    its encoding holds a piece of the key, not the key."""
+    redactor = Redactor([KEY, TOKEN])
+    near = KEY.encode()[:-1] + b"k"
+    for blob in (base64.b64encode(bytes(range(256))).decode(), bytes(range(256)).hex(),
+                 base64.b64encode(near).decode(), near.hex()):
+        assert redactor.text(blob) == blob
+        assert redactor.bytes(blob.encode()) == blob.encode()
+
+
+def test_a_base64_key_cut_by_the_read_window_is_masked_or_left_shorter_than_10(
+    tmp_path: Path,
+) -> None:
+    """The read window starts anywhere inside a base64 text holding the key (each
+    alignment), with masked copies after it that make the kept bytes reach back to the
+    window's first byte: what is left of the key's characters there is masked, or shorter
+    than 10 characters."""
+    redactor = Redactor([KEY])
+    path = tmp_path / "console.txt"
+    for offset in range(3):
+        blob = base64.b64encode(b"\x9f\x00"[:offset] + KEY.encode() + b"\x00more").decode()
+        rest = (". " + blob) * 5 + "\n"
+        expected_rest = redactor.text(rest)
+        assert expected_rest.count(MASK) == 5
+        content = ("x" * 500 + blob + rest).encode()
+        path.write_bytes(content)
+        for at in range(1, len(blob)):
+            limit = len(content) - redactor.longest - (500 + at)
+            tail = redactor.tail_of(path, limit).decode()
+            assert encoded_leaks(tail, KEY) == [], (offset, at, tail[:80])
+            assert tail.endswith(expected_rest), (offset, at)
+
+
+def test_a_hex_key_still_being_written_at_the_end_of_the_console_is_masked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "console.txt"
+    path.write_bytes(b"key " + KEY.encode().hex()[:30].encode())
+    assert Redactor([KEY]).tail_of(path, 1_000) == b"key ***"
