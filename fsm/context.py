@@ -364,6 +364,23 @@ class Context:
             raise host_fault(probe.hostname, verdict, snap)
         self.host_start = snap
 
+    def host_id(self) -> str:
+        """What names this machine (``host.id``, CONTRACT section 9): from the GPUs' answer
+        before the worker when there was one, else from what the probe has (the boot id
+        and the hostname where nvidia-smi lists no GPU)."""
+        from fsm.host import facts_of, host_id
+
+        probe = self.host
+        if probe is None:
+            import socket
+
+            return host_id(socket.gethostname())
+        if self.host_start is not None:
+            facts = facts_of(probe.hostname, self.host_start)
+        else:
+            facts = probe.facts(0.0)
+        return facts.id or host_id(probe.hostname)
+
     @property
     def reserve_s(self) -> float:
         """Seconds of the budget kept back for the tail, the verification and the marker."""

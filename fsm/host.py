@@ -55,12 +55,15 @@ class HostFacts(NamedTuple):
     problem: str | None = None
     #: what went wrong, in words (the failing nvidia-smi's own last line)
     detail: str = ""
+    #: what names the machine (CONTRACT section 9): ``host_id``
+    id: str | None = None
 
     def evidence(self) -> dict[str, Any] | None:
         """The marker's ``host`` evidence (CONTRACT section 4): None without nvidia-smi."""
         if self.problem == "absent":
             return None
         facts: dict[str, Any] = {
+            "id": self.id,
             "hostname": self.hostname,
             "gpus": [gpu._asdict() for gpu in self.gpus],
             "driver": self.driver,
@@ -180,7 +183,20 @@ def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
     detail = snap.detail if snap.problem == "failed" else (
         snap.describe_problem() if snap.problem is not None else "")
-    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail)
+    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail,
+                     host_id(hostname, listed))
+
+
+def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
+    """What names the machine (CONTRACT section 9): its GPUs' UUIDs, sorted, when
+    ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
+    shares its host's boot id; the hostname tells two hosts apart where it is unreadable)."""
+    uuids = sorted(gpu.uuid for gpu in listed if gpu.uuid)
+    if uuids:
+        return ",".join(uuids)
+    from fsm.attempt_start import boot_id  # the marker's end only: start-up does not pay
+
+    return f"boot:{boot_id() or 'unknown'}@{hostname}"
 
 
 # --- the kernel's OOM kills ---------------------------------------------------------------

@@ -60,10 +60,10 @@ from fsm.pip import (
     _bounded,
     _tail_text,
     run_installer,
-    signature,
 )
 from fsm.pip import install as pip_install
 from fsm.redact import Redactor
+from fsm.signatures import UV_NETWORK, Table
 
 __all__ = [
     "INSTALLER_SETTING",
@@ -97,66 +97,14 @@ UV_RETRIES = 2
 UV_TIMEOUT_S = 15
 
 
-# uv's error chain, as uv 0.13 prints it for each failure (tests/test_uv.py keeps the real
-# messages): "error: Failed to fetch: URL" then "cause:" lines down to the OS error. Checked
-# in order, the specific causes first; case-sensitive, exact spellings of uv (reqwest,
-# hyper, tokio) and the OS. A TLS failure ("invalid peer certificate") is in none of them:
-# a fresh host would fail the same way. So is git's own "Couldn't connect to server" for a
-# VCS requirement, as with pip.
-UV_NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
-    signature(
-        "connection-refused",
-        "connection refused to the package index",
-        r"Connection refused|\(os error 111\)",
-    ),
-    signature(
-        "connection-reset",
-        "the index reset or closed the connection before answering",
-        r"Connection reset by peer|\(os error 104\)|connection closed before message completed",
-    ),
-    signature(
-        "connect-timeout",
-        "connect timed out (UV_HTTP_CONNECT_TIMEOUT)",
-        r"deadline has elapsed",
-    ),
-    signature(
-        "timeout",
-        "no answer from the package index within UV_HTTP_TIMEOUT",
-        r"operation timed out",
-    ),
-    signature(
-        "name-resolution",
-        "the index host name did not resolve",
-        r"dns error|failed to lookup address information|Name or service not known"
-        r"|Temporary failure in name resolution|No address associated with hostname",
-    ),
-    signature(
-        "network-unreachable",
-        "network unreachable",
-        r"Network is unreachable|No route to host|\(os error 10[01]\)|\(os error 113\)",
-    ),
-    signature(
-        "server-error",
-        "the package index answered 5xx",
-        r"HTTP status server error \(5\d\d",
-    ),
-    signature(
-        "connection-broken",
-        "connection broken mid-transfer",
-        r"error decoding response body|end of file before message length reached"
-        r"|error reading a body from connection",
-    ),
-    signature(
-        "uv-retrying",
-        "uv retried a failing request and gave up",
-        r"Request failed after \d+ retr(?:y|ies)",
-    ),
-)
+#: uv's network signatures (``fsm.signatures``, where every signature table lives; tests/
+#: test_uv.py keeps the real messages they were measured on).
+UV_NETWORK_SIGNATURES: Table = UV_NETWORK
 
 
 def uv_network_signature(text: str) -> NetworkSignature | None:
     """The first of :data:`UV_NETWORK_SIGNATURES` found in ``text``, if any."""
-    return next((sig for sig in UV_NETWORK_SIGNATURES if sig.pattern.search(text)), None)
+    return UV_NETWORK_SIGNATURES.first(text)
 
 
 def classify_uv_output(text: str) -> Literal["network", "other"]:

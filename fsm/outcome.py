@@ -15,7 +15,7 @@ import structlog
 
 from fsm import interrupt as interrupt_mod
 from fsm import log as log_config
-from fsm import marker, outlet, rules, table, termination
+from fsm import marker, outlet, policy, rules, table, termination
 from fsm.budget import Budget
 from fsm.context import END_MIN_S, Context, Failure
 from fsm.host import FACTS_WAIT_S
@@ -56,6 +56,11 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
     if lost is not None:
         evidence["output"] = lost
     host = _host_facts(ctx, wait=not watchdog)
+    if failure is not None:
+        # Every failure names its cause and its machine (CONTRACT section 9).
+        evidence["fault"] = _fault(ctx, failure)
+        if host is None:
+            host = {"id": ctx.host_id(), "hostname": _hostname(ctx)}
     if host is not None:
         evidence["host"] = host
     if watchdog:
@@ -69,6 +74,23 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence=evidence,
     )
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts))
+
+
+def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
+    """The ``fault`` of a failed marker: what VerifyRemote judged of the worker when its
+    rule is the failure's, else the failure's rule alone (``policy.fault_of``)."""
+    judged = ctx.evidence.get("fault")
+    if isinstance(judged, dict) and judged.get("rule") == failure.rule.id:
+        return judged
+    return policy.fault_of(failure.rule).evidence()
+
+
+def _hostname(ctx: Context) -> str:
+    if ctx.host is not None:
+        return ctx.host.hostname
+    import socket
+
+    return socket.gethostname()
 
 
 #: How long the marker waits for the log's lines offered so far (a reader that keeps up

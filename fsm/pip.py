@@ -51,6 +51,7 @@ from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
 from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
 from fsm.redact import Redactor
+from fsm.signatures import PIP_NETWORK, Signature, Table
 from fsm.supervise import supervise
 
 __all__ = [
@@ -95,81 +96,14 @@ _LOG_CHATTER = re.compile(
 _CROSS = "\N{MULTIPLICATION SIGN}"  # pip marks a failed subprocess's headline with it
 
 
-class NetworkSignature(NamedTuple):
-    """A named pattern in pip's output that says the failure was the network's."""
-
-    name: str
-    meaning: str
-    pattern: re.Pattern[str]
-
-
-def signature(name: str, meaning: str, pattern: str) -> NetworkSignature:
-    """A row of an installer's network signature table (pip's here, uv's in fsm.installer)."""
-    return NetworkSignature(name, meaning, re.compile(pattern))
-
-
-# Checked in order; the first match names the failure in the error message, so the specific
-# causes come before the generic wrappers (NewConnectionError, pip's "Retrying" warning).
-# Case-sensitive on purpose: these are the exact spellings of urllib3, requests, pip and
-# the OS; a build log that merely mentions "timeout" must not turn a build error retriable.
-# Any match wins over the failure's last line: with an unreachable index pip ends with
-# "Could not find a version that satisfies the requirement", which alone is "other".
-# The cost of that choice: a blip pip recovered from, followed by a real failure, is tried
-# again and ends retriable; the opposite mistake would kill a run an outage interrupted.
-NETWORK_SIGNATURES: tuple[NetworkSignature, ...] = (
-    signature(
-        "connection-refused",
-        "connection refused to the package index",
-        r"Connection refused|ConnectionRefusedError|\[Errno 111\]",
-    ),
-    signature(
-        "connection-reset",
-        "connection reset",
-        r"Connection reset by peer|ConnectionResetError|\[Errno 104\]|RemoteDisconnected"
-        r"|Connection aborted",
-    ),
-    signature("read-timeout", "read timed out", r"ReadTimeoutError|Read timed out"),
-    signature(
-        "connect-timeout",
-        "connect timed out",
-        r"ConnectTimeoutError|Connection to \S+ timed out|TimeoutError: \[Errno 110\]",
-    ),
-    signature(
-        "name-resolution",
-        "the index host name did not resolve",
-        r"Name or service not known|Temporary failure in name resolution|NameResolutionError"
-        r"|nodename nor servname provided|getaddrinfo failed|No address associated with hostname"
-        r"|\[Errno -[235]\]",
-    ),
-    signature(
-        "network-unreachable",
-        "network unreachable",
-        r"Network is unreachable|No route to host|\[Errno 101\]|\[Errno 113\]",
-    ),
-    signature(
-        "server-error",
-        "the package index answered 5xx",
-        r"too many 5\d\d error responses|HTTP error 5\d\d"
-        r"|\b5\d\d (?:Server Error|Service Unavailable|Bad Gateway|Gateway Time-?out"
-        r"|Internal Server Error)",
-    ),
-    signature(
-        "connection-broken",
-        "connection broken mid-transfer",
-        r"ProtocolError|IncompleteRead|ChunkedEncodingError|Connection broken",
-    ),
-    signature(
-        "new-connection",
-        "could not connect to the package index",
-        r"NewConnectionError|Failed to establish a new connection",
-    ),
-    signature("pip-retrying", "pip retried a broken connection", r"Retrying \(Retry\(total="),
-)
+#: pip's network signatures (``fsm.signatures``, where every signature table lives).
+NETWORK_SIGNATURES: Table = PIP_NETWORK
+NetworkSignature = Signature
 
 
 def network_signature(text: str) -> NetworkSignature | None:
     """The first of :data:`NETWORK_SIGNATURES` found in ``text``, if any."""
-    return next((sig for sig in NETWORK_SIGNATURES if sig.pattern.search(text)), None)
+    return NETWORK_SIGNATURES.first(text)
 
 
 def classify_pip_output(text: str) -> Literal["network", "other"]:

@@ -182,8 +182,15 @@ WORKER_STALLED: Final = _retriable(
 )
 WORKER_STALLED_AGAIN: Final = _fatal(
     "worker-stalled-again", table.VERIFY_REMOTE,
-    "no completion artifacts; the worker stalled, and the previous attempt of the run "
-    "stalled in the same function of the same file: the job hangs wherever it runs",
+    "no completion artifacts; the worker stalled, and the previous attempt of the run, on "
+    "another host, stalled on the same line of the same file: the job hangs wherever it "
+    "runs (the stalls' case of `fault-follows-job`)",
+)
+FAULT_FOLLOWS_JOB: Final = _fatal(
+    "fault-follows-job", table.VERIFY_REMOTE,
+    "no completion artifacts; a fault only the console or the worker witnessed (not the "
+    "GPUs), the same fault (`fingerprint`) the previous attempt of the run ended retriable "
+    "with on a host with another `id`: it came with the job (CONTRACT section 9)",
 )
 WORKER_FAILED: Final = _fatal(
     "worker-failed", table.VERIFY_REMOTE,

@@ -33,7 +33,15 @@ from fsm.errors import (
 )
 from fsm.gpu_watch import LOST_KINDS, hidden_by_env, watchable
 from fsm.payload import Payload
-from fsm.policy import ConsoleMatch, WorkerFacts, judge_worker
+from fsm.policy import (
+    ConsoleMatch,
+    Previous,
+    WorkerFacts,
+    across_attempts,
+    fault_of,
+    judge_worker,
+    previous_of,
+)
 from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
 from fsm.worker_files import heartbeat_says_retriable
@@ -80,7 +88,6 @@ def verify_remote(ctx: Context) -> str:
     worker = ctx.evidence.get("worker", {})
     facts = WorkerFacts(
         stalled=stalled,
-        stalled_before=stalled and _stalled_before(ctx, p),
         heartbeat_retriable=heartbeat_retriable,
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=worker.get("oom_killed") is True,
@@ -91,6 +98,7 @@ def verify_remote(ctx: Context) -> str:
         **_gpus_since_start(ctx),
     )
     rule, match = judge_worker(facts)
+    rule = _across_attempts(ctx, p, rule, match, facts)
     if match is not None:
         ctx.evidence["host_fault" if rule.retriable else "job_fault"] = match.evidence()
         _space_evidence(ctx, match.signature.id)
@@ -233,48 +241,62 @@ def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
     if kept:
         text += f"; the stacks of its processes are in {kept}"
     if rule is rules.WORKER_STALLED_AGAIN:
-        text += (f"; attempt {p.dest.attempt - 1} stalled in the same place: the job hangs "
-                 "wherever it runs")
+        text += (f"; attempt {p.dest.attempt - 1} stalled on the same line on another host: "
+                 "the job hangs wherever it runs")
     return text
 
 
 def _place(stall: object) -> str | None:
-    """Where a stall was, as ``function (path)``: the worker's own frame when known (a
-    library's wait, such as threading's, is where every hang of a kind ends up), else
-    the innermost one; the line is left out (the same function, edited, still hangs)."""
+    """Where a stall was (CONTRACT section 7): the worker's own innermost frame, as
+    ``function (path:line)``, when known (a library's wait, such as threading's, is where
+    every hang of a kind ends up), else the innermost one. The same line of the same file
+    is the same hang; another line of the same loop is another."""
     if not isinstance(stall, dict):
         return None
     where = stall.get("where_in_code") or stall.get("where")
-    if not isinstance(where, str):
-        return None
-    function, _, place = where.partition(" (")
-    return f"{function} ({place.rsplit(':', 1)[0]})" if place else function
+    return where if isinstance(where, str) and where else None
 
 
-def _stalled_before(ctx: Context, p: Payload) -> bool:
-    """Whether the previous attempt of the run stalled in the same place: its marker
-    (``<arm>_attempt<N-1>.json``), read once within verification's budget. Missing,
-    unreadable or of another kind counts as no earlier stall."""
-    here = _place(ctx.evidence.get("stall"))
-    if p.dest.attempt == 0 or here is None:
-        return False
+def _across_attempts(
+    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, facts: WorkerFacts
+) -> Rule:
+    """This attempt's rule with the previous attempt as evidence (CONTRACT section 9), and
+    the marker's ``fault``. The previous marker is read only when it could change the
+    verdict: a retriable fault only the console or the worker witnessed."""
+    place = _place(ctx.evidence.get("stall")) if rule is rules.WORKER_STALLED else None
+    changed = rule is rules.WORKER_HOST_FAULT and match is None and facts.gpus_changed
+    fault = fault_of(rule, match, gpus_changed=changed, place=place)
+    if rule.retriable and fault.confirmed_by in ("console", "worker") and p.dest.attempt > 0:
+        host = ctx.host_id()
+        before = _previous_attempt(ctx, p)
+        decided, _ = across_attempts(rule, fault, host, p.run_id, before)
+        if decided is not rule and before is not None:
+            ctx.evidence["previous_attempt"] = {
+                "attempt": p.dest.attempt - 1, "host": before.host_id,
+                "fingerprint": fault.fingerprint}
+            if place is not None:
+                ctx.evidence["stall"]["previous"] = {"attempt": p.dest.attempt - 1,
+                                                     "where": place}
+            rule = decided
+            fault = fault._replace(rule=rule.id)
+    ctx.evidence["fault"] = fault.evidence()
+    return rule
+
+
+def _previous_attempt(ctx: Context, p: Payload) -> Previous | None:
+    """The previous attempt's marker (``<arm>_attempt<N-1>.json``) as evidence, read once
+    within verification's budget; None when missing, unreadable or not of this kind."""
     name = f"{p.dest.arm}_attempt{p.dest.attempt - 1}.json"
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)
         before = json.loads(local.read_bytes()[:1_000_000].decode("utf-8"))
-    except (StoreNotFound, StoreUnavailable, DeadlineExceeded, OSError, ValueError):
-        return False
+    except (StoreNotFound, StoreUnavailable, DeadlineExceeded, OSError, ValueError,
+            RecursionError):
+        return None
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    if not isinstance(before, dict) or before.get("rule") not in (
-        rules.WORKER_STALLED.id, rules.WORKER_STALLED_AGAIN.id
-    ):
-        return False
-    same = _place(before.get("stall")) == here
-    if same:
-        ctx.evidence["stall"]["previous"] = {"attempt": p.dest.attempt - 1, "where": here}
-    return same
+    return previous_of(before)
 
 
 def _console_tail(ctx: Context) -> str:

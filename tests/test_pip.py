@@ -428,7 +428,7 @@ def test_signatures_are_printable_data() -> None:
     assert len(names) == len(set(names))
     for sig in NETWORK_SIGNATURES:
         assert sig.meaning
-        assert sig.pattern.pattern
+        assert sig.pattern and sig.witness == "pip"
 
 
 # --- redaction: the whole text first, then collapsed and cut (issue 11) ----------------------

@@ -53,7 +53,7 @@ STABLE_IDS = (
     "worker-host-fault",
     "host-gpu-lost",
     "worker-stalled",
-    "worker-stalled-again",
+    "worker-stalled-again", "fault-follows-job",
     "worker-failed",
     "store-unsafe-link",
     "worker-env-too-large",

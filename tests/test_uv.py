@@ -551,7 +551,7 @@ def test_every_uv_signature_has_a_measured_message() -> None:
     assert len(names) == len(set(names))
     assert set(names) == {expected for expected, _ in UV_OUTPUTS.values() if expected}
     for sig in UV_NETWORK_SIGNATURES:
-        assert sig.meaning and sig.pattern.pattern
+        assert sig.meaning and sig.pattern and sig.witness == "uv"
 
 
 @pytest.mark.parametrize(
