@@ -1,0 +1,58 @@
+"""The console verdict's confusion tables on the public corpus (issue 37), run by hand.
+
+``tests/data/console_corpus.jsonl`` is the tuning half: the signature rows were written
+with it in view. ``tests/data/console_heldout.jsonl`` is the held-out half, collected from
+threads no tuning case uses and never read while writing rows. Each clear text (``host`` or
+``job``, no ``ambiguous`` note) goes to ``policy.judge_worker`` as a failed worker's console
+tail after a few training lines, as ``tests/test_console_corpus.py`` does; the tables count
+retried and failed by label.
+
+    python benchmarks/corpus_confusion.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fsm import policy
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+TRAINING = "".join(f"step {s}/2000 | loss {2.4 - s / 1000:.4f}\n" for s in range(100, 105))
+
+
+def table(path: Path) -> str:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    clear = [r for r in records if r["label"] in ("host", "job") and "ambiguous" not in r]
+    counts: Counter[tuple[str, str]] = Counter()
+    wrong = []
+    for r in clear:
+        rule, match = policy.judge_worker(policy.WorkerFacts(console=TRAINING + r["text"]))
+        outcome = "retried" if rule.retriable else "failed"
+        counts[(r["label"], outcome)] += 1
+        if rule.retriable is not (r["label"] == "host"):
+            wrong.append(f"  {r['id']}: {r['label']} -> {rule.id} "
+                         f"({match.signature.id if match else '-'})")
+    host = counts[("host", "retried")] + counts[("host", "failed")]
+    job = counts[("job", "retried")] + counts[("job", "failed")]
+    lines = [
+        f"{path.name}: {len(clear)} clear cases of {len(records)}",
+        "| label | retried | failed |",
+        "|---|---|---|",
+        f"| host ({host}) | {counts[('host', 'retried')]} | {counts[('host', 'failed')]} |",
+        f"| job ({job}) | {counts[('job', 'retried')]} | {counts[('job', 'failed')]} |",
+        f"host retried {counts[('host', 'retried')] / max(host, 1):.0%}, "
+        f"job failed {counts[('job', 'failed')] / max(job, 1):.0%}",
+        "wrong:",
+        *wrong,
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for name in ("console_corpus.jsonl", "console_heldout.jsonl"):
+        print(table(DATA / name), end="\n\n")
