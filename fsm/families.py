@@ -135,19 +135,20 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          r"left on device|unable to write to file </torch_",
          "shared memory (/dev/shm) ran out: the container's size for it, the same on every "
          "host the run is sent to, or the job's own use (DataLoader workers, NCCL segments)",
-         blame="shm"),
+         _gh("codalab/codalab-worksheets#1961", "NVIDIA/nccl#342"), blame="shm"),
     _job("disk-full", "disk-full",
          r"No space left on device|\[Errno 28\]|\bENOSPC\b|Disk quota exceeded|\bEDQUOT\b"
          r"|PytorchStreamWriter failed writing file",
          "a filesystem ran out of space or quota; the job's fault unless the host's scratch or "
          "cache filesystem was already short before setup (see the host evidence below)",
-         blame="disk"),
+         _gh("huggingface/diffusers#4957", "databrickslabs/dolly#139"), blame="disk"),
     _job("nccl-timeout", "nccl-timeout",
          r"Watchdog caught collective operation timeout|Some NCCL operations have failed or "
          r"timed out|ProcessGroupNCCL[^\n]*\bTimeout at NCCL work\b",
          "an NCCL collective timed out (the watchdog): mostly a rank that stopped calling it "
          "(unequal batches, a rank-0-only step, a dataset scan), a consequence that decides "
-         "only when no host row matches", blame="nccl-timeout", weak=True),
+         "only when no host row matches", _gh("pytorch/pytorch#141069"), blame="nccl-timeout",
+         weak=True),
     # --- the GPU ------------------------------------------------------------------------
     _host("gpu-ecc-uncorrectable", "gpu-ecc", "gpu",
           cuda_error(214, r"uncorrectable ECC error(?!s?\s*[:=]\s*0\b)",
@@ -244,6 +245,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "NVML cannot talk to the driver",
           _gh("NVIDIA/nvidia-docker#1730", "NVIDIA/nvidia-container-toolkit#1397")),
     _host("nvml-error", "nvml", "driver",
+          r"(?<!initialize )(?<!detection error: )"
           r"\bNVML(?:Error)?\b[^\n]{0,24}?\bUnknown Error\b"
           r"|\bNVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch|Uninitialized)\b"
           r"|\bNVML_ERROR_(?:UNKNOWN|DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH)\b",
@@ -253,7 +255,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("container-nvml-error", "nvml", "driver",
           r"nvidia-container-cli: detection error: nvml error",
           "the NVIDIA container runtime cannot reach the GPUs through NVML: the host's driver "
-          "or NVML is broken"),
+          "or NVML is broken", _gh("pytorch/pytorch#88363")),
     _host("driver-library-mismatch", "driver", "driver",
           r"Driver/library version mismatch"
           r"|system has unsupported display driver / cuda driver combination"
@@ -273,7 +275,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("nvlink-uncorrectable", "nvlink", "interconnect",
           cuda_error(220, r"uncorrectable NVLink error", "cudaErrorNvlinkUncorrectable",
                      "CUDA_ERROR_NVLINK_UNCORRECTABLE")
-          + r"|\bNVLink\b[^\n]*\b(?:uncorrectable|fatal error|link down|training failed)\b",
+          + r"|\bNVLink\b[^\n]*\b(?:uncorrectable|link down|training failed)\b",
           "an NVLink between GPUs failed (cudaErrorNvlinkUncorrectable, 220)", (CUDA_ERRORS,)),
     _host("cuda-system-not-ready", "fabric", "interconnect",
           r"(?:\b802\b|\bCUDA\b)[^\n]*?system not yet initialized"

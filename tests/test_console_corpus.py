@@ -166,7 +166,7 @@ def test_the_console_verdict_matches_what_the_thread_settled(record: dict[str, A
             f"{record['id']} ({record['source']}): a host fault ended {rule.id}, fatal; "
             f"settled: {record['settled']}")
         assert match is not None and match.signature.retriable
-        assert match.signature.family in HOST_FAMILIES
+        assert match.signature.blame in HOST_FAMILIES
         assert any(match.line in line for line in lines_of(record["text"]))
     else:
         assert rule is rules.WORKER_FAILED and not rule.retriable, (

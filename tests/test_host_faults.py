@@ -31,7 +31,7 @@ from conftest import CANARY, TRAIN_PATH, Layout, assert_no_secret
 from fsm import policy
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
-FAMILY = {sig.id: sig.family for sig in policy.CONSOLE_SIGNATURES}
+FAMILY = {sig.id: sig.blame for sig in policy.CONSOLE_SIGNATURES}
 RETRIABLE = {sig.id: sig.retriable for sig in policy.CONSOLE_SIGNATURES}
 #: The runner's own bound on a whole attempt in these tests: far above what any takes.
 RUN_TIMEOUT_S = 30
