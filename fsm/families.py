@@ -17,8 +17,13 @@ whose words name the program's doing (its memory, its kernel's bounds, its colle
 
 The job's rows come first and win: a job fault anywhere in the examined lines makes the
 console's verdict fatal, whatever host rows match too (one rank's CUDA OOM makes the others
-report NCCL errors). Among host rows the last matching line decides; a weak row (a
-consequence, such as an NCCL watchdog's timeout) decides only when nothing else matches.
+report NCCL errors). Among host rows the last matching line decides. A weak row decides
+only when no stronger one matches: first a retriable weak row, a fault whose words name no
+cause (an unspecified launch failure, CUDA's unknown error, an application-class Xid,
+NCCL's "unhandled cuda/system error"), which a line naming the cause beside it overrules;
+last a fatal weak row, a consequence (an NCCL watchdog's timeout).
+Such a row is retried although its words fit a job's bug as well: one attempt cannot tell
+them apart, the second can (a job's bug follows it to the next host, ``fault-follows-job``).
 """
 
 from __future__ import annotations
@@ -65,8 +70,8 @@ def _job(sig_id: str, family: str, pattern: str, meaning: str,
 
 
 def _host(sig_id: str, family: str, blame: str, pattern: str, meaning: str,
-          sources: tuple[str, ...] = ()) -> Signature:
-    return Signature(sig_id, family, pattern, meaning, blame, True, "console", sources)
+          sources: tuple[str, ...] = (), *, weak: bool = False) -> Signature:
+    return Signature(sig_id, family, pattern, meaning, blame, True, "console", sources, weak)
 
 
 #: The Xid catalogue's hardware, firmware, memory and fabric classes: the GPU, its memory,
@@ -185,14 +190,15 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "a kernel died of an exception CUDA does not name (cudaErrorLaunchFailure, 719): "
           "unlike a kernel's own faults (the job's rows) it names no cause, and it follows a "
           "GPU or driver fault (Xid 13, 43, 79; a resume from suspend) as often as a bug",
-          (CUDA_ERRORS, *_gh("opendatalab/MinerU#381", "ultralytics/ultralytics#7716"))),
+          (CUDA_ERRORS, *_gh("opendatalab/MinerU#381", "ultralytics/ultralytics#7716")),
+          weak=True),
     _host("nvrm-xid", "xid", "gpu", _xid(HOST_XIDS),
           "the kernel driver reported a hardware, memory, firmware or fabric Xid ("
           + ", ".join(map(str, HOST_XIDS)) + ")", (XID_CATALOGUE,)),
     _host("nvrm-xid-application", "xid", "gpu", _xid(RETRIED_APPLICATION_XIDS),
           "the kernel driver reported an application-class Xid (13, 31, 43), whose causes the "
           "catalogue lists as the hardware, the driver or the program alike",
-          (XID_CATALOGUE, *_gh("pytorch/pytorch#51382"))),
+          (XID_CATALOGUE, *_gh("pytorch/pytorch#51382")), weak=True),
     _host("driver-library-crash", "driver-crash", "driver",
           r"\bsegfault at [0-9a-f]+ ip [0-9a-f]+ sp [0-9a-f]+ error \d+ in "
           r"lib(?:cuda|nvidia-[\w-]+|nvcuvid|nvoptix)\.so"
@@ -235,19 +241,19 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           _gh("pytorch/pytorch#88639", "gbionics/jaxsim#50")),
     _host("cuda-unknown", "cuda-unknown", "driver",
           r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\b[^\n]{0,32}?\bunknown error\b"
-          r"|\bcudaErrorUnknown\b|\bCUDA_ERROR_UNKNOWN\b"
+          r"|\bcudaErrorUnknown\b|(?<!cuInit: )\bCUDA_ERROR_UNKNOWN\b"
           r"|\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*\s*(?:code)?\s*[:=#]?\s*"
           r"\(?999\)?(?![\d.])",
           "a CUDA call failed with CUDA's unknown error (cudaErrorUnknown, 999): the driver or "
           "the GPU, never the program's own mistake, which CUDA names",
-          (CUDA_ERRORS, *_gh("pytorch/pytorch#197073"))),
+          (CUDA_ERRORS, *_gh("pytorch/pytorch#197073")), weak=True),
     _host("nvml-init-failed", "nvml", "driver", r"Failed to initialize NVML",
           "NVML cannot talk to the driver",
           _gh("NVIDIA/nvidia-docker#1730", "NVIDIA/nvidia-container-toolkit#1397")),
     _host("nvml-error", "nvml", "driver",
           r"(?<!initialize )(?<!detection error: )"
           r"\bNVML(?:Error)?\b[^\n]{0,24}?\bUnknown Error\b"
-          r"|\bNVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch|Uninitialized)\b"
+          r"|\bNVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b"
           r"|\bNVML_ERROR_(?:UNKNOWN|DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH)\b",
           "NVML answered with an error of its own (unknown, driver not loaded, library and "
           "kernel module of different versions): the host's driver, as pynvml and "
@@ -298,18 +304,12 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "or NICs the host does not have", _gh("NVIDIA/nccl#1240")),
     _host("nccl-system-error", "interconnect", "interconnect",
           r"unhandled system error|ncclSystemError",
-          "NCCL: a system call, the device or the fabric failed", (NCCL_ERRORS,)),
+          "NCCL: a system call, the device or the fabric failed", (NCCL_ERRORS,), weak=True),
     _host("nccl-cuda-error", "gpu-nccl-cuda", "gpu",
           r"\bunhandled cuda error\b|\bncclUnhandledCudaError\b",
           "NCCL: a CUDA call under it failed, the GPU or its driver faulted (a job's own bad "
           "kernel shows its own row, which wins)",
-          (NCCL_ERRORS, *_gh("vllm-project/vllm#7896"))),
-    _host("nccl-network", "interconnect", "interconnect",
-          r"NET/(?:IB|Socket|OFI)\b[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
-          r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed"
-          r"|remote process exited or there was a network error",
-          "NCCL: the network or InfiniBand transport failed, or a peer became unreachable "
-          "(ncclRemoteError)", (NCCL_ERRORS, *_gh("NVIDIA/nccl#902", "NVIDIA/nccl#2076"))),
+          (NCCL_ERRORS, *_gh("vllm-project/vllm#7896")), weak=True),
     _host("ib-completion-error", "interconnect", "interconnect",
           r"\bNET/IB\w*\s*:\s*Got completion\b"
           r"|\bIBV_WC_\w+_ERR\b"
@@ -325,6 +325,13 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           r"error|local protection error|port (?:error|down)|link down)",
           "libibverbs/UCX: the InfiniBand or RoCE transport's retries ran out or its link "
           "failed: the link or the fabric dropped the traffic", _gh("openucx/ucx#6000")),
+    _host("nccl-network", "interconnect", "interconnect",
+          r"NET/(?:IB|Socket|OFI)\b(?![^\n]*\bGot completion\b)"
+          r"[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
+          r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed"
+          r"|remote process exited or there was a network error",
+          "NCCL: the network or InfiniBand transport failed, or a peer became unreachable "
+          "(ncclRemoteError)", (NCCL_ERRORS, *_gh("NVIDIA/nccl#902", "NVIDIA/nccl#2076"))),
 )
 #: NCCL's informational lines (``NCCL_DEBUG=INFO``) report, they never fail: a healthy
 #: start prints "NET/Plugin: Failed to find ncclNetPlugin_v8 symbol" and the like.
@@ -333,20 +340,24 @@ CONSOLE = Table(CONSOLE_SIGNATURES, ignore_case=True, skip=r"\bNCCL INFO\b")
 
 def console_verdict(tail: str) -> Match | None:
     """What the console's last ``CONSOLE_WINDOW_LINES`` lines say: a job fault if any line
-    shows one (fatal rows win), else the last line showing a host fault, else the first
-    weak row's line (a consequence such as an NCCL timeout), else None."""
+    shows one (fatal rows win), else the last line naming a host fault, else the last line
+    of a fault whose words name no cause (a weak retriable row), else the first line of a
+    consequence (a weak fatal row, such as an NCCL timeout), else None."""
     job: Match | None = None
     host: Match | None = None
-    weak: Match | None = None
+    unnamed: Match | None = None
+    consequence: Match | None = None
     for match in CONSOLE.lines(tail, last=CONSOLE_WINDOW_LINES):
         sig = match.signature
-        if sig.weak:
-            weak = weak or match
+        if sig.weak and sig.retriable:
+            unnamed = match
+        elif sig.weak:
+            consequence = consequence or match
         elif sig.retriable:
             host = match
         elif job is None:
             job = match
-    return job or host or weak
+    return job or host or unnamed or consequence
 
 
 # --- what makes two occurrences the same fault ------------------------------------------

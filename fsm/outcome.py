@@ -38,7 +38,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "run_id": ctx.evidence.get("run_id"),
     }
     for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
-                "gpu_health", "gpu_watch", "disk", "shm", "storage"):
+                "gpu_health", "gpu_watch", "disk", "shm", "storage", "previous_attempt"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.

@@ -155,7 +155,24 @@ def _read_bounded(path: Path, shown: str) -> bytes:
         os.close(fd)
 
 
-def destination(raw: Mapping[str, Any]) -> Destination | None:
+#: Where an engine that retries the same payload itself says which try this is (1 on the
+#: first): AWS Batch (CONTRACT section 9).
+ENGINE_ATTEMPT_VARS = ("AWS_BATCH_JOB_ATTEMPT",)
+
+
+def engine_retries(environ: Mapping[str, str]) -> int:
+    """How many times the engine already ran this payload: ``AWS_BATCH_JOB_ATTEMPT`` minus
+    one, 0 where no engine says (or says something that is no positive whole number: the
+    engine's variable is not the payload's, and a wrong guess would write another attempt's
+    marker)."""
+    for name in ENGINE_ATTEMPT_VARS:
+        value = environ.get(name, "").strip()
+        if value.isdigit() and 1 <= int(value) <= MAX_ATTEMPT:
+            return int(value) - 1
+    return 0
+
+
+def destination(raw: Mapping[str, Any], retries: int = 0) -> Destination | None:
     """The marker's destination, or None when it is not usable as given.
 
     Usable only when ``hf_repo``, ``hf_prefix``, ``flash_arm`` and ``attempt`` are each
@@ -166,14 +183,15 @@ def destination(raw: Mapping[str, Any]) -> Destination | None:
     go through :func:`require_destination`.
     """
     try:
-        return require_destination(raw)
+        return require_destination(raw, retries)
     except PayloadError:
         return None
 
 
-def parse(raw: Mapping[str, Any]) -> Payload:
-    """Validate ``raw`` against the contract; raise PayloadError naming the first problem."""
-    dest = require_destination(raw)
+def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
+    """Validate ``raw`` against the contract; raise PayloadError naming the first problem.
+    ``retries``: the engine's own retries of this payload (``engine_retries``)."""
+    dest = require_destination(raw, retries)
     _check_encodable(raw)
     mode = _opt(raw, "mode", str, "train")
     if mode not in MODES:
@@ -236,9 +254,10 @@ def load(path: Path) -> Payload:
 # --- helpers --------------------------------------------------------------------------
 
 
-def require_destination(raw: Mapping[str, Any]) -> Destination:
+def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination:
     """The marker's destination, or a PayloadError naming the first key that makes it
-    unusable: the one place that decides the destination keys."""
+    unusable: the one place that decides the destination keys. The attempt is the
+    payload's plus the engine's own ``retries`` of it (CONTRACT section 9)."""
     repo = _required(raw, "hf_repo", str)
     if len(repo) > 200 or not REPO_RE.fullmatch(repo):
         raise PayloadError(
@@ -257,6 +276,7 @@ def require_destination(raw: Mapping[str, Any]) -> Destination:
     attempt = _opt(raw, "attempt", int, 0)
     if attempt < 0:
         raise PayloadError(f"payload key 'attempt' must be >= 0, got {_short_int(attempt)}")
+    attempt += retries
     if attempt > MAX_ATTEMPT:
         raise PayloadError(
             f"payload key 'attempt' must be at most {MAX_ATTEMPT:,}, got {_short_int(attempt)}"

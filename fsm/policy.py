@@ -591,6 +591,15 @@ _ACROSS_VERDICTS = {
 }
 
 
+#: What NVIDIA's reference pages are called in the table.
+_DOCUMENTS = {
+    families.CUDA_ERRORS: "CUDA error codes",
+    families.XID_CATALOGUE: "Xid catalogue",
+    families.NVML_API: "NVML return codes",
+    families.NCCL_ERRORS: "NCCL troubleshooting",
+}
+
+
 def _sources(sources: tuple[str, ...]) -> str:
     """Links as short names: ``owner/repo#n`` for a thread, the page's name for a document."""
     names = []
@@ -599,5 +608,5 @@ def _sources(sources: tuple[str, ...]) -> str:
         if parts[0] == "github.com" and len(parts) >= 5:
             names.append(f"[{parts[1]}/{parts[2]}#{parts[4]}]({url})")
         else:
-            names.append(f"[{parts[-1] or parts[-2]}]({url})")
+            names.append(f"[{_DOCUMENTS.get(url, parts[-1] or parts[-2])}]({url})")
     return ", ".join(names)

@@ -55,9 +55,10 @@ def load_payload(ctx: Context) -> str:
         env = raw.get("env")
         if isinstance(env, dict):
             ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
-        dest = payload.require_destination(raw)  # unusable: no marker anywhere
+        retries = payload.engine_retries(ctx.environ)  # AWS Batch's own retries
+        dest = payload.require_destination(raw, retries)  # unusable: no marker anywhere
         try:
-            parsed: payload.Payload | None = payload.parse(raw)
+            parsed: payload.Payload | None = payload.parse(raw, retries)
             problem: PayloadError | None = None
         except PayloadError as exc:
             parsed, problem = None, exc

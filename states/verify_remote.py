@@ -41,6 +41,7 @@ from fsm.policy import (
     fault_of,
     judge_worker,
     previous_of,
+    same_host,
 )
 from fsm.rules import Rule
 from fsm.supervise import TAIL_BYTES
@@ -118,6 +119,13 @@ def _reason(
     exited = _exit_text(ctx)
     if rule in (rules.WORKER_STALLED, rules.WORKER_STALLED_AGAIN):
         return _stall_reason(ctx, p, rule, missing)
+    if rule is rules.FAULT_FOLLOWS_JOB:
+        before = ctx.evidence.get("previous_attempt", {})
+        what = (f"{match.signature.meaning} ({match.signature.id}): {match.line}"
+                if match is not None else f"the same failure ({ctx.evidence['fault']['family']})")
+        return (f"the fault followed the job: attempt {before.get('attempt')} failed the same "
+                f"way on another host, so it is the job's, not a host's: {what}; worker "
+                f"{exited} without {missing}")
     change = ctx.evidence.get("gpu_change")
     if rule is rules.WORKER_HOST_FAULT and match is None and isinstance(change, dict):
         return (f"host fault, retry on a fresh host: the GPUs changed since the start: "
@@ -266,27 +274,38 @@ def _across_attempts(
     place = _place(ctx.evidence.get("stall")) if rule is rules.WORKER_STALLED else None
     changed = rule is rules.WORKER_HOST_FAULT and match is None and facts.gpus_changed
     fault = fault_of(rule, match, gpus_changed=changed, place=place)
-    if rule.retriable and fault.confirmed_by in ("console", "worker") and p.dest.attempt > 0:
+    if rule.retriable and fault.confirmed_by in ("console", "worker"):
         host = ctx.host_id()
-        before = _previous_attempt(ctx, p)
+        attempt, before = _previous_attempt(ctx, p, host)
         decided, _ = across_attempts(rule, fault, host, p.run_id, before)
         if decided is not rule and before is not None:
             ctx.evidence["previous_attempt"] = {
-                "attempt": p.dest.attempt - 1, "host": before.host_id,
-                "fingerprint": fault.fingerprint}
+                "attempt": attempt, "host": before.host_id, "fingerprint": fault.fingerprint}
             if place is not None:
-                ctx.evidence["stall"]["previous"] = {"attempt": p.dest.attempt - 1,
-                                                     "where": place}
+                ctx.evidence["stall"]["previous"] = {"attempt": attempt, "where": place}
             rule = decided
             fault = fault._replace(rule=rule.id)
     ctx.evidence["fault"] = fault.evidence()
     return rule
 
 
-def _previous_attempt(ctx: Context, p: Payload) -> Previous | None:
-    """The previous attempt's marker (``<arm>_attempt<N-1>.json``) as evidence, read once
-    within verification's budget; None when missing, unreadable or not of this kind."""
-    name = f"{p.dest.arm}_attempt{p.dest.attempt - 1}.json"
+def _previous_attempt(ctx: Context, p: Payload, host: str) -> tuple[int, Previous | None]:
+    """The previous attempt (CONTRACT section 9) and its marker as evidence, or None when
+    there is none, or it is missing, unreadable or not of this kind. An engine that retries
+    the payload itself (a Kubernetes Job) runs this attempt again on another host: a marker
+    of this very attempt already in the store, written by another host, is the previous
+    one; else it is ``<arm>_attempt<N-1>.json``. Each is read once, within verification's
+    budget."""
+    again = _marker_of(ctx, p, p.dest.attempt)
+    if again is not None and same_host(again.host_id, host) is False:
+        return p.dest.attempt, again
+    if p.dest.attempt == 0:
+        return 0, None
+    return p.dest.attempt - 1, _marker_of(ctx, p, p.dest.attempt - 1)
+
+
+def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
+    name = f"{p.dest.arm}_attempt{attempt}.json"
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)

@@ -78,6 +78,22 @@ def verdict(text: str) -> tuple[rules.Rule, policy.ConsoleMatch | None]:
     return policy.judge_worker(WorkerFacts(console=TRAINING + text))
 
 
+def second_verdict(text: str) -> rules.Rule:
+    """The rule when the attempt before, on another host, failed with the same words: the
+    fault followed the job (CONTRACT section 9) unless something else decides."""
+    rule, match = verdict(text)
+    fault = policy.fault_of(rule, match)
+    before = policy.Previous("run-1", rule.retriable, "GPU-host-a", fault)
+    return policy.across_attempts(rule, fault, "GPU-host-b", "run-1", before)[0]
+
+
+def retried_first(match: policy.ConsoleMatch | None) -> bool:
+    """Whether a job's fault may be retried once: its words name no cause (a weak
+    retriable row: an application-class Xid, an unspecified launch failure), so one attempt
+    cannot tell it from the host's; the second attempt, on another host, ends it."""
+    return match is not None and match.signature.weak and match.signature.retriable
+
+
 def lines_of(text: str) -> set[str]:
     return {line.strip() for line in re.split(r"\r\n|\r|\n", text)}
 
@@ -168,6 +184,9 @@ def test_the_console_verdict_matches_what_the_thread_settled(record: dict[str, A
         assert match is not None and match.signature.retriable
         assert match.signature.blame in HOST_FAMILIES
         assert any(match.line in line for line in lines_of(record["text"]))
+    elif retried_first(match):
+        assert rule is rules.WORKER_HOST_FAULT
+        assert second_verdict(record["text"]) is rules.FAULT_FOLLOWS_JOB, record["id"]
     else:
         assert rule is rules.WORKER_FAILED and not rule.retriable, (
             f"{record['id']} ({record['source']}): a job fault ended {rule.id} via "
@@ -202,18 +221,24 @@ def test_the_corpus_summary_every_host_text_retried_every_job_text_failed() -> N
     """The confusion table of the clear texts, by label and family, in the message."""
     table: Counter[tuple[str, str, str]] = Counter()
     wrong: list[str] = []
+    once = 0
     for record in CLEAR:
         rule, match = verdict(record["text"])
         outcome = "retried" if rule.retriable else "failed"
+        if rule.retriable and record["label"] == "job" and retried_first(match):
+            once += 1
+            outcome = "failed on the 2nd host"
+            rule = second_verdict(record["text"])
         table[(record["label"], record["family"], outcome)] += 1
         if rule.retriable is not (record["label"] == "host"):
             wrong.append(f"{record['id']} -> {rule.id} ({match.signature.id if match else '-'})")
     host = [r for r in CLEAR if r["label"] == "host"]
     job = [r for r in CLEAR if r["label"] == "job"]
     retried = sum(table[("host", f, "retried")] for f in HOST_FAMILIES)
-    failed = table[("job", "job", "failed")]
+    failed = table[("job", "job", "failed")] + once
     report = (
-        f"host texts retried {retried}/{len(host)}, job texts failed {failed}/{len(job)}; "
+        f"host texts retried {retried}/{len(host)}, job texts failed {failed}/{len(job)} "
+        f"({once} on the second host); "
         + ", ".join(f"{label}/{family} {outcome}: {n}"
                     for (label, family, outcome), n in sorted(table.items()))
         + ("; wrong: " + "; ".join(wrong) if wrong else "")
@@ -225,6 +250,7 @@ def test_the_corpus_summary_every_host_text_retried_every_job_text_failed() -> N
         for (family, decision, outcome), n in sorted(decided.items()))
     print(report)
     assert retried == len(host) and failed == len(job), report
+    assert once <= 2, "a job fault retried once is the exception, not the rule"
 
 
 def test_the_ambiguous_texts_are_the_known_ones() -> None:

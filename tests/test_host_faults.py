@@ -532,6 +532,7 @@ def test_the_marker_names_the_hosts_gpus_and_driver(
 
     assert_failed(proc, marker, "worker-host-fault", retriable=True)
     assert marker["host"] == {
+        "id": ",".join(sorted(fake_uuids(2))),  # the machine, by its GPUs (CONTRACT 9)
         "hostname": socket.gethostname(),
         "gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": gpu_uuid, "memory_mib": 81559}
                  for gpu_uuid in fake_uuids(2)],
@@ -623,7 +624,10 @@ def test_no_nvidia_smi_with_expect_gpus_is_a_short_host(
 
     assert_short_host(layout, proc, marker)
     assert "nvidia-smi" in marker["error"]
-    assert "host" not in marker  # no nvidia-smi, no host evidence
+    # no nvidia-smi, no GPUs to name: the machine by its boot id (CONTRACT section 9)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert marker["host"] == {"id": f"boot:{boot}@{socket.gethostname()}",
+                              "hostname": socket.gethostname()}
 
 
 def test_no_nvidia_smi_without_expect_gpus_runs_and_names_no_host(

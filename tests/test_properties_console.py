@@ -208,8 +208,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "or device error.",
     ),
     "nccl-network": (
-        "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
-        "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
         "gpu-node-1:2345:2399 [2] include/socket.h:409 NCCL WARN NET/Socket : Connection "
         "closed by remote peer 10.0.0.5<52418>",
         "ncclRemoteError: A call failed possibly due to a network error or a remote process "
@@ -221,6 +219,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f",  # nccl-1405
         "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 "
         "len=32696 vendor err 129 (Send)",  # nccl-1664
+        "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
+        "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
     ),
     # Written from the documents the rows cite (CUDA's error strings and enum names, the
     # Xid catalogue, NVML's return codes), not from corpus texts.
@@ -320,8 +320,10 @@ HOST_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if BY_ID[sid].retri
 #: The job's rows that win over host rows (a weak row, a consequence, does not).
 JOB_LINES = [(sid, line) for sid, lines in EXAMPLES.items()
              if not BY_ID[sid].retriable and not BY_ID[sid].weak for line in lines]
-WEAK_LINES = [(sid, line) for sid, lines in EXAMPLES.items() if BY_ID[sid].weak
-              for line in lines]
+#: The consequences: weak rows that are the job's (a fault's words that name no cause are
+#: weak and retriable, and rank below the host rows that name one).
+WEAK_LINES = [(sid, line) for sid, lines in EXAMPLES.items()
+              if BY_ID[sid].weak and not BY_ID[sid].retriable for line in lines]
 HOST = st.sampled_from(HOST_LINES)
 JOB = st.sampled_from(JOB_LINES)
 #: One line break each, however the console wrote it.
@@ -478,7 +480,8 @@ def test_the_policy_table_lists_every_signature_with_its_class() -> None:
         row = rows[f"`{sig.id}`"]
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", row)]
         assert sig.family in cells, row
-        assert cells[-2] == ("retriable" if sig.retriable else "fatal"), row
+        assert cells[-3] == ("retriable" if sig.retriable else "fatal"), row
+        assert all(source in cells[-2] for source in sig.sources), row
     for rule in (rules.WORKER_HOST_FAULT, rules.WORKER_OOM_KILLED, rules.HOST_GPU_MISSING):
         assert f"`{rule.id}`" in rows, rule.id
         assert rows[f"`{rule.id}`"].rstrip(" |").endswith(rule.verdict)

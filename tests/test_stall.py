@@ -2,8 +2,8 @@
 worker processes: a stall is caught in FLASH_STALL_S, not at the wall cap; the stacks of
 every process of the worker's group are taken before the first signal and go up as
 ``stacks_<phase>.txt``; the verdict is retriable ``worker-stalled``, fatal
-``worker-stalled-again`` when the previous attempt stalled in the same place; a deadline
-keeps its class and names the stacks file."""
+``worker-stalled-again`` when the previous attempt stalled on the same line on another host
+(``tests/test_across_attempts.py``); a deadline keeps its class and names the stacks file."""
 
 from __future__ import annotations
 
@@ -277,24 +277,27 @@ def {function}():
 """
 
 
-def test_stalling_again_in_the_same_place_fails_the_run_and_elsewhere_retries_it(
+def test_stalling_twice_in_the_same_place_on_one_host_stays_retriable(
     layout: Layout,
 ) -> None:
-    """Attempt 0 stalls in a function; attempt 1 stalls in the same one: the job hangs
-    wherever it runs, fatal worker-stalled-again. Attempt 2 stalls in another: retriable."""
+    """Attempt 0 and attempt 1 stall on the same line of the same host: a fault that stays
+    with its host is the host's (CONTRACT section 9), so the second stays retriable; the
+    marker names the place and the machine. On two hosts it is the job's:
+    ``tests/test_across_attempts.py``."""
     layout.write_worker(SILENT_HANG)
     assert _run(layout).returncode == 75
-    assert _marker(layout)["rule"] == "worker-stalled"
+    first = _marker(layout)
+    assert first["rule"] == "worker-stalled"
+    line = _line_of(layout, "time.sleep(600)")
+    assert first["fault"] == {
+        "rule": "worker-stalled", "family": "stall", "confirmed_by": "worker",
+        "fingerprint": f"stall: wait_for_the_peer_that_died ({WORKER_FILE}:{line})"}
     proc = _run(layout, attempt=1)
-    assert proc.returncode == 1, proc.stderr.decode()[-3000:]
-    again = _marker(layout, 1)
-    assert (again["retriable"], again["rule"]) == (False, "worker-stalled-again")
-    assert again["stall"]["previous"]["attempt"] == 0
-    assert "stalled in the same place" in again["error"]
-    layout.write_worker(_another("load_the_next_shard"))
-    proc = _run(layout, attempt=2)
     assert proc.returncode == 75, proc.stderr.decode()[-3000:]
-    assert _marker(layout, 2)["rule"] == "worker-stalled"
+    again = _marker(layout, 1)
+    assert (again["retriable"], again["rule"]) == (True, "worker-stalled")
+    assert again["host"]["id"] == first["host"]["id"]
+    assert "previous" not in again["stall"]
 
 
 def test_the_deadline_keeps_its_class_and_names_the_stacks_file(layout: Layout) -> None:
