@@ -245,3 +245,18 @@ def test_stalls_follow_the_job_only_on_the_same_line(
     else:
         assert marker["stall"]["where"] != where
         assert marker["stall"]["where"].split(":")[0] == where.split(":")[0]
+
+
+@pytest.mark.parametrize(("value", "retries"), [
+    (None, 0), ("1", 0), ("3", 2), (" 2 ", 1), ("0", 0), ("-1", 0), ("two", 0), ("", 0),
+    ("1e3", 0), ("99999999", 0),
+])
+def test_only_a_positive_whole_aws_batch_attempt_moves_the_attempt(
+    value: str | None, retries: int
+) -> None:
+    """What is no try number (absent, zero, negative, not a whole number, absurd) moves
+    nothing: a wrong guess would write another attempt's marker."""
+    from fsm import payload
+
+    environ = {} if value is None else {"AWS_BATCH_JOB_ATTEMPT": value}
+    assert payload.engine_retries(environ) == retries
