@@ -405,7 +405,9 @@ def test_a_worker_that_overruns_after_a_backward_step_is_stopped_by_its_deadline
     deadline = float(re.findall(rb"deadline ([\d.]+) !", out)[0])  # by the worker's clock
     last_seen = float(re.findall(rb"now ([\d.]+)", out)[-1])
     assert last_seen >= deadline - 0.5, "stopped before its deadline by its own clock"
-    assert elapsed < 4 + STEP_S + 1.5, "overran the budget by more than the step"
+    # The step plus a loaded machine's start and stop (CI took 15.9 s); a deadline moved by
+    # twice the step, or none at all, would take 24 s or forever.
+    assert elapsed < 4 + STEP_S + 4, "overran the budget by more than the step"
 
 
 def test_a_forward_clock_step_stops_nothing_before_the_monotonic_deadline(
