@@ -332,22 +332,6 @@ class Snapshot:
         facts["queries"] = {query.name: query.evidence() for query in self.queries}
         return facts
 
-    def host_evidence(self, hostname: str) -> dict[str, Any] | None:
-        """The marker's ``host`` evidence in the shape ``fsm.host.HostFacts.evidence``
-        gives it (CONTRACT section 4): None without nvidia-smi."""
-        if self.problem == "absent":
-            return None
-        drivers = [gpu.driver for gpu in self.gpus if gpu.driver]
-        facts: dict[str, Any] = {
-            "hostname": hostname,
-            "gpus": [{"name": gpu.name, "uuid": gpu.uuid, "memory_mib": gpu.memory_total_mib}
-                     for gpu in self.gpus],
-            "driver": drivers[0] if drivers else None,
-        }
-        if self.problem is not None:
-            facts["error"] = self.describe_problem()
-        return facts
-
 
 # --- taking one ----------------------------------------------------------------------------
 

@@ -250,7 +250,9 @@ ACROSS_ATTEMPTS: tuple[Across, ...] = (
     Across("no previous attempt, or its marker is missing, unreadable, of another run or "
            "not a failure", "stands", "no evidence: nothing is known of the earlier host"),
     Across("this attempt's fault is fatal already, or not a worker's (the store, a signal, "
-           "the deadline, the payload)", "stands", "only a worker's fault can follow the job"),
+           "the deadline, the payload), or the worker's own verdict (its heartbeat says "
+           "retriable)", "stands", "only a worker's fault can follow the job, and a worker "
+           "that judged its own failure knows it better than a comparison of two attempts"),
     Across("the GPUs confirm this attempt's fault (`confirmed_by: gpus`)", "stands",
            "a GPU that reports a fault is the host's, however often hosts fail"),
     Across("the previous attempt's fault has another `fingerprint`", "stands",
@@ -270,7 +272,8 @@ def across_attempts(rule: Rule, fault: Fault, host_id: str | None, run_id: str |
     if (previous is None or previous.fault is None or not previous.retriable
             or (run_id is not None and previous.run_id != run_id)):
         return rule, 0
-    if not rule.retriable or fault.confirmed_by not in ("console", "worker"):
+    if (not rule.retriable or fault.confirmed_by not in ("console", "worker")
+            or rule is rules.WORKER_HEARTBEAT_RETRIABLE):
         return rule, 1 if fault.confirmed_by != "gpus" else 2
     if previous.fault.fingerprint != fault.fingerprint:
         return rule, 3

@@ -274,7 +274,8 @@ def _across_attempts(
     place = _place(ctx.evidence.get("stall")) if rule is rules.WORKER_STALLED else None
     changed = rule is rules.WORKER_HOST_FAULT and match is None and facts.gpus_changed
     fault = fault_of(rule, match, gpus_changed=changed, place=place)
-    if rule.retriable and fault.confirmed_by in ("console", "worker"):
+    if rule.retriable and fault.confirmed_by in ("console", "worker") and (
+            rule is not rules.WORKER_HEARTBEAT_RETRIABLE):
         host = ctx.host_id()
         attempt, before = _previous_attempt(ctx, p, host)
         decided, _ = across_attempts(rule, fault, host, p.run_id, before)
@@ -310,8 +311,10 @@ def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)
         before = json.loads(local.read_bytes()[:1_000_000].decode("utf-8"))
-    except (StoreNotFound, StoreUnavailable, DeadlineExceeded, OSError, ValueError,
-            RecursionError):
+    except (StoreNotFound, StoreUnavailable, DeadlineExceeded, Interrupted, OSError,
+            ValueError, RecursionError):
+        # A signal meanwhile only cuts the evidence short: the worker had already ended on
+        # its own, and its verdict stands (the flag stays set for Mark).
         return None
     finally:
         shutil.rmtree(target, ignore_errors=True)

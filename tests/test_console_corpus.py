@@ -346,7 +346,9 @@ def test_every_corpus_text_printed_by_a_real_worker_ends_in_its_class(
     events = layout.root / "memory.events"
     events.write_text("oom 0\noom_kill 0\n")
     outcome = layout.run(environ={"FLASH_MEMORY_EVENTS": str(events)})
-    host = expected(record) == "host"
+    # A job's fault in words that name no cause is retried once; its second host ends it
+    # (tests/test_across_attempts.py runs that through two hosts).
+    host = expected(record) == "host" or retried_first(verdict(record["text"])[1])
     failure = outcome.context.failure
     assert failure is not None and failure.state == "VerifyRemote", outcome.reason
     assert (failure.rule.id, failure.rule.retriable) == (

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from fsm import gpus
 from fsm.gpus import Answer, Snapshot
-from fsm.host import FACTS_WAIT_S, HostProbe
+from fsm.host import FACTS_WAIT_S, HostProbe, facts_of
 from fsm.testing.nvidia_smi import (
     DRIVER_UNREACHABLE,
     GPU_IS_LOST,
@@ -336,14 +336,15 @@ def test_the_fake_refuses_what_nvidia_smi_refuses() -> None:
 def test_the_fake_answers_hostprobe_as_the_marker_shows_it_and_a_snapshot_agrees(
     fake: FakeNvidiaSmi,
 ) -> None:
-    """The host evidence HostProbe gives (from one snapshot) and the snapshot's own
-    host_evidence are equal."""
+    """The host evidence HostProbe gives and that of one snapshot taken directly are
+    equal, the machine's id (its GPUs' UUIDs) included."""
     probe = HostProbe(fake.env())
     facts = probe.facts(FACTS_WAIT_S + 10)
     snap = gpus.snapshot(fake.env())
 
     assert facts is not None and facts.problem is None
-    assert snap.host_evidence(os.uname().nodename) == facts.evidence()
+    assert facts_of(os.uname().nodename, snap).evidence() == facts.evidence()
+    assert facts.id == ",".join(sorted(gpu.uuid for gpu in fake.host().gpus))
     assert len(facts.gpus) == 8 and facts.driver == "550.54.15"
     assert {call[0].split("=")[0] for call in fake.calls()} == {
         "--query-gpu", "--query-remapped-rows", "--query-compute-apps"}
@@ -409,7 +410,7 @@ def test_no_nvidia_smi_is_absent_and_runs_nothing() -> None:
 
     assert snap.problem == "absent"
     assert time.monotonic() - started < 0.5
-    assert snap.host_evidence("h") is None
+    assert facts_of("h", snap).evidence() is None
     assert not gpus.unhealthy(snap) and not gpus.busy(snap)
 
 

@@ -30,10 +30,12 @@ HOSTS = st.sampled_from([
 ])
 #: Retriable worker verdicts a fault can come with, and the rule its second occurrence gets.
 FOLLOWS = {rules.WORKER_HOST_FAULT: rules.FAULT_FOLLOWS_JOB,
-           rules.WORKER_STALLED: rules.WORKER_STALLED_AGAIN,
-           rules.WORKER_HEARTBEAT_RETRIABLE: rules.FAULT_FOLLOWS_JOB}
+           rules.WORKER_STALLED: rules.WORKER_STALLED_AGAIN}
 RETRIABLE = st.sampled_from(sorted(FOLLOWS, key=lambda r: r.id))
-FATAL = st.sampled_from([rules.WORKER_FAILED, rules.WORKER_OOM_KILLED, rules.DEADLINE])
+#: Verdicts that stand whatever came before: the worker's own (its heartbeat), and the
+#: fatal ones.
+STANDS = st.sampled_from([rules.WORKER_HEARTBEAT_RETRIABLE, rules.WORKER_FAILED,
+                          rules.WORKER_OOM_KILLED, rules.DEADLINE])
 FINGERPRINTS = st.sampled_from([
     "interconnect: nccl warn net/ib : got completion from peer #.#.#.#<#> with status=#",
     "gpu-launch-failure: runtimeerror: cuda error: unspecified launch failure",
@@ -50,7 +52,7 @@ class Attempt(NamedTuple):
 
 @st.composite
 def attempts(draw: st.DrawFn) -> Attempt:
-    rule = draw(st.one_of(RETRIABLE, FATAL))
+    rule = draw(st.one_of(RETRIABLE, STANDS))
     fault = Fault(rule.id, "f", draw(FINGERPRINTS), draw(WITNESSES))
     return Attempt(draw(HOSTS), rule, fault)
 
@@ -132,7 +134,7 @@ def test_the_verdict_follows_the_job_exactly_when_section_9_says(
     retriable fault has only the console or the worker as witness."""
     previous = policy.previous_of(marker_of(before, before.rule))
     verdict = decide(now, previous)
-    follows = (before.rule.retriable and now.rule.retriable
+    follows = (before.rule.retriable and now.rule in FOLLOWS
                and now.fault.confirmed_by in ("console", "worker")
                and before.fault.fingerprint == now.fault.fingerprint
                and policy.same_host(before.host, now.host) is False)
