@@ -5,7 +5,11 @@ with it in view. ``tests/data/console_heldout.jsonl`` is the held-out half, coll
 threads no tuning case uses and never read while writing rows. Each clear text (``host`` or
 ``job``, no ``ambiguous`` note) goes to ``policy.judge_worker`` as a failed worker's console
 tail after a few training lines, as ``tests/test_console_corpus.py`` does; the tables count
-retried and failed by label.
+retried and failed by label, on the first attempt and by the second host (the job's fault
+seen again on another host: ``fault-follows-job``, CONTRACT section 9).
+
+The wrong cases are listed for the tuning half only: the held-out half's are not to be read
+while writing rows (``--list-heldout`` prints them, for a review that ends the tuning).
 
     python benchmarks/corpus_confusion.py
 """
@@ -25,7 +29,14 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 TRAINING = "".join(f"step {s}/2000 | loss {2.4 - s / 1000:.4f}\n" for s in range(100, 105))
 
 
-def table(path: Path) -> str:
+def second_host(rule: policy.Rule, match: policy.ConsoleMatch | None) -> policy.Rule:
+    """The verdict when the attempt before failed the same way on another host."""
+    fault = policy.fault_of(rule, match)
+    before = policy.Previous("run", rule.retriable, "GPU-a", fault)
+    return policy.across_attempts(rule, fault, "GPU-b", "run", before)[0]
+
+
+def table(path: Path, list_wrong: bool) -> str:
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     clear = [r for r in records if r["label"] in ("host", "job") and "ambiguous" not in r]
     counts: Counter[tuple[str, str]] = Counter()
@@ -34,6 +45,8 @@ def table(path: Path) -> str:
         rule, match = policy.judge_worker(policy.WorkerFacts(console=TRAINING + r["text"]))
         outcome = "retried" if rule.retriable else "failed"
         counts[(r["label"], outcome)] += 1
+        if r["label"] == "job" and not second_host(rule, match).retriable:
+            counts[("job", "failed by the 2nd host")] += 1
         if rule.retriable is not (r["label"] == "host"):
             wrong.append(f"  {r['id']}: {r['label']} -> {rule.id} "
                          f"({match.signature.id if match else '-'})")
@@ -46,13 +59,15 @@ def table(path: Path) -> str:
         f"| host ({host}) | {counts[('host', 'retried')]} | {counts[('host', 'failed')]} |",
         f"| job ({job}) | {counts[('job', 'retried')]} | {counts[('job', 'failed')]} |",
         f"host retried {counts[('host', 'retried')] / max(host, 1):.0%}, "
-        f"job failed {counts[('job', 'failed')] / max(job, 1):.0%}",
-        "wrong:",
-        *wrong,
+        f"job failed {counts[('job', 'failed')] / max(job, 1):.0%} on the first attempt, "
+        f"{counts[('job', 'failed by the 2nd host')] / max(job, 1):.0%} by the second host "
+        f"({counts[('job', 'failed by the 2nd host')]})",
     ]
+    if list_wrong:
+        lines += ["wrong on the first attempt:", *wrong]
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    for name in ("console_corpus.jsonl", "console_heldout.jsonl"):
-        print(table(DATA / name), end="\n\n")
+    print(table(DATA / "console_corpus.jsonl", True), end="\n\n")
+    print(table(DATA / "console_heldout.jsonl", "--list-heldout" in sys.argv[1:]))

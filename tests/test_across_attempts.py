@@ -183,7 +183,8 @@ def test_no_evidence_from_the_previous_attempt_leaves_the_fault_retriable(
     if edit is not None:
         edit(a)
     status, marker = b.attempt(ON_B, 1)
-    assert (status, marker["retriable"], marker["rule"]) == (75, True, "worker-host-fault")
+    assert (status, marker["retriable"], marker["rule"]) == (
+        75, True, "worker-host-fault"), marker["error"]
     assert "previous_attempt" not in marker
 
 

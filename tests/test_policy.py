@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -411,3 +413,15 @@ def test_the_printed_table_shows_every_pip_network_signature() -> None:
     for sig in NETWORK_SIGNATURES:
         assert f"`{sig.name}`" in pip_row
         assert f"| `{sig.name}` | {sig.meaning} |" in text
+
+
+def test_importing_the_policy_loads_no_process_store_or_installer_code() -> None:
+    """The policy is a statement of which failures are retriable (issue 37): reading it,
+    rendering it or property-testing it loads only the rules, the errors and the console's
+    families, never the supervisor, a store or an installer."""
+    shown = subprocess.run(
+        [sys.executable, "-c", "import sys, fsm.policy; "
+         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('fsm', 'states')))))"],
+        capture_output=True, check=True, timeout=60).stdout.decode().split()
+    assert set(shown) <= {"fsm", "fsm.errors", "fsm.exits", "fsm.families", "fsm.policy",
+                          "fsm.rules", "fsm.signatures", "fsm.table"}, shown
