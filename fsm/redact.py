@@ -53,7 +53,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import AnyStr, NamedTuple
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 MASK = "***"
 _BMASK = MASK.encode()
@@ -113,6 +113,15 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
             or (_SECRET_KEY.search(k) and not (isinstance(v, str) and _SETTING_VALUE.fullmatch(v)))
         )
     }
+
+
+def _url_password(value: str) -> str | None:
+    """The password of ``scheme://user:password@host...``, decoded, or None."""
+    try:
+        password = urlsplit(value.strip()).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
 
 
 def _backslashed(secret: str, quote_char: str) -> str:
@@ -394,6 +403,10 @@ class Redactor:
         """
         keys = secret_keys(env, extra_keys)
         self.add(env[k] for k in keys)
+        # A credential inside a URL-valued setting (a proxy's, an index's): its password
+        # too, in case a library prints it apart from the URL.
+        self.add(password for value in env.values() if isinstance(value, str) and "@" in value
+                 for password in [_url_password(value)] if password)
         return keys
 
     def add(self, secrets: Iterable[str]) -> None:

@@ -11,15 +11,11 @@ handed to the library's upload, and a ``.gitignore``'d file refused unless optio
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from conftest import Events, make_store
@@ -28,6 +24,7 @@ from fsm.errors import FatalError, FlashError, StoreUnavailable
 from fsm.store import PRELOAD_IGNORE_PATTERNS
 from fsm.store.hub import FETCH_WORKERS
 from fsm.testing import LocalHubServer
+from fsm.testing.proxy import ForwardProxy
 
 pytestmark = pytest.mark.hub
 
@@ -139,55 +136,6 @@ def test_bytes_that_are_not_the_stores_are_retried_and_never_kept(
     assert [e["error"] for e in events if e["event"] == "store.retry"] == ["ContentMismatch"]
 
 
-class _ForwardProxy:
-    """A plain-HTTP forward proxy on 127.0.0.1 (absolute URLs in, the target's answer
-    out) that records each request's target and whether it carried Proxy-Authorization."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, bool, bool]] = []  # (url, proxy auth, hub auth)
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                proxy.seen.append((self.path, "Proxy-Authorization" in self.headers,
-                                   "Authorization" in self.headers))
-                target = urlsplit(self.path)
-                upstream = http.client.HTTPConnection(target.hostname or "", target.port)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("proxy-authorization", "connection")}
-                upstream.request(self.command, target.path + (
-                    f"?{target.query}" if target.query else ""), headers=headers)
-                answer = upstream.getresponse()
-                body = answer.read()
-                self.send_response(answer.status)
-                head = self.command == "HEAD"  # its Content-Length is the file's: kept
-                for key, value in answer.getheaders():
-                    if key.lower() not in ("connection", "transfer-encoding") and (
-                            head or key.lower() != "content-length"):
-                        self.send_header(key, value)
-                if not head:
-                    self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                upstream.close()
-
-            def do_HEAD(self) -> None:
-                self.do_GET()
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 _FETCH = """
 import sys
 from pathlib import Path
@@ -208,7 +156,7 @@ def test_reads_go_through_the_environments_proxy_with_its_credentials(
     naming the host sends them direct. (A process's own: the library reads the proxy
     settings when it makes its session.)"""
     _fill(hub_server, hub_dataset, CODE)
-    proxy = _ForwardProxy()
+    proxy = ForwardProxy()
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     env["HTTP_PROXY"] = proxy.url.replace("http://", "http://u%40x:p@")
@@ -221,8 +169,8 @@ def test_reads_go_through_the_environments_proxy_with_its_credentials(
 
     try:
         fetch(tmp_path / "via")
-        assert proxy.seen and all(auth and hub for _, auth, hub in proxy.seen)
-        assert all(url.startswith(hub_server.url) for url, _, _ in proxy.seen)
+        assert proxy.seen and all(seen.proxy_auth and seen.auth for seen in proxy.seen)
+        assert all(seen.url.startswith(hub_server.url) for seen in proxy.seen)
         through = len(proxy.seen)
         fetch(tmp_path / "direct", NO_PROXY="127.0.0.1")
         assert len(proxy.seen) == through

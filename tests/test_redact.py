@@ -428,3 +428,17 @@ def test_a_hex_key_still_being_written_at_the_end_of_the_console_is_masked(
     path = tmp_path / "console.txt"
     path.write_bytes(b"key " + KEY.encode().hex()[:30].encode())
     assert Redactor([KEY]).tail_of(path, 1_000) == b"key ***"
+
+
+def test_a_password_inside_a_url_valued_setting_is_learnt_as_a_secret() -> None:
+    """A proxy's or an index's credentials (``scheme://user:password@host``): the password
+    is masked wherever it shows, decoded, also apart from its URL (a library's message about
+    a refused proxy login). The setting's name says nothing secret; its value does."""
+    redactor = Redactor()
+    keys = redactor.learn({"HTTPS_PROXY": "http://ops:pr%40xy-Pass-7@proxy.corp:3128",
+                           "PIP_INDEX_URL": "https://u:idx-Secret-9@pypi.corp/simple",
+                           "NO_PROXY": "localhost,127.0.0.1"})
+    assert keys == set()
+    shown = redactor.text("407 for ops with pr@xy-Pass-7; index idx-Secret-9; localhost")
+    assert "pr@xy-Pass-7" not in shown and "idx-Secret-9" not in shown
+    assert "localhost" in shown

@@ -30,8 +30,18 @@ from typing import Literal
 
 from fsm import deferred
 
-__all__ = ["Accelerator", "Failure", "FailureKind", "RemoteFailure", "apply_settings",
-           "classify", "hub_major", "load_library", "switch_transfer"]
+__all__ = ["TRANSPORT_SETTINGS", "Accelerator", "Failure", "FailureKind", "RemoteFailure",
+           "apply_settings", "classify", "hub_major", "load_library", "switch_transfer"]
+
+#: How a process reaches the network, read by the HTTP clients themselves (requests on the
+#: 0.x line, httpx on 1.x/2.x, hf_xet's own client) from the environment: proxies and the
+#: certificate authorities a private mirror's certificate chains to. The payload's env
+#: sets them for the worker, so for the runner's own calls too (CONTRACT section 2).
+TRANSPORT_SETTINGS: tuple[str, ...] = (
+    "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+    "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+)
 
 Accelerator = Literal["hf_transfer", "hf_xet", "none"]
 
@@ -182,9 +192,16 @@ def apply_settings(settings: Mapping[str, str]) -> list[str]:
     wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value
               and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and hub_major() != 0)}
     constants = sys.modules.get("huggingface_hub.constants")
+    transport = {key: value for key, value in wanted.items() if key in TRANSPORT_SETTINGS}
+    if constants is None or transport:
+        # The clients read these when they are made: the library's shared one is made
+        # again at its next request (1.x/2.x cache it; 0.x's requests read them per call).
+        os.environ.update(wanted if constants is None else transport)
+        if constants is not None:
+            _new_session()
     if constants is None:
-        os.environ.update(wanted)
         return []
+    wanted = {key: value for key, value in wanted.items() if key not in transport}
     late = []
     for key, value in wanted.items():
         current = getattr(constants, key, _MISSING)
@@ -194,6 +211,17 @@ def apply_settings(settings: Mapping[str, str]) -> list[str]:
 
 
 _MISSING = object()
+
+
+def _new_session() -> None:
+    """The library's shared HTTP client closed, to be made again from the environment."""
+    hub = sys.modules.get("huggingface_hub")
+    close = getattr(hub, "close_session", None)  # 1.x, 2.x
+    if close is None:
+        utils = sys.modules.get("huggingface_hub.utils")
+        close = getattr(utils, "reset_sessions", None)  # 0.x
+    if close is not None:
+        close()
 
 
 def probe(names: list[str]) -> dict[str, dict[str, object]]:

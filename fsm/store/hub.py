@@ -133,17 +133,19 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 
 
 def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
-    """The settings of ``environ`` that are the hub's to decide (the rest, secrets
-    included, is not ours; telemetry stays configure_transfer's, and progress bars stay
-    off in the runner: its stderr is JSON lines, see ``fsm.log.quiet_libraries``; the
-    agent drops what its hub line does not read, ``fsm.hub.library.apply_settings``)."""
+    """The settings of ``environ`` the agent applies (``fsm.hub.library.apply_settings``,
+    which drops what its hub line does not read): the hub's own, and how a process reaches
+    the network (proxies, CA bundles: ``library.TRANSPORT_SETTINGS``). The rest, secrets
+    included, is not ours; telemetry stays ``configure_transfer``'s, and progress bars stay
+    off in the runner, whose stderr is JSON lines (``fsm.log.quiet_libraries``)."""
     return {
         key: value
         for key, value in (environ or {}).items()
-        if key.startswith(("HF_HUB_", "HF_XET_"))
-        # HF_HUB_OFFLINE is the worker's: the runner's own calls must reach the store.
-        and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
-                        "HF_HUB_OFFLINE")
+        if key in library.TRANSPORT_SETTINGS or (
+            key.startswith(("HF_HUB_", "HF_XET_"))
+            # HF_HUB_OFFLINE is the worker's: the runner's own calls must reach the store.
+            and key not in ("HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS",
+                            "HF_HUB_OFFLINE"))
     }
 
 

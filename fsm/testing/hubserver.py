@@ -1234,7 +1234,10 @@ class _Handler(BaseHTTPRequestHandler):
         prefix = "" if type_plural == "models" else f"{type_plural}/"
         commit_url = f"{prefix}{repo_id}/commit/{sha}"
         if not _OLD_CLIENT.search(self.headers.get("User-Agent", "")):
-            commit_url = f"{hub.url}/{commit_url}"
+            # The name the client addressed the server by (a proxy's client knows it by
+            # a name only the proxy resolves), as the Hub answers with its own host.
+            host = self.headers.get("Host")
+            commit_url = f"{f'http://{host}' if host else hub.url}/{commit_url}"
         # else: 0.x parses commitUrl against the endpoint frozen at its import (huggingface.co
         # unless HF_ENDPOINT was set then) and rejects any other host; the relative form
         # "<type>s/<org>/<name>/commit/<sha>" parses whatever that endpoint is.
