@@ -128,3 +128,25 @@ def test_a_mirror_behind_a_private_ca_is_trusted_through_the_payloads_ca_bundle(
         assert server.url.startswith("https://")
     assert marker is not None, proc.stderr.decode()[-3000:]
     assert (proc.returncode, marker["rule"]) == (1, "worker-failed")
+
+
+_APPLY = """
+import os, sys
+from fsm.hub import library
+library.load_library()
+from huggingface_hub.utils import get_session
+before = get_session()
+late = library.apply_settings({"HTTPS_PROXY": "http://127.0.0.1:9"})
+print(late, os.environ["HTTPS_PROXY"], get_session() is not before)
+"""
+
+
+def test_the_loaded_librarys_client_is_made_again_from_the_new_transport_settings() -> None:
+    """After the import, a transport setting is no late setting: it goes into the agent's
+    environment and the library's cached client is replaced (on every hub line)."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", _APPLY], env=env, capture_output=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["[]", "http://127.0.0.1:9", "True"]

@@ -188,22 +188,24 @@ def apply_settings(settings: Mapping[str, str]) -> list[str]:
     ``huggingface_hub`` is not imported yet; after it, a setting its constants module holds
     under its own name is set there, as the import would have. Returns the others (by
     name): the library read them at its import, and they cannot count now.
-    ``HF_HUB_ENABLE_HF_TRANSFER`` counts on 0.x only (1.x/2.x only warn about it)."""
+    ``HF_HUB_ENABLE_HF_TRANSFER`` counts on 0.x only (1.x/2.x only warn about it).
+
+    ``TRANSPORT_SETTINGS`` always go into the environment: the HTTP clients read them when
+    they are made, so the library's shared client is closed and made again at its next
+    request (free when none was made yet, as before the first call; a call in flight
+    meanwhile fails as a connection error and is retried)."""
     wanted = {key: value for key, value in settings.items() if os.environ.get(key) != value
               and not (key == "HF_HUB_ENABLE_HF_TRANSFER" and hub_major() != 0)}
     constants = sys.modules.get("huggingface_hub.constants")
-    transport = {key: value for key, value in wanted.items() if key in TRANSPORT_SETTINGS}
-    if constants is None or transport:
-        # The clients read these when they are made: the library's shared one is made
-        # again at its next request (1.x/2.x cache it; 0.x's requests read them per call).
-        os.environ.update(wanted if constants is None else transport)
-        if constants is not None:
-            _new_session()
     if constants is None:
+        os.environ.update(wanted)
         return []
-    wanted = {key: value for key, value in wanted.items() if key not in transport}
+    transport = {key: value for key, value in wanted.items() if key in TRANSPORT_SETTINGS}
+    if transport:
+        os.environ.update(transport)
+        _new_session()
     late = []
-    for key, value in wanted.items():
+    for key, value in ((k, v) for k, v in wanted.items() if k not in transport):
         current = getattr(constants, key, _MISSING)
         if current is _MISSING or not _set_constant(constants, key, current, value):
             late.append(key)
