@@ -69,7 +69,8 @@ class Budget:
 
     # A plain class, not a dataclass: a dataclass costs its code generation at import, and
     # every millisecond before the worker starts is paid on every attempt.
-    __slots__ = ("clock", "deadline", "interrupt", "signal_s", "sleep", "split", "stops")
+    __slots__ = ("clock", "deadline", "interrupt", "min_try_s", "reserve_s", "signal_s",
+                 "sleep", "split", "stops")
 
     def __init__(
         self,
@@ -81,6 +82,8 @@ class Budget:
         split: int = 1,
         stops: bool = True,
         signal_s: float | None = None,
+        min_try_s: float = MIN_TRY_S,
+        reserve_s: float = 0.0,
     ) -> None:
         self.deadline = deadline
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
@@ -89,16 +92,18 @@ class Budget:
         self.split = max(1, split)
         self.stops = stops
         self.signal_s = signal_s
+        self.min_try_s = min_try_s
+        self.reserve_s = reserve_s
 
     def remaining(self) -> float:
         """Seconds left; negative once the deadline passed (or, with ``signal_s``, once
-        that long has passed since a signal)."""
+        that long has passed since a signal); ``reserve_s`` before either is kept back."""
         now = self.clock()
         left = self.deadline.mono_at - now
         at = self.interrupt.at_mono
         if self.signal_s is not None and at is not None:
             left = min(left, at + self.signal_s - now)
-        return left
+        return left - self.reserve_s
 
     def expired(self) -> bool:
         return self.remaining() <= 0
@@ -111,16 +116,24 @@ class Budget:
         """The same budget, ending at ``deadline`` (or at its own deadline, if earlier)."""
         return Budget(self.deadline.earliest(deadline), self.interrupt, clock=self.clock,
                       sleep=self.sleep, split=self.split, stops=self.stops,
-                      signal_s=self.signal_s)
+                      signal_s=self.signal_s, min_try_s=self.min_try_s,
+                      reserve_s=self.reserve_s)
+
+    def reserving(self, seconds: float) -> Budget:
+        """The same budget, ending ``seconds`` earlier: what comes after it (the marker's
+        read-back) keeps that time whatever the tries before it take."""
+        return Budget(self.deadline, self.interrupt, clock=self.clock, sleep=self.sleep,
+                      split=self.split, stops=self.stops, signal_s=self.signal_s,
+                      min_try_s=self.min_try_s, reserve_s=self.reserve_s + seconds)
 
     def try_bound(self, bound_s: float, attempt: int) -> float:
         """How long try ``attempt`` (1-based) of a call may take: at most ``bound_s``, and
         in a split budget an even share of what is left among the tries still planned
-        (the last planned one, and any after it, get all of it), never under
-        :data:`MIN_TRY_S` while that much is left."""
+        (the last planned one, and any after it, get all of it), never under ``min_try_s``
+        (:data:`MIN_TRY_S`, or the call's observed time) while that much is left."""
         left = max(0.0, self.remaining())
         share = left / max(1, self.split - attempt + 1)
-        return min(bound_s, left, max(share, MIN_TRY_S))
+        return min(bound_s, left, max(share, self.min_try_s))
 
     def capped_backoff(self, wait: float) -> float:
         """A backoff ``wait`` as this budget allows it: in a split budget no wait takes

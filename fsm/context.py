@@ -17,11 +17,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fsm.budget import Background, Budget
+from fsm.budget import MIN_TRY_S, Background, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError
 from fsm.interrupt import InterruptFlag
-from fsm.marker import AttemptLock, Persisted, Publisher
+from fsm.marker import READBACK_S, AttemptLock, Persisted, Publisher
 from fsm.outlet import Outlet
 from fsm.payload import Destination, Payload
 from fsm.redact import Redactor
@@ -58,6 +58,19 @@ VERIFY_SHARE = 0.5
 END_TRIES = 3
 #: How long past a bound of the end the deadline watchdog waits before it takes over.
 END_GRACE_S = 1.0
+#: One try of the marker's commit is given this many times the slowest recent commit.
+COMMIT_MARGIN = 1.25
+#: The marker is left at least this many whole tries at the observed speed, and its
+#: read-back, by the verification before it.
+MARKER_TRIES_KEPT = 2
+
+
+def marker_try_s(stats: StoreStats | None) -> float:
+    """How long one try of the marker's commit is given at least: a little more than the
+    slowest of the attempt's last few commits (``StoreStats.commit_s``), never under
+    ``MIN_TRY_S``."""
+    observed = stats.commit_s() if stats is not None else None
+    return max(MIN_TRY_S, COMMIT_MARGIN * observed) if observed else MIN_TRY_S
 
 
 class End:
@@ -67,16 +80,27 @@ class End:
     Mark keeps the rest, so a worker that runs to its deadline is still verified and
     marked. After a signal verification ends :data:`SIGNAL_VERIFY_S` after it, and the
     marker's tries :data:`SIGNAL_MARK_S` after it. Each budget is split into
-    :data:`END_TRIES` tries (``Budget.try_bound``)."""
+    :data:`END_TRIES` tries (``Budget.try_bound``).
 
-    __slots__ = ("_deadline", "_interrupt", "began", "marking_since")
+    Whatever the verification's share, it leaves the marker :data:`MARKER_TRIES_KEPT`
+    whole tries at the speed the attempt's commits were seen to go (:func:`marker_try_s`)
+    and the marker's read-back (``fsm.marker.READBACK_S``): a slow Hub shortens the
+    verification, never the marker's chance."""
 
-    def __init__(self, deadline: Deadline, interrupt: InterruptFlag) -> None:
+    __slots__ = ("_deadline", "_interrupt", "began", "marker_try_s", "marking_since")
+
+    def __init__(self, deadline: Deadline, interrupt: InterruptFlag,
+                 stats: StoreStats | None = None) -> None:
         self.began = time.monotonic()
         #: When Mark began (None: not yet): from then on its bound is the one that counts.
         self.marking_since: float | None = None
         self._deadline = deadline
         self._interrupt = interrupt
+        #: The least time one try of the marker gets (fixed when the end begins).
+        self.marker_try_s = marker_try_s(stats)
+
+    def _kept_for_marker(self) -> float:
+        return MARKER_TRIES_KEPT * self.marker_try_s + READBACK_S
 
     def until(self) -> float:
         """When the end is over (monotonic), a signal aside."""
@@ -84,25 +108,32 @@ class End:
 
     def verify_by(self) -> float:
         """When VerifyRemote must be done (monotonic), a signal aside."""
-        return self.began + (self.until() - self.began) * VERIFY_SHARE
+        share = self.began + (self.until() - self.began) * VERIFY_SHARE
+        return max(self.began, min(share, self.until() - self._kept_for_marker()))
+
+    def signal_verify_s(self) -> float:
+        """How long after a signal VerifyRemote may go on (its part of Docker's stop
+        timeout): :data:`SIGNAL_VERIFY_S`, less what the marker must keep."""
+        return max(0.0, min(SIGNAL_VERIFY_S, SIGNAL_MARK_S - self._kept_for_marker()))
 
     def verify_budget(self) -> Budget:
         """VerifyRemote's budget: split into tries, and not stopped by a signal (a
         confirmed completion outranks it), only bounded by it."""
         return Budget(Deadline.at_monotonic(self.verify_by()), self._interrupt,
-                      split=END_TRIES, stops=False, signal_s=SIGNAL_VERIFY_S)
+                      split=END_TRIES, stops=False, signal_s=self.signal_verify_s())
 
     def mark_budget(self) -> Budget:
         """The marker's budget: the rest of the end, split into tries; a signal only
         bounds it (Docker's stop timeout)."""
         return Budget(Deadline.at_monotonic(self.until()), self._interrupt,
-                      split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S)
+                      split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S,
+                      min_try_s=self.marker_try_s)
 
     def watchdog_due(self) -> float:
         """When the deadline watchdog takes over (monotonic): a little after the bound of
         the part of the end under way (VerifyRemote's, else Mark's), a signal included."""
         if self.marking_since is None:
-            by, after_signal = self.verify_by(), SIGNAL_VERIFY_S
+            by, after_signal = self.verify_by(), self.signal_verify_s()
         else:
             by, after_signal = self.until(), SIGNAL_MARK_S
         at = self._interrupt.at_mono
@@ -401,7 +432,7 @@ class Context:
         """The end of the attempt, fixed the first time it is asked for (VerifyRemote, or
         Mark): see :class:`End`."""
         if self.end is None:
-            self.end = End(self.deadline, self.interrupt)
+            self.end = End(self.deadline, self.interrupt, self.store_stats)
         return self.end
 
     def _after_signal(self, deadline: Deadline, seconds: float) -> Deadline:

@@ -46,6 +46,9 @@ MAX_ERROR_CHARS = 2_000
 RESULT_VERSION = 1
 #: How often a runner waiting for the attempt's lock looks again.
 LOCK_POLL_S = 0.1
+#: The end of the marker's budget kept for reading the marker back, when a commit may have
+#: landed with its answer lost (a hung try, a 5xx): the exit status says what is true.
+READBACK_S = 1.0
 log = structlog.get_logger("fsm.marker")
 
 
@@ -281,6 +284,8 @@ class Published:
         #: Why the result could not be persisted next to the payload (one line), if so.
         self.persist_error: str | None = None
         self.refused: str | None = None
+        #: Whether a try may have landed the marker and the read-back could not tell.
+        self.unconfirmed = False
 
     def unpublished(self) -> tuple[int, str]:
         """The exit status and the words of a marker that did not land: only what is
@@ -294,8 +299,11 @@ class Published:
                 f"rerun of this payload can publish it until this is fixed: {self.refused}; "
                 f"{kept}")
         if self.persisted is not None:
+            said = ("marker NOT confirmed published (a try may have landed it and the store "
+                    "did not answer when it was read back: "
+                    if self.unconfirmed else "marker NOT published (")
             return exits.UNPUBLISHED.code, (
-                f"marker NOT published ({self.error}); the result is persisted at "
+                f"{said}{self.error}); the result is persisted at "
                 f"{self.persisted} and running the same payload again publishes it")
         return exits.UNPERSISTED.code, (
             f"marker NOT published ({self.error}), and the result could not be persisted "
@@ -338,11 +346,17 @@ class Publisher:
         tries: int = 5,
         base_delay_s: float = 1.0,
         max_delay_s: float = 30.0,
+        readback: Store | None = None,
     ) -> Published:
         """Persist the result at once, then commit the artifacts and the marker. Every try
         carries the same files, so a try abandoned at its time bound that lands late only
         repeats what landed; sealing ``fence`` first means no optional write of the attempt
-        (a periodic console tail) lands after the marker."""
+        (a periodic console tail) lands after the marker.
+
+        ``store``'s calls end :data:`READBACK_S` before ``budget`` does; ``readback`` (a
+        handle bounded by the whole of it) then reads the marker back when the tries did
+        not get it landed but one of them may have (its answer lost): a marker found there
+        as it was sent is published, whatever the tries said."""
         result = self.result
         self.record = record
         try:
@@ -362,7 +376,12 @@ class Publisher:
                 return result
             files = _local_copies(record, dest, scratch_dir)
             result.landed, result.error, result.refused = _commit(
-                store, files, dest, budget, tries, base_delay_s, max_delay_s)
+                store, files, dest, budget.reserving(READBACK_S) if readback else budget,
+                tries, base_delay_s, max_delay_s)
+            if not result.landed and result.refused is None and readback is not None:
+                target = dest.path(dest.marker_name)
+                found = _landed(readback, target, files[target])
+                result.landed, result.unconfirmed = found is True, found is None
             return result
         finally:
             self.done.set()
@@ -428,6 +447,22 @@ def _commit(
         return False, error, refused
     log.info("marker.published", path=target, files=len(files))
     return True, "", None
+
+
+def _landed(store: Store, target: str, local: Path) -> bool | None:
+    """Whether the marker is in the store as it was sent (read back: a try whose answer
+    was lost may have landed it); None when the store did not say."""
+    sent = local.read_bytes()
+    try:
+        found = store.read_file(target, len(sent))
+    except StoreNotFound:
+        found = b""
+    except Exception as exc:  # the store did not say: neither can the runner
+        log.warning("marker.readback_failed", path=target, exc_type=type(exc).__name__)
+        return None
+    landed = found == sent
+    log.info("marker.readback", path=target, landed=landed)
+    return landed
 
 
 def _refused_for_good(exc: BaseException, dest: Destination) -> str | None:

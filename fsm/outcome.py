@@ -202,8 +202,11 @@ def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) 
     ``FLASH_STORE_RETRY_MAX_S``)."""
     assert ctx.dest is not None
     environ = ctx.store_env()
+    readback: Store | None = None
     try:
-        store: Store | None = ctx.store_for(budget)
+        # The tries end marker.READBACK_S before the budget: the read-back keeps that.
+        store: Store | None = ctx.store_for(budget.reserving(marker.READBACK_S))
+        readback = ctx.store_for(budget)
         base_s, max_s = retry_delays(environ)
     except Exception as exc:  # an unusable store setting: the result stays persisted
         log.error("marker.store_unusable", exc_type=type(exc).__name__,
@@ -212,5 +215,5 @@ def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) 
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
         scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, tries=tries,
-        base_delay_s=base_s, max_delay_s=max_s,
+        base_delay_s=base_s, max_delay_s=max_s, readback=readback,
     )

@@ -27,7 +27,14 @@ import structlog
 from fsm import exits, marker, outcome, rules
 from fsm.budget import Budget
 from fsm.clock import Deadline
-from fsm.context import END_GRACE_S, END_TRIES, SIGNAL_MARK_S, Context, Failure
+from fsm.context import (
+    END_GRACE_S,
+    END_TRIES,
+    SIGNAL_MARK_S,
+    Context,
+    Failure,
+    marker_try_s,
+)
 
 EXIT_DEADLINE = exits.DEADLINE.code
 MAX_REASON_CHARS = 2_000
@@ -123,7 +130,8 @@ class Watchdog:
         record = outcome.record(ctx, failure, watchdog=True)
         # The watchdog's own time, split into tries as Mark's is: never less than Mark gets.
         budget = Budget(Deadline.after(outcome.WATCHDOG_MARK_S), ctx.interrupt,
-                        split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S)
+                        split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S,
+                        min_try_s=marker_try_s(ctx.store_stats))
         writer = threading.Thread(
             target=outcome.publish,
             args=(ctx, record, budget),

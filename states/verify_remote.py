@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fsm import gpus, rules, storage, table
 from fsm.console import console_path
-from fsm.context import SIGNAL_VERIFY_S, Context
+from fsm.context import Context
 from fsm.errors import (
     DeadlineExceeded,
     FatalError,
@@ -56,13 +56,14 @@ MIB = 1 << 20
 
 def verify_remote(ctx: Context) -> str:
     p = ctx.require_payload()
-    ctx.begin_end()  # the end of the attempt starts here: its budget is its own
+    end = ctx.begin_end()  # the end of the attempt starts here: its budget is its own
     # A signal does not cut the look at the store short (its answer outranks the signal);
-    # it bounds it: SIGNAL_VERIFY_S after the signal the attempt is marked interrupted.
+    # it bounds it: SIGNAL_VERIFY_S after the signal (less what the marker must keep) the
+    # attempt is marked interrupted.
     with ctx.interrupts_handled():
         try:
             present, heartbeat_retriable = ctx.run_past_signal(
-                lambda: _look(ctx, p), until_s=SIGNAL_VERIFY_S
+                lambda: _look(ctx, p), until_s=end.signal_verify_s()
             )
         except (StoreUnavailable, DeadlineExceeded) as exc:
             # Out of tries, or out of verification's share of the end: the store could not

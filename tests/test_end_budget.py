@@ -192,3 +192,33 @@ def test_when_every_commit_hangs_the_end_tries_several_times_and_ends_within_its
     assert elapsed < 8 + END_MIN_S + 3, elapsed  # the budget, the end's floor, the exit
     assert _statuses(hub_run, "POST", COMMIT).count(None) >= 3
     assert (hub_run.payload_path.parent / f".flash-{ARM}_attempt0.result.json").is_file()
+
+
+def test_after_sigterm_slow_commits_and_a_hung_listing_leave_the_marker_two_tries(
+    hub_run: HubRun,
+) -> None:
+    """The Hub's preupload and commit take 1.2 s each, as the console tails showed; SIGTERM
+    comes and the verification's listing hangs. Verification stops in time to leave the
+    marker two whole tries at that speed and its read-back: the retriable marker lands
+    within Docker's 10 s (exit 75), where verification's fixed 6 s left the marker 2 s,
+    less than one commit (exit 3 at 8 s, "the attempt deadline passed")."""
+    hub_run.write_worker("print('ready', flush=True)\ntime.sleep(600)\n")
+    hub_run.server.hang("POST", r"/preupload/", seconds=1.2, times=1000)
+    hub_run.server.hang("POST", COMMIT, seconds=1.2, times=1000)
+    proc = hub_run.start(env=_env(hub_run, FLASH_UPLOAD_CONSOLE="1",
+                                  FLASH_CONSOLE_UPLOAD_INTERVAL_S="5"))
+    read_until(proc.stdout, b"ready", timeout=30)
+    console = hub_run.artifact("console_sft.txt")
+    give_up = time.monotonic() + 30
+    while not console.exists():  # a tail landed: the runner has timed a commit here
+        assert time.monotonic() < give_up, "no console tail landed"
+        time.sleep(0.05)
+    hub_run.server.hang("GET", VERIFY_LISTING, seconds=120, times=1000)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = hub_run.finish(proc, timeout=30)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 75, err.decode()[-3000:]
+    assert elapsed < 10, elapsed
+    marker = hub_run.marker()
+    assert marker is not None and (marker["retriable"], marker["rule"]) == (True, "interrupted")

@@ -183,6 +183,8 @@ class Agent:
         self.accelerator: str | None = None
         self.ready = threading.Event()
         self.returncode: int | None = None
+        #: Whether the runner took it away (:meth:`kill`), rather than it exiting.
+        self.killed = False
         self._exited = threading.Event()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -244,6 +246,12 @@ class Agent:
         told."""
         return self._send("configure", dict(settings))
 
+    def ping(self) -> Pending:
+        """A request the agent answers at once from its reading loop, whatever its calls
+        are doing (:meth:`probe` of nothing): no answer means the process is silent
+        (stopped, wedged in the kernel, or holding its interpreter), not one call slow."""
+        return self._send("probe", [])
+
     def probe(self, names: list[str]) -> dict[str, dict[str, Any]]:
         """What the agent holds for each setting in ``names``: the library's constant of
         that name (``constant``, absent when it has none) and its environment's value
@@ -258,6 +266,18 @@ class Agent:
         if stdin is not None:
             with contextlib.suppress(OSError):
                 stdin.close()
+
+    def kill(self) -> None:
+        """Take the agent away at once (SIGKILL): it fell silent (stopped, or wedged in the
+        kernel or in a library, a call's bound passed without an answer). From now on it
+        counts as gone, so the next call starts another, even while the kernel has not
+        yet let it die (an uninterruptible wait); its requests in flight fail as
+        :class:`AgentGone` once it has."""
+        with self._lock:
+            self._alive = False
+            self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
 
     def finish(self, bound_s: float) -> bool:
         """Stop the agent and reap it within ``bound_s`` (so its CPU is counted with the
@@ -413,6 +433,11 @@ class AgentClient:
     def alive(self) -> bool:
         """Whether the agent this client last spoke to still runs."""
         return self._agent.alive
+
+    @property
+    def agent(self) -> Agent:
+        """The agent this client last spoke to."""
+        return self._agent
 
     def _current(self) -> Agent:
         agent = self._agent

@@ -26,6 +26,7 @@ optional upload (a periodic console tail) lands after the marker (CONTRACT secti
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
@@ -78,6 +79,11 @@ class Fence:
         return f"Fence(sealed={self._sealed})"
 
 
+#: The operations of a commit (one file, several), as the adapters name them.
+COMMIT_OPS = frozenset({"upload", "commit"})
+_OBSERVED = 5  # answered commits remembered
+
+
 class StoreStats:
     """What an attempt's store handles did, counted across all of them (the marker's
     ``store`` evidence): commits landed, 429 answers met, and calls by operation."""
@@ -87,6 +93,20 @@ class StoreStats:
         self.commits = 0
         self.throttled = 0
         self.calls: dict[str, int] = {}
+        #: Seconds the last answered commits took (their preupload and commit requests).
+        self._commit_s: deque[float] = deque(maxlen=_OBSERVED)
+
+    def answered(self, op: str, seconds: float) -> None:
+        """A call of ``op`` answered after ``seconds``: a commit's time is kept."""
+        if op in COMMIT_OPS:
+            with self._lock:
+                self._commit_s.append(seconds)
+
+    def commit_s(self) -> float | None:
+        """How long a commit takes at this store now: the slowest of the last few answered
+        (None before any): what the marker's tries are sized by at the end."""
+        with self._lock:
+            return max(self._commit_s, default=None)
 
     def count(self, *, op: str | None = None, commit: bool = False,
               throttled: bool = False) -> None:

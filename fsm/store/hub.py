@@ -53,13 +53,14 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import glob
 import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -92,6 +93,12 @@ _T = TypeVar("_T")
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
 _AGENT_STARTS = 2  # agent processes started for one call before the store is unavailable
+#: The least time an agent is given to load the library before it counts as silent.
+_LOAD_BOUND_S = 30.0
+#: How long an agent has to answer a ping (from its reading loop, not a call's thread)
+#: after a call went unanswered in its bound, before it counts as silent.
+_PING_S = 1.0
+_PING_MIN_S = 0.2  # where less than _PING_S is left of the budget
 
 #: Whether configure_transfer set the switch in this process's own environment (a test's
 #: or an embedding program's choice, which its agent inherits as it is).
@@ -172,7 +179,7 @@ def _new_agent() -> hub_agent.Agent:
     """An agent process for this one, in its environment (setting the switch itself, or
     keeping the one configure_transfer set); the one before it, gone, is logged."""
     gone = hub_agent.current()
-    if gone is not None and not gone.alive:
+    if gone is not None and not gone.alive and not gone.killed:  # a kill is logged as such
         log.warning("hub.agent_exited", pid=gone.pid, status=gone.returncode,
                     stderr_tail=gone.tail[-5:], why="a new one makes the store's calls")
     return hub_agent.start(switch=agent_switch())
@@ -361,10 +368,9 @@ class HubStore:
 
     def exists(self, path_in_repo: str) -> bool:
         # A HEAD of the file (not HfApi.file_exists: it answers False to a 401).
-        head = partial(self._client().exists, "dataset", self.repo_id, path_in_repo,
-                       revision="main")
+        head = self._via("exists", "dataset", self.repo_id, path_in_repo, revision="main")
         try:
-            return self._call("exists", path_in_repo, head, self.call_timeout_s)
+            return bool(self._call("exists", path_in_repo, head, self.call_timeout_s))
         except StoreNotFound:
             return False
 
@@ -397,8 +403,8 @@ class HubStore:
 
         # A flat name of its own in the temporary directory: no folders to make and remove.
         dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{uuid.uuid4().hex}"
-        download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,
-                           dest, revision="main")
+        download = self._via("download", "dataset", self.repo_id, path_in_repo, dest,
+                             revision="main")
         try:
             self._call("download", path_in_repo, download, self.transfer_timeout_s)
             with open(dest, "rb") as file:
@@ -408,8 +414,8 @@ class HubStore:
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         dest = dest_dir / path_in_repo
-        download = partial(self._client().download, "dataset", self.repo_id, path_in_repo,
-                           dest, revision="main")
+        download = self._via("download", "dataset", self.repo_id, path_in_repo, dest,
+                             revision="main")
         self._call("download", path_in_repo, download, self.transfer_timeout_s)
         return dest
 
@@ -430,6 +436,7 @@ class HubStore:
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
         client = self._client()
+        first = client.agent
         total = sum(entry.size for entry in wanted)
         with Progress("fetch", total_files=len(wanted), total_bytes=total,
                       folder=label) as progress:
@@ -452,6 +459,12 @@ class HubStore:
                     progress.advance(files=1, bytes=int(size))
 
             self._call("fetch", label, fetch, self.transfer_timeout_s)
+        if self._client().agent is not first:
+            # An agent taken away mid-download left its part files: not the worker's code.
+            for entry in wanted:
+                dest = local_root / entry.path
+                for part in dest.parent.glob(f".{glob.escape(dest.name)}.*.part"):
+                    part.unlink(missing_ok=True)
         missing = [e.path for e in wanted if not (local_root / e.path).is_file()]
         if missing:
             raise StoreUnavailable(f"store fetch {label}: {len(missing)} file(s) not fetched")
@@ -473,13 +486,12 @@ class HubStore:
         """
         label = f"model {repo_id}"
         missing = f"model {repo_id} not found"
-        client = self._client()
         cache = ModelCache(cache_dir, repo_id)
         try:
             commit = self._call("head", label, partial(self._model_commit, repo_id),
                                 self.call_timeout_s, missing=missing)
-            listed = self._call("list", label, partial(
-                client.tree, "model", repo_id, "", revision=commit, recursive=True),
+            listed = self._call("list", label, self._via(
+                "tree", "model", repo_id, "", revision=commit, recursive=True),
                 self.call_timeout_s, missing=missing)
         except StoreUnavailable:
             if self._cached_offline(repo_id, cache_dir, ignore_patterns):
@@ -497,8 +509,8 @@ class HubStore:
             def fetch() -> None:
                 calls = [((repo_id, entry), {"revision": commit, "cache_dir": cache_dir})
                          for entry in kept]
-                for _ in client.each("warm", calls, window=FETCH_WORKERS,
-                                     before=self._check_interrupt):
+                for _ in self._client().each("warm", calls, window=FETCH_WORKERS,
+                                             before=self._check_interrupt):
                     pass
 
             self._call("warm", label, fetch, self.transfer_timeout_s)
@@ -515,7 +527,7 @@ class HubStore:
         """The library's own offline probe (``snapshot_download(local_files_only=True)``):
         1.x/2.x check the snapshot against the tree listing they cached; 0.x accept any
         snapshot folder."""
-        probe = partial(self._client().cached_offline, repo_id, cache_dir, list(patterns))
+        probe = self._via("cached_offline", repo_id, cache_dir, list(patterns))
         call = Background(probe, "hub-cached")
         if not self._wait(call, self.call_timeout_s):
             return False
@@ -526,11 +538,18 @@ class HubStore:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _client(self) -> AgentClient:
+    def _via(self, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A call of the agent's client, for :meth:`_call` to make: the client is the one
+        of the moment (a silent agent's replacement's, on a later try)."""
+        return lambda: getattr(self._client(), method)(*args, **kwargs)
+
+    def _client(self, bound_s: float | None = None) -> AgentClient:
         """The client of the agent process (``fsm.hub.agent``), once the library is loaded
         there: waited for within the budget (a signal ends the wait), so that no try's
         bound covers the import. The adapter's settings go to each agent first, sent
-        without waiting for the load (the agent applies them before any later call)."""
+        without waiting for the load (the agent applies them before any later call), and
+        are answered within ``bound_s`` (a try's bound; else the call timeout), or the
+        agent is silent: it is taken away and another started."""
         if self._http is not None and self._http.alive:
             return self._http
         for _ in range(_AGENT_STARTS):
@@ -538,32 +557,62 @@ class HubStore:
             configured: hub_agent.Pending | None = None
             with contextlib.suppress(hub_agent.AgentGone):  # then its error says why
                 configured = agent.configure(self._settings)
-            self._await(agent.ready, "waiting for huggingface_hub to load")
-            if agent.error is None:
+            if not self._await(agent.ready, "waiting for huggingface_hub to load",
+                               max(self.call_timeout_s, _LOAD_BOUND_S)):
+                self._silent(agent, "loading huggingface_hub")
+                continue
+            if agent.error is not None:
+                if agent.alive:  # the library does not load here: no process will load it
+                    raise ImportError(f"huggingface_hub could not be loaded: {agent.error}")
+                continue
+            if configured is not None and self._wait(
+                    configured, self.call_timeout_s if bound_s is None else bound_s):
                 break
-            if agent.alive:  # the library does not load here: no new process will load it
-                raise ImportError(f"huggingface_hub could not be loaded: {agent.error}")
+            if configured is not None:
+                self._silent(agent, "taking the store's settings")
         else:
             raise StoreUnavailable(
-                f"store {self.describe()}: the huggingface_hub process exited "
-                f"{_AGENT_STARTS} times before it was ready")
-        if configured is None or not self._wait(configured, self.call_timeout_s):
-            raise StoreUnavailable(f"store {self.describe()}: the huggingface_hub process "
-                                   f"did not answer within {self.call_timeout_s:.3g}s")
+                f"store {self.describe()}: the huggingface_hub process exited or fell "
+                f"silent {_AGENT_STARTS} times before it answered")
         _report_frozen(agent.result(configured))
         self._http = AgentClient(self.endpoint, self._token, timeout_s=self.call_timeout_s,
                                  settings=self._settings, restart=_new_agent,
                                  agent=agent)
         return self._http
 
-    def _await(self, event: threading.Event, what: str) -> None:
-        """``event`` set, waited for in slices: a signal that stops the budget ends the wait
-        (:class:`~fsm.errors.Interrupted`), and so does the deadline."""
+    def _await(self, event: threading.Event, what: str, bound_s: float) -> bool:
+        """Whether ``event`` was set within ``bound_s``, waited for in slices: a signal
+        that stops the budget ends the wait (:class:`~fsm.errors.Interrupted`), and so
+        does the deadline."""
+        end = time.monotonic() + bound_s
         while not event.wait(0.05):
             self._check_interrupt()
             if self.budget.expired():
                 raise DeadlineExceeded(f"store {self.describe()}: the attempt deadline "
                                        f"passed {what}")
+            if time.monotonic() >= end:
+                return False
+        return True
+
+    def _unless_answering(self, agent: hub_agent.Agent, what: str) -> None:
+        """After a call went unanswered in its bound: the agent is asked whether it still
+        answers at all (:meth:`~fsm.hub.agent.Agent.ping`). Yes: the call alone is slow (a
+        hung connection, the library's own retries), and the next try goes to the same
+        agent on a fresh connection. No: the agent is silent and is replaced."""
+        try:
+            bound = min(_PING_S, max(_PING_MIN_S, self.budget.remaining()))
+            answered = agent.alive and self._wait(agent.ping(), bound)
+        except hub_agent.AgentGone:
+            return  # it exited: the next try starts another
+        if not answered and agent.alive:
+            self._silent(agent, what)
+
+    def _silent(self, agent: hub_agent.Agent, what: str) -> None:
+        """The agent did not answer in its bound (stopped, wedged in the kernel, or its
+        interpreter held): it is killed, and the next try starts a fresh one."""
+        agent.kill()
+        log.warning("hub.agent_replaced", pid=agent.pid, silent_while=what,
+                    why="it did not answer within the bound: a fresh one takes the call")
 
     def _wait(self, call: Background[_T] | hub_agent.Pending, bound: float) -> bool:
         """Whether ``call`` ended within ``bound``; a signal that stops the budget ends the
@@ -621,13 +670,15 @@ class HubStore:
         """
         where = f"store {op} {path}"
         tries = self.max_attempts if tries is None else tries
-        self._client()  # the library loaded (and set up) before any try's bound starts
 
         def once(attempt: int) -> _T:
             if fence is not None and fence.sealed:
                 raise _Sealed(where)
             if self._token_problem is not None:  # never sent: it would fail, or worse
                 raise StoreRefused(f"{where}: {self._token_problem}", fix=self._token_problem)
+            # The library loaded and set up (a fresh agent, after a silent one was taken
+            # away) before the try's bound starts.
+            client = self._client(self.budget.try_bound(self.call_timeout_s, attempt))
             self.stats.count(op=op)
             remaining = self.budget.remaining()
             if remaining <= 0:
@@ -635,8 +686,10 @@ class HubStore:
             # In a split budget (the end of the attempt) each try gets its share of what is
             # left: a hung connection is abandoned while another try still fits.
             bound = self.budget.try_bound(bound_s, attempt)
+            began = time.monotonic()
             call = Background(fn, f"hub-{op}")
             if not self._wait(call, bound):  # abandoned: it runs on, a daemon
+                self._unless_answering(client.agent, where)
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
@@ -646,6 +699,7 @@ class HubStore:
             try:
                 result = call.result()
                 self._answered = True
+                self.stats.answered(op, time.monotonic() - began)
                 return result
             except Exception as exc:
                 failure = classify(exc)
