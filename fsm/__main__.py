@@ -1,5 +1,5 @@
 """``python -m fsm`` is the ``flash-bootstrap`` command."""
 
-from fsm.cli import entrypoint
+from fsm.launch import main
 
-entrypoint()
+main()

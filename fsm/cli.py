@@ -4,54 +4,25 @@ operator's status and explain.
 Bad input never shows a traceback: it ends with exit status 2 and one line on stderr
 naming the problem.
 
-Before anything else, descriptors 0, 1 and 2 that are closed are opened on ``/dev/null``
-(``fsm.outlet``): no file opened later takes their number. ``run`` then points SIGTERM/SIGINT
-at the process's interrupt flag before anything heavy is imported, writes its stdout and
-stderr through outlets that never block or raise, and leaves with ``os._exit`` once its last
-line is written (within a short bound): a library's lingering non-daemon threads
+The process starts in ``fsm.launch`` (descriptors 0, 1 and 2 reopened, and for ``run`` the
+signal handlers and the early starts, before this module is imported). ``run`` writes its
+stdout and stderr through outlets that never block or raise, and leaves with ``os._exit``
+once its last line is written (within a short bound): a library's lingering non-daemon threads
 (huggingface_hub's download pool) cannot keep a finished runner alive.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-if sys.argv[1:2] == ["run"]:
-    # The first thing a runner does, before any other import: until its handlers exist a
-    # stop signal is dropped (PID 1) or kills it with nothing written. ``fsm.interrupt``
-    # imports only the standard library's cheapest modules, and opens no descriptor here.
-    from fsm import interrupt
-
-    interrupt.install_early(wakeup=False)
-
-from fsm import deferred, interrupt, outlet  # after the handlers, on purpose
-
-outlet.reopen_closed()
-if sys.argv[1:2] == ["run"]:
-    interrupt.arm_wakeup()  # after reopen_closed: its pipe never takes descriptor 0, 1 or 2
-    deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
-    # huggingface_hub loads in a process of its own beside the runner's start: forked
-    # while this process has one thread (fsm.hub_import), before anything the runner
-    # alone needs is imported.
-    from fsm import hub_import
-
-    hub_import.start()
-    deferred.import_without("structlog", deferred.OPTIONAL_FOR_STRUCTLOG)
-    # The GPUs are asked now, in the background: setup overlaps their answer, the worker
-    # waits for it (fsm.host).
-    from fsm.host import HostProbe
-
-    HostProbe.start_early(os.environ)
-
 import argparse
 import contextlib
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fsm import exits
+from fsm import exits, interrupt, outlet
 
 PROG = "flash-bootstrap"
 EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)

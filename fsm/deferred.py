@@ -19,6 +19,7 @@ import contextlib
 import functools
 import importlib
 import sys
+import threading
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -26,6 +27,9 @@ from typing import Any
 UNUSED_BEFORE_THE_WORKER = ("asyncio",)
 #: What structlog imports if it can, and the runner does without (see above).
 OPTIONAL_FOR_STRUCTLOG = ("rich",)
+#: Held while a stand-in is replaced by its module (re-entrant: that import may load
+#: another stand-in's module).
+_loading = threading.RLock()
 
 
 class Deferred(types.ModuleType):
@@ -53,11 +57,15 @@ class Deferred(types.ModuleType):
 
     def _load(self) -> types.ModuleType:
         real: types.ModuleType | None = self.__dict__.get("_real")
-        if real is None:
-            if sys.modules.get(self.__name__) is self:
-                del sys.modules[self.__name__]
-            real = importlib.import_module(self.__name__)
-            self.__dict__["_real"] = real
+        if real is not None:
+            return real
+        with _loading:  # two threads' first lookups: one import, one removal of the stand-in
+            real = self.__dict__.get("_real")
+            if real is None:
+                if sys.modules.get(self.__name__) is self:
+                    del sys.modules[self.__name__]
+                real = importlib.import_module(self.__name__)
+                self.__dict__["_real"] = real
         return real
 
 

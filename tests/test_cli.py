@@ -230,8 +230,13 @@ def test_policy_prints_the_table(layout: Layout) -> None:
 
 
 def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
+    """The installed ``flash-bootstrap`` entry point (as the project declares it) and
+    ``python -m fsm`` start the same way and print the same."""
     script = subprocess.run(
-        [sys.executable, "-c", "from fsm.cli import main; raise SystemExit(main(['policy']))"],
+        [sys.executable, "-c",
+         "import sys; from importlib.metadata import entry_points; "
+         "sys.argv = ['flash-bootstrap', 'policy']; "
+         "entry_points(group='console_scripts')['flash-bootstrap'].load()()"],
         capture_output=True,
         check=True,
     )
@@ -315,3 +320,66 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
                           check=False)
     assert proc.stdout.decode().strip() == "ok", proc.stderr.decode()
+
+
+def test_importing_the_cli_under_a_run_command_line_changes_nothing() -> None:
+    """The runner's early starts (signal handlers, deferred imports, the Hub's process,
+    the GPU probe) are made on the run path (``fsm.launch``), not by importing a module:
+    a program that imports ``fsm.cli`` while its own argv says ``run`` (a test, a
+    wrapper) gets no handlers, no stand-ins in ``sys.modules`` and no child process."""
+    code = """
+import os, signal, sys
+sys.argv = ["flash-bootstrap", "run"]
+import fsm.cli
+from fsm import deferred
+from fsm.hub import agent
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+      any(isinstance(m, deferred.Deferred) for m in list(sys.modules.values())),
+      agent.current() is None,
+      os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+      and open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().strip() == "")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30,
+                          check=False)
+    assert proc.stdout.decode().split() == ["True", "False", "True", "True"], (
+        proc.stdout.decode() + proc.stderr.decode()[-2000:])
+
+
+def test_a_deferred_module_loaded_by_several_threads_at_once_loads_once() -> None:
+    """Several threads' first lookups of deferred modules at once (the runner's threads
+    meet asyncio's stand-in so): each gets the real module and none fails removing the
+    stand-in another removed (a race that, without the lock, struck about one run in
+    five of this test)."""
+    code = """
+import sys, threading
+sys.setswitchinterval(1e-6)
+from fsm import deferred
+names = ["colorsys", "calendar", "fractions", "difflib", "netrc", "shlex", "textwrap",
+         "statistics", "decimal", "ipaddress", "graphlib", "tabnanny", "pprint", "sched",
+         "plistlib", "gettext", "codeop", "bisect", "heapq", "string"]
+errors = []
+for _ in range(20):
+    for name in names:
+        sys.modules.pop(name, None)
+    deferred.defer(names)
+    barrier = threading.Barrier(8)
+    def look():
+        barrier.wait()
+        for name in names:
+            module = sys.modules.get(name)
+            try:
+                if isinstance(module, deferred.Deferred):
+                    assert module._load().__name__ == name
+            except Exception as exc:
+                errors.append(repr(exc))
+    threads = [threading.Thread(target=look) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not any(isinstance(sys.modules[n], deferred.Deferred) for n in names)
+print(errors)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          check=False)
+    assert proc.stdout.decode().strip() == "[]", proc.stdout.decode() + proc.stderr.decode()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -281,8 +282,10 @@ def test_without_py_spy_every_process_gets_the_proc_fallback_saying_so(tmp_path:
         for pid in group.pids:
             text = section(missing, pid)
             assert "\nmethod: proc (py-spy: not installed)\n" in text
-            assert f"\nState: {status_state(pid)}\n" in text
-            assert f"\nwchan: {Path(f'/proc/{pid}/wchan').read_text().strip()}\n" in text
+            # /proc's own words, as they were at the capture (a process sleeping in a
+            # futex is seen running for a moment now and then: not compared with now)
+            assert re.search(r"\nState: [RSD] \((running|sleeping|disk sleep)\)\n", text), text
+            assert re.search(r"\nwchan: \S+\n", text), text
             reason = why(broken, pid)
             assert reason is not None
             assert reason.startswith("py-spy: could not be started (No such file or directory")

@@ -136,20 +136,8 @@ def load_library() -> None:
 
         del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
         disable_progress_bars()  # the agent's stderr reaches the runner's JSON lines
-        _thread_lock_for_bars()
         if session is not None:
             session.join()
-
-
-def _thread_lock_for_bars() -> None:
-    """A thread lock for the library's progress bars (``tqdm.set_lock``): off as they
-    are, 0.x still makes one per download, and tqdm's default lock imports
-    ``multiprocessing`` and opens a semaphore at the first (some 10 ms on the first
-    file's path). The agent is one process: a thread lock is all its bars need."""
-    from tqdm import tqdm
-
-    if getattr(tqdm, "_lock", None) is None:
-        tqdm.set_lock(threading.RLock())
 
 
 class _Session(threading.Thread):

@@ -1,0 +1,59 @@
+"""The process's first instructions: the ``flash-bootstrap`` console script and
+``python -m fsm`` start here.
+
+What a runner must do before anything else is imported is done here, in a function on
+the run path, never in a module's body: importing ``fsm.cli`` (a test, the demo, a tool
+that renders the policy) changes nothing in the process that imports it.
+
+Every command first reopens closed descriptors 0, 1 and 2 on ``/dev/null`` (``fsm.outlet``):
+no file opened later takes their number. ``run`` before that points SIGTERM/SIGINT at the
+process's interrupt flag (until its handlers exist a stop signal is dropped, as PID 1, or
+kills it with nothing written; ``fsm.interrupt`` imports only the standard library's
+cheapest modules and opens no descriptor then), and after it:
+
+1. arms the flag's wake-up pipe (after the reopening: the pipe never takes 0, 1 or 2);
+2. defers the imports the runner does not use before the worker starts
+   (``fsm.deferred``);
+3. starts the process that loads ``huggingface_hub`` (``fsm.hub_import``: forked while
+   this process has one thread, before anything the runner alone needs is imported);
+4. imports structlog without its optional extras;
+5. asks the GPUs, in the background (``fsm.host``): setup overlaps their answer, the
+   worker waits for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+
+def main() -> NoReturn:
+    """Start the process as its command needs, then hand over to ``fsm.cli``."""
+    runner = sys.argv[1:2] == ["run"]
+    if runner:
+        from fsm import interrupt
+
+        interrupt.install_early(wakeup=False)
+    from fsm import outlet
+
+    outlet.reopen_closed()
+    if runner:
+        _start_runner()
+    from fsm.cli import entrypoint
+
+    entrypoint()
+
+
+def _start_runner() -> None:
+    from fsm import deferred, interrupt
+
+    interrupt.arm_wakeup()
+    deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
+    from fsm import hub_import
+
+    hub_import.start()
+    deferred.import_without("structlog", deferred.OPTIONAL_FOR_STRUCTLOG)
+    from fsm.host import HostProbe
+
+    HostProbe.start_early(os.environ)
