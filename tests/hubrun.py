@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -218,6 +220,26 @@ class HubRun(RunDirs):
         """Wait for a started runner; its stderr (kept for the secret checks)."""
         _, err = proc.communicate(timeout=timeout)
         self.stderr.append(err)
+        return err
+
+    def stopped_within_docker(self, proc: subprocess.Popen[bytes], status: int) -> bytes:
+        """SIGTERM to a started runner, as ``docker stop`` sends it: the runner must exit
+        with ``status`` within Docker's 10 s stop timeout. Its stderr."""
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        err = self.finish(proc, timeout=30)
+        elapsed = time.monotonic() - sent
+        assert proc.returncode == status, err.decode()[-3000:]
+        assert elapsed < 10, elapsed
+        return err
+
+    def interrupted_within_stop(self, proc: subprocess.Popen[bytes]) -> bytes:
+        """:meth:`stopped_within_docker` with the retriable ``interrupted`` marker
+        published (exit 75)."""
+        err = self.stopped_within_docker(proc, 75)
+        marker = self.marker()
+        assert marker is not None
+        assert (marker["retriable"], marker["rule"]) == (True, "interrupted"), marker
         return err
 
     # --- the secret checks ---------------------------------------------------------------
