@@ -72,7 +72,8 @@ UNUSABLE: Final = Exit(
 UNPUBLISHED: Final = Exit(
     3, "unpublished",
     "the outcome was decided and persisted next to the payload, but the store did not take "
-    "the marker in time (it failed, hung or throttled)",
+    "the marker in time, or did not say whether it had when the marker was read back (it "
+    "failed, hung or throttled)",
     "publishes the persisted marker without redoing the work", "Count", "RETRY",
 )
 UNPERSISTED: Final = Exit(
