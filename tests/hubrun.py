@@ -29,7 +29,10 @@ from fsm.runner import Outcome, run_attempt
 from fsm.store.hub import configure_transfer
 from fsm.testing import LocalHubServer
 
-configure_transfer(os.environ, accelerate=False)  # before huggingface_hub is imported
+# Before huggingface_hub is imported. Its log line is kept: the plugin loads before
+# pytest captures anything, and the line surfaced after the session's summary.
+with structlog.testing.capture_logs():
+    configure_transfer(os.environ, accelerate=False)
 
 REPO = "org/flash-runs"
 PREFIX = "sft/run-1/seed3"
