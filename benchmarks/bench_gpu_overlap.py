@@ -28,8 +28,9 @@ from pathlib import Path
 from fsm import gpus
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
-WORKER = "import time, pathlib, os\n" \
-    "pathlib.Path(os.environ['FLASH_SCRATCH_DIR'], 'first.txt').write_text(repr(time.time()))\n"
+WORKER = "import time\nfirst = time.time()\nimport os\n" \
+    "with open(os.path.join(os.environ['FLASH_SCRATCH_DIR'], 'first.txt'), 'w') as f:\n" \
+    "    f.write(repr(first))\n"
 
 
 def _once(root: Path, env: dict[str, str]) -> float:

@@ -59,7 +59,6 @@ import contextlib
 import os
 import re
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -67,6 +66,18 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from fsm.gpu_queries import (
+    APP_FIELDS,
+    FORMAT,
+    GPU_BASE_FIELDS,
+    GPU_FIELDS,
+    QUERIES,
+    REMAP_FIELDS,
+    Asked,
+)
+from fsm.gpu_queries import ask as _ask_now
+from fsm.gpu_queries import spawn as _spawn
 
 #: ``FLASH_GPU_QUERY_S``'s default: each query's bound (CONTRACT section 8). nvidia-smi takes
 #: about 30 s on a large host without the persistence daemon (Azure/aks-gpu#105).
@@ -82,42 +93,6 @@ EXIT_POLL_S = 0.02
 KILL_GRACE_S = 0.2
 #: A GPU holding more memory than this before the attempt started anything is busy.
 BUSY_MEMORY_MIB = 1024
-FORMAT = "--format=csv,noheader,nounits"
-#: ``name`` last: a row is split into at most this many fields, so a comma in a product
-#: name cannot shift the others.
-GPU_FIELDS = (
-    "index",
-    "uuid",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "driver_version",
-    "ecc.errors.uncorrected.volatile.total",
-    "retired_pages.pending",
-    "name",
-)
-#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS` (``Field "..." is
-#: not a valid field to query.``, a driver that renamed or dropped a health field): the
-#: refused health field is dropped and the GPUs are asked again (its value unknown).
-GPU_BASE_FIELDS = (
-    "index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version", "name",
-)
-REMAP_FIELDS = (
-    "gpu_uuid",
-    "gpu_bus_id",
-    "remapped_rows.correctable",
-    "remapped_rows.uncorrectable",
-    "remapped_rows.pending",
-    "remapped_rows.failure",
-)
-#: ``process_name`` last, for the same reason as ``name`` above (a path may hold a comma).
-#: ``used_gpu_memory`` is the name ``used_memory`` is an alias of.
-APP_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
-QUERIES: dict[str, tuple[str, ...]] = {
-    "gpu": (f"--query-gpu={','.join(GPU_FIELDS)}", FORMAT),
-    "remapped-rows": (f"--query-remapped-rows={','.join(REMAP_FIELDS)}", FORMAT),
-    "compute-apps": (f"--query-compute-apps={','.join(APP_FIELDS)}", FORMAT),
-}
 #: How many times a refused ``--query-gpu`` is asked again with fewer fields.
 RETRIES = 2
 #: Output beyond this (per stream) is read and dropped: nvidia-smi prints a few KiB.
@@ -358,8 +333,11 @@ class PendingSnapshot:
     ``fn()`` (from the taking thread) after each answer."""
 
     def __init__(self, environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S, *,
-                 background: bool = True) -> None:
-        self.started = time.monotonic()
+                 background: bool = True, asked: Asked | None = None) -> None:
+        #: The queries, when already started (``fsm.gpu_queries.ask``): the bound counts
+        #: from their start.
+        self._asked = asked
+        self.started = asked.started if asked is not None else time.monotonic()
         self._bound_s = timeout_s
         self._cond = threading.Condition()
         self._answers: dict[str, Answer] = {}
@@ -437,13 +415,12 @@ class PendingSnapshot:
                 listener()
 
     def _ask(self, environ: Mapping[str, str]) -> Snapshot:
-        exe = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
-        if exe is None:
+        asked = self._asked if self._asked is not None else _ask_now(environ)
+        if asked.exe is None:
             return Snapshot(problem="absent", timeout_s=self._bound_s)
-        env = {k: v for k, v in environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME")}
-        runs = _Runs(exe, env, self.deadline)
-        for name, args in QUERIES.items():
-            runs.start(name, args)
+        runs = _Runs(asked.exe, asked.env, self.deadline)
+        for name, proc in asked.procs.items():
+            runs.adopt(name, proc, asked.started)
         for name, answer in runs.answers():
             if name == "gpu" and len(self._refused) < RETRIES:
                 fewer = _without_refused(answer, self._fields)
@@ -494,15 +471,19 @@ class _Runs:
 
     def start(self, name: str, args: Sequence[str]) -> None:
         try:
-            proc = subprocess.Popen(
-                [self._exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=self._env, start_new_session=True,
-            )
+            proc: subprocess.Popen[bytes] | OSError = _spawn(self._exe, args, self._env)
         except OSError as exc:
+            proc = exc
+        self.adopt(name, proc, time.monotonic())
+
+    def adopt(self, name: str, proc: subprocess.Popen[bytes] | OSError, started: float) -> None:
+        """Read ``proc`` (started at ``started``, monotonic), or answer why it could not
+        be started."""
+        if isinstance(proc, OSError):
             self._ready.append(
-                (name, Answer(status=None, error=f"could not start ({exc.strerror or exc})")))
+                (name, Answer(status=None, error=f"could not start ({proc.strerror or proc})")))
             return
-        run = _Run(proc, time.monotonic(), bytearray(), bytearray())
+        run = _Run(proc, started, bytearray(), bytearray())
         self._runs[name] = run
         assert proc.stdout is not None and proc.stderr is not None
         self._sel.register(proc.stdout, selectors.EVENT_READ, (name, run.out))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fsm import gpus
+from fsm.gpu_queries import Asked
 
 #: How long the marker waits for nvidia-smi's answer to carry its facts: evidence, not
 #: worth holding the marker for (a slow nvidia-smi is normal).
@@ -101,19 +102,21 @@ class HostProbe:
     ``--query-compute-apps`` together, each ending on its own) in a daemon thread, started
     at the runner's first step."""
 
-    def __init__(self, environ: Mapping[str, str], *, timeout_s: float | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str], *, timeout_s: float | None = None,
+                 asked: Asked | None = None) -> None:
         self._hostname = os.uname().nodename
-        self.path = environ.get("PATH")
-        self._pending = gpus.start(
-            environ, timeout_s if timeout_s is not None else query_bound(environ))
+        self.path = environ.get("PATH") if asked is None else asked.path
+        self._pending = gpus.PendingSnapshot(
+            environ, timeout_s if timeout_s is not None else query_bound(environ), asked=asked)
         self._fired = threading.Lock()
 
     @classmethod
-    def start_early(cls, environ: Mapping[str, str]) -> None:
-        """Ask the GPUs at the runner's first instruction (``fsm.cli``), so that the answer
-        is in as early as it can be: it overlaps the runner's imports and its setup."""
+    def start_early(cls, environ: Mapping[str, str], asked: Asked) -> None:
+        """Read the queries the runner started among its first instructions
+        (``fsm.launch``, ``fsm.gpu_queries.ask``): their answer overlaps the runner's
+        imports and its setup."""
         global _early
-        _early = cls(environ)
+        _early = cls(environ, asked=asked)
 
     @classmethod
     def for_attempt(cls, environ: Mapping[str, str]) -> HostProbe:

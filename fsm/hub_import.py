@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fsm.hub import agent as hub_agent
 
@@ -41,13 +41,14 @@ def _local_store(argv: list[str], environ: Mapping[str, str]) -> bool:
     return environ.get("FLASH_STORE", "").startswith("file:")
 
 
-def start(argv: list[str] | None = None) -> bool:
-    """Start the agent (once); False when there is no Hub to call."""
+def start(argv: list[str] | None = None, not_ours: Sequence[int] = ()) -> bool:
+    """Start the agent (once); False when there is no Hub to call. ``not_ours``: the
+    runner's descriptors the agent, a fork, must not keep."""
     if hub_agent.current() is not None:
         return True
     if _local_store(sys.argv[1:] if argv is None else argv, os.environ):
         return False
-    hub_agent.start(hold_output=True).when_ready(_loaded)
+    hub_agent.start(hold_output=True, not_ours=not_ours).when_ready(_loaded)
     return True
 
 

@@ -11,21 +11,28 @@ process's interrupt flag (until its handlers exist a stop signal is dropped, as 
 kills it with nothing written; ``fsm.interrupt`` imports only the standard library's
 cheapest modules and opens no descriptor then), and after it:
 
-1. arms the flag's wake-up pipe (after the reopening: the pipe never takes 0, 1 or 2);
-2. defers the imports the runner does not use before the worker starts
+1. asks the GPUs (``fsm.gpu_queries``): on a big host their answer is the longest wait
+   before the worker, so only what the asking needs comes before it (after the
+   reopening: its pipes never take 0, 1 or 2);
+2. arms the flag's wake-up pipe;
+3. defers the imports the runner does not use before the worker starts
    (``fsm.deferred``);
-3. starts the process that loads ``huggingface_hub`` (``fsm.hub_import``: forked while
-   this process has one thread, before anything the runner alone needs is imported);
-4. imports structlog without its optional extras;
-5. asks the GPUs, in the background (``fsm.host``): setup overlaps their answer, the
-   worker waits for it.
+4. starts the process that loads ``huggingface_hub`` (``fsm.hub_import``: forked while
+   this process has one thread, before anything the runner alone needs is imported; it
+   closes its copies of the GPU queries' pipes);
+5. imports structlog without its optional extras;
+6. reads the GPUs' answers in the background (``fsm.host``): setup overlaps them, the
+   worker waits for them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False  # ``typing`` costs milliseconds before the GPUs are asked
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def main() -> NoReturn:
@@ -46,14 +53,17 @@ def main() -> NoReturn:
 
 
 def _start_runner() -> None:
+    from fsm import gpu_queries
+
+    asked = gpu_queries.ask(os.environ)
     from fsm import deferred, interrupt
 
     interrupt.arm_wakeup()
     deferred.defer(deferred.UNUSED_BEFORE_THE_WORKER)
     from fsm import hub_import
 
-    hub_import.start()
+    hub_import.start(not_ours=asked.fds())
     deferred.import_without("structlog", deferred.OPTIONAL_FOR_STRUCTLOG)
     from fsm.host import HostProbe
 
-    HostProbe.start_early(os.environ)
+    HostProbe.start_early(os.environ, asked)

@@ -36,7 +36,10 @@ import select
 import sys
 import threading
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # ``typing`` costs milliseconds before the GPUs are asked (fsm.launch)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "STDERR",

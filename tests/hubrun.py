@@ -286,3 +286,25 @@ def hub_run(
     yield run
     assert run.hard_exits == [], "the deadline watchdog fired"
     run.assert_no_secret_anywhere(caplog.text)
+
+
+def agent_of(runner: int) -> int:
+    """The runner's agent: its child in a session of its own running the runner's own
+    program (a fork) or ``fsm.hub.agent`` (a fresh interpreter); the worker is neither."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{runner}/cmdline", "rb") as f:
+            runner_argv = f.read()  # empty until the runner's exec is through
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read()
+            except OSError:
+                continue
+            if (int(fields[1]) == runner and int(fields[3]) == int(entry)
+                    and ((runner_argv and argv == runner_argv) or b"fsm.hub.agent" in argv)):
+                return int(entry)
+        time.sleep(0.02)
+    raise AssertionError(f"runner {runner} has no agent")

@@ -620,17 +620,35 @@ def test_snapshot_evidence_is_json_for_the_marker(fake: FakeNvidiaSmi) -> None:
     assert data["snapshot"]["queries"]["gpu"]["status"] == 255
 
 
-def test_importing_fsm_gpus_loads_only_the_standard_library() -> None:
-    """It runs on the start path, before any setup: nothing but stdlib modules load."""
-    code = ("import json, sys; before = set(sys.modules); import fsm.gpus; "
-            "print(json.dumps(sorted(set(sys.modules) - before)))")
+def _loaded_by(module: str) -> list[str]:
+    """The modules that ``import <module>`` loads in a fresh interpreter."""
+    code = ("import json, sys; before = set(sys.modules); "
+            f"import {module}; print(json.dumps(sorted(set(sys.modules) - before)))")
     root = str(Path(__file__).resolve().parents[1])
     out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {root!r}); "
                           + code], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout)
+    assert isinstance(loaded, list)
+    return loaded
+
+
+def test_importing_fsm_gpus_loads_only_the_standard_library() -> None:
+    """It runs on the start path, before any setup: nothing but stdlib modules load."""
+    loaded = _loaded_by("fsm.gpus")
     foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
-               and m not in ("fsm", "fsm.gpus")]
+               and m not in ("fsm", "fsm.gpus", "fsm.gpu_queries")]
     assert "fsm.gpus" in loaded and foreign == []
+
+
+def test_the_gpus_are_asked_before_anything_costly_is_imported() -> None:
+    """The queries start among the runner's first instructions (``fsm.launch``): what
+    starts them loads only the standard library's process plumbing, not ``typing``,
+    ``dataclasses`` or ``shutil`` (each milliseconds between the start and the question)."""
+    loaded = _loaded_by("fsm.gpu_queries")
+    foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
+               and m not in ("fsm", "fsm.gpu_queries")]
+    assert foreign == []
+    assert not {"typing", "dataclasses", "inspect", "shutil"} & set(loaded)
 
 
 # --- the verdicts, over generated host states ----------------------------------------------

@@ -7,6 +7,7 @@ These tests take it away, or signal the runner's group, and check the marker sti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from hubrun import HubRun
+from hubrun import HubRun, agent_of
+
+from fsm import gpus
+from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 pytestmark = pytest.mark.hub
 
@@ -148,3 +152,64 @@ def test_the_agent_loads_the_library_without_what_its_calls_never_use() -> None:
                                "brotli": "NoneType", "chardet": "NoneType",
                                "charset_normalizer": "NoneType"}
     assert found["dumped"] == "model: é\n" and found["after"] == "module"
+
+
+def _fds(pid: int) -> set[str]:
+    """What each of ``pid``'s descriptors is (``pipe:[inode]``, a path, ...)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return found
+
+
+def _queries_of(runner: int, count: int) -> list[int]:
+    """The runner's nvidia-smi children, once ``count`` are running (bounded)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read()
+            except OSError:
+                continue
+            if parent == runner and b"nvidia-smi" in argv:
+                found.append(int(entry))
+        if len(found) >= count:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"runner {runner} never had {count} nvidia-smi children")
+
+
+def test_the_forked_agent_keeps_none_of_the_gpu_queries_pipes(
+    hub_run: HubRun, tmp_path: Path
+) -> None:
+    """The GPUs are asked before the agent is forked (their answer is the longest wait
+    before the worker on a big host), and a fork copies every descriptor: the agent
+    closes its copies of the queries' pipes, so only the runner reads them and the agent
+    holds nothing of a child that is not its own."""
+    host = FakeHost.h100s(8)
+    host.delay = {"*": 30.0}
+    with FakeNvidiaSmi(tmp_path / "smi", host) as smi:
+        hub_run.write_worker("complete()")  # reached only after the GPUs' answer
+        hub_run.write_payload()
+        proc = subprocess.Popen(hub_run.args(), env={**hub_run.environ(), **smi.env()},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        queries: list[int] = []
+        try:
+            agent = agent_of(proc.pid)
+            queries = _queries_of(proc.pid, len(gpus.QUERIES))
+            pipes = {fd for pid in queries for fd in _fds(pid) if fd.startswith("pipe:")}
+            assert pipes <= _fds(proc.pid), "the runner reads every query's output"
+            assert pipes & _fds(agent) == set()
+        finally:
+            proc.kill()
+            proc.wait(30)
+            for pid in queries:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # each query leads its own session

@@ -17,14 +17,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import read_until
-from hubrun import HubRun
+from hubrun import HubRun, agent_of
 
 from fsm.testing.hubserver import RequestRecord
 
@@ -39,28 +38,6 @@ QUICK_TRIES = {"FLASH_STORE_MAX_ATTEMPTS": "1", "FLASH_STORE_CALL_TIMEOUT_S": "1
 CODE_DOWNLOAD = r"/resolve/[0-9a-f]{40}/code/"
 
 
-def _agent_of(runner: int) -> int:
-    """The runner's agent: its child in a session of its own running the runner's own
-    program (a fork) or ``fsm.hub.agent`` (a fresh interpreter); the worker is neither."""
-    with open(f"/proc/{runner}/cmdline", "rb") as f:
-        runner_argv = f.read()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read()
-            except OSError:
-                continue
-            if (int(fields[1]) == runner and int(fields[3]) == int(entry)
-                    and (argv == runner_argv or b"fsm.hub.agent" in argv)):
-                return int(entry)
-        time.sleep(0.02)
-    raise AssertionError(f"runner {runner} has no agent")
-
-
 @pytest.fixture
 def stop_agent() -> Iterator[Callable[[int], int]]:
     """Stops a runner's agent (SIGSTOP); any still there after the test is killed (a
@@ -68,7 +45,7 @@ def stop_agent() -> Iterator[Callable[[int], int]]:
     stopped: list[int] = []
 
     def stop(runner: int) -> int:
-        agent = _agent_of(runner)
+        agent = agent_of(runner)
         os.kill(agent, signal.SIGSTOP)
         stopped.append(agent)
         return agent

@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -130,7 +130,8 @@ class Pending:
             self._queue.put(self)
 
 
-def _launch(environ: Mapping[str, str], switch: bool) -> tuple[int, int, int, int]:
+def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = ()
+            ) -> tuple[int, int, int, int]:
     """Start the agent: its pid, and the runner's ends of its stdin, stdout and stderr
     (close-on-exec: no installer or worker the runner starts holds the agent's stdin open
     after the runner is gone).
@@ -138,7 +139,8 @@ def _launch(environ: Mapping[str, str], switch: bool) -> tuple[int, int, int, in
     In a process with one thread (the runner's first instruction) it is a fork, which
     costs no interpreter start; otherwise a fresh interpreter (``posix_spawn``: a fork of
     a process with threads may copy a lock some other thread holds). Either way the agent
-    has a session of its own."""
+    has a session of its own. A fork copies every descriptor: the agent closes
+    ``not_ours`` (the runner's ends of pipes to its other children)."""
     ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
     (req_r, req_w), (rep_r, rep_w), (err_r, err_w) = ends
     child_ends, ours = (req_r, rep_w, err_w), (req_w, rep_r, err_r)
@@ -148,7 +150,7 @@ def _launch(environ: Mapping[str, str], switch: bool) -> tuple[int, int, int, in
             try:
                 for target, fd in enumerate(child_ends):
                     os.dup2(fd, target)
-                for fd in (*child_ends, *ours):
+                for fd in (*child_ends, *ours, *not_ours):
                     os.close(fd)
                 os.setsid()
                 with contextlib.suppress(ValueError):
@@ -171,7 +173,7 @@ class Agent:
     """One agent process, from the runner's side."""
 
     def __init__(self, environ: Mapping[str, str], *, switch: bool = True,
-                 hold_output: bool = False) -> None:
+                 hold_output: bool = False, not_ours: Sequence[int] = ()) -> None:
         self.started_at = time.time()
         #: When the library was loaded (epoch seconds), how long it took, and the type of
         #: the error if it failed: set by the ``ready`` frame.
@@ -193,7 +195,7 @@ class Agent:
         self._on_ready: list[Callable[[Agent], None]] = []
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._held: list[str] | None = [] if hold_output else None
-        self._pid, stdin, stdout, stderr = _launch(environ, switch)
+        self._pid, stdin, stdout, stderr = _launch(environ, switch, not_ours)
         self._stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
         self._stdout = os.fdopen(stdout, "rb")
         self._stderr_pipe = os.fdopen(stderr, "rb")
@@ -390,13 +392,16 @@ _agent_lock = threading.Lock()
 _agent_pid: int | None = None  # the process that started it (a fork starts its own)
 
 
-def start(*, switch: bool = True, hold_output: bool = False) -> Agent:
+def start(*, switch: bool = True, hold_output: bool = False, not_ours: Sequence[int] = ()
+          ) -> Agent:
     """The process's agent, started now if there is none (or the last one is gone), in the
-    process environment; ``switch``: it sets the transfer switch in its own."""
+    process environment; ``switch``: it sets the transfer switch in its own; ``not_ours``:
+    descriptors a forked agent closes."""
     global _agent, _agent_pid
     with _agent_lock:
         if _agent is None or not _agent.alive or _agent_pid != os.getpid():
-            _agent = Agent(os.environ, switch=switch, hold_output=hold_output)
+            _agent = Agent(os.environ, switch=switch, hold_output=hold_output,
+                           not_ours=not_ours)
             _agent_pid = os.getpid()
         return _agent
 
