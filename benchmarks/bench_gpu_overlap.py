@@ -2,7 +2,9 @@
 
     python benchmarks/bench_gpu_overlap.py [--rounds 3] [--delays 0,3,30]
 
-The runner starts a worker that records ``time.time()`` as its first instruction, on a
+The runner (the console script beside the interpreter, as the image's ENTRYPOINT starts
+it; else ``python -m fsm``) starts a worker that records ``time.time()`` as its first
+instruction, on a
 local store, with the fake ``nvidia-smi`` (``fsm.testing.nvidia_smi``) answering every
 query correctly after ``delay`` seconds (8 healthy H100s; ``FakeHost.delay``; answered by
 the fake's shell script with ``sleep`` and ``cat``, about as cheap as the real binary: three
@@ -33,11 +35,16 @@ WORKER = "import time\nfirst = time.time()\nimport os\n" \
     "    f.write(repr(first))\n"
 
 
+#: The runner as the image's ENTRYPOINT starts it (the console script), else ``python -m fsm``.
+_SCRIPT = Path(sys.executable).with_name("flash-bootstrap")
+ENTRY = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "fsm"]
+
+
 def _once(root: Path, env: dict[str, str]) -> float:
     for name in (".flash-instance_attempt0.result.json", ".flash-instance_attempt0.start.json"):
         (root / "flash" / name).unlink(missing_ok=True)
     (root / "scratch" / "first.txt").unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "fsm", "run", "--payload", str(root / "flash" / "payload.json"),
+    argv = [*ENTRY, "run", "--payload", str(root / "flash" / "payload.json"),
             "--store", (root / "store").as_uri(), "--code-root", str(root / "runcode"),
             "--scratch-dir", str(root / "scratch")]
     started = time.time()
