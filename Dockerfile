@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 #
 # flash-bootstrap layered onto the worker image (docs/container.md).
 #
