@@ -22,6 +22,7 @@ engine"`` leaves them out locally.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ from typing import Any
 
 import pytest
 from conftest import WORKER_PRELUDE
+from hubrun import HubRun
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
@@ -77,13 +79,10 @@ class Engine:
                               env={**os.environ, **env})
 
 
-@pytest.fixture(scope="session")
-def engine() -> Iterator[Engine]:
-    reason = _unavailable()
-    if reason is not None:
-        if os.environ.get("FLASH_REQUIRE_ENGINE") == "1":
-            pytest.fail(f"the container engine tests must run here: {reason}")
-        pytest.skip(reason)
+@contextlib.contextmanager
+def dockerd() -> Iterator[Engine]:
+    """A Docker daemon of its own (socket, data root and exec root under a temporary
+    folder; no bridge, no iptables), stopped and removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix="flash-dockerd-"))
     sock = str(root / "docker.sock")
     log = (root / "dockerd.log").open("wb")
@@ -111,6 +110,17 @@ def engine() -> Iterator[Engine]:
         log.close()
         subprocess.run(["umount", "-R", str(root / "data")], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    reason = _unavailable()
+    if reason is not None:
+        if os.environ.get("FLASH_REQUIRE_ENGINE") == "1":
+            pytest.fail(f"the container engine tests must run here: {reason}")
+        pytest.skip(reason)
+    with dockerd() as engine:
+        yield engine
 
 
 def _base_rootfs() -> Path:
@@ -141,6 +151,10 @@ def _base_rootfs() -> Path:
 
 @pytest.fixture(scope="session")
 def image(engine: Engine) -> str:
+    return build_image(engine)
+
+
+def build_image(engine: Engine) -> str:
     """The image, built from the repository's Dockerfile on the locally made base."""
     tarball = _base_rootfs()
     with tarball.open("rb") as f:
@@ -278,3 +292,110 @@ def test_a_container_killed_and_started_again_continues_the_attempt_with_one_mar
     assert (status, marker["ok"]) == (0, True)
     assert len(deadlines) == 2 and deadlines[0] == deadlines[1], "the budget continued"
     assert len(host.markers()) == 1
+
+
+def test_a_memory_limit_kills_the_worker_not_the_runner_and_the_marker_says_so(
+    engine: Engine, image: str, host: Host, container: str
+) -> None:
+    """``--memory`` small enough that the worker exceeds it: the cgroup's OOM killer takes
+    the worker (the runner lowered its own score and raised its children's), and the
+    runner, alive, writes ``worker-oom-killed``."""
+    host.write("""
+    hog = []
+    while True:
+        hog.append(bytearray(16 << 20))  # zero-filled: every page touched
+    """)
+    engine.docker("run", "-d", "--name", container, "--network", "host", "--memory", "256m",
+                  "--memory-swap", "256m", "-v", f"{host.flash}:/root/flash",
+                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    status = _wait(engine, container)
+    marker = host.marker()
+    assert marker is not None, engine.docker("logs", container).stderr[-3000:]
+    assert marker["rule"] == "worker-oom-killed", marker
+    assert marker["worker"]["oom_killed"] is True
+    assert status == 75 if marker["retriable"] else status == 1
+
+
+def test_the_termination_message_reaches_a_bind_mounted_file(
+    engine: Engine, image: str, host: Host, container: str, tmp_path: Path
+) -> None:
+    """Kubernetes mounts a file at /dev/termination-log; the runner writes the attempt's
+    verdict into it (only into a file that is there)."""
+    message = tmp_path / "termination-log"
+    message.write_text("")
+    host.write("raise SystemExit(1)")
+    engine.docker("run", "-d", "--name", container, "--network", "host",
+                  "-v", f"{host.flash}:/root/flash", "-v", f"{message}:/dev/termination-log",
+                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    assert _wait(engine, container) == 1
+    said = message.read_text()
+    assert "worker-failed" in said and "attempt 0 failed" in said, said
+
+
+def test_orphans_are_reaped_and_nothing_is_left_when_the_container_ends(
+    engine: Engine, image: str, host: Host, container: str
+) -> None:
+    """The worker leaves a child behind in a session of its own (a daemon), and one that
+    exits as an orphan: the runner, PID 1, reaps the one (no zombie while it runs) and,
+    when it exits, the kernel ends the other with the container."""
+    token = f"flash-orphan-{time.monotonic_ns()}"
+    host.write(f"""
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{token}"],
+                     start_new_session=True)
+    if os.fork() == 0:  # a child that exits once orphaned: PID 1 must reap it
+        if os.fork() == 0:
+            time.sleep(0.5)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+    time.sleep(1.5)
+    zombies = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with open(f"/proc/{{pid}}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                zombies.append(pid)
+    (STORE / "zombies").write_text(json.dumps(zombies))
+    complete()
+    """)
+    _run(engine, image, host, container)
+    assert _wait(engine, container) == 0, engine.docker("logs", container).stderr[-3000:]
+    assert json.loads((host.store / "zombies").read_text()) == []
+    left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "a process outlived its container"
+
+
+def test_restart_on_failure_publishes_the_persisted_marker_without_training_again(
+    engine: Engine, image: str, host: Host, container: str, hub_run: HubRun
+) -> None:
+    """The Hub (the local server on loopback, reached through ``--network host``) refuses
+    every commit of the marker: the attempt ends 3, its outcome persisted in the bind
+    mount. ``--restart on-failure:3`` starts the container again, the Hub takes commits
+    again, and the restart publishes that marker without running the worker again."""
+    hub_run.write_worker("""
+    with open("/root/flash/runs", "a") as runs:
+        runs.write("ran\\n")
+    complete()
+    while not os.path.exists("/root/flash/go"):  # the test's go, once it refuses commits
+        time.sleep(0.05)
+    """)
+    payload = hub_run.payload()
+    payload["env"] = {**payload["env"], "HF_ENDPOINT": hub_run.server.url,
+                      "FLASH_STORE_MAX_ATTEMPTS": "1"}
+    (host.flash / "payload.json").write_text(json.dumps(payload))
+    engine.docker("run", "-d", "--name", container, "--network", "host",
+                  "--restart", "on-failure:3", "-v", f"{host.flash}:/root/flash",
+                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    _until("the worker's DONE", hub_run.artifact("DONE").exists, bound_s=120)
+    refused = hub_run.server.fail("POST", r"/commit/", status=500, times=10_000)
+    (host.flash / "go").touch()
+    first = _wait(engine, container)  # the first run's exit; the engine restarts it
+    refused.times = refused.hits  # the Hub takes commits again
+    assert first == 3, engine.docker("logs", container).stderr[-3000:]
+    _until("the restart's marker", lambda: hub_run.marker() is not None, bound_s=120)
+    assert _wait(engine, container) == 0
+    marker = hub_run.marker()
+    assert marker is not None and marker["ok"] is True
+    assert (host.flash / "runs").read_text() == "ran\n", "the restart trained again"
+    restarts = engine.docker("inspect", "-f", "{{.RestartCount}}", container).stdout.strip()
+    assert restarts == "1"
