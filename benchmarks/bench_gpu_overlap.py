@@ -40,13 +40,34 @@ _SCRIPT = Path(sys.executable).with_name("flash-bootstrap")
 ENTRY = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "fsm"]
 
 
-def _once(root: Path, env: dict[str, str]) -> float:
+def local_tree(prefix: str, worker: str) -> Path:
+    """A fresh folder with a local store holding ``worker``'s code, a payload for it, and
+    the runner's code root and scratch (also ``bench_importtime.py``'s)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    code = root / "store" / "code" / "flash" / "engine" / "worker"
+    code.mkdir(parents=True)
+    (code / "__main__.py").write_text(worker)
+    for sub in ("scratch", "runcode", "flash"):
+        (root / sub).mkdir()
+    (root / "flash" / "payload.json").write_text(json.dumps({
+        "hf_repo": "org/runs", "hf_prefix": "bench/o/0", "phase": "sft", "seed": 0,
+        "job_spec_json": "{}", "env": {"FLASH_HOST_WATCH_S": "0"},
+    }))
+    return root
+
+
+def runner_argv(root: Path) -> list[str]:
+    """The runner on ``local_tree``'s store, as a new attempt (its state files removed)."""
     for name in (".flash-instance_attempt0.result.json", ".flash-instance_attempt0.start.json"):
         (root / "flash" / name).unlink(missing_ok=True)
-    (root / "scratch" / "first.txt").unlink(missing_ok=True)
-    argv = [*ENTRY, "run", "--payload", str(root / "flash" / "payload.json"),
+    return [*ENTRY, "run", "--payload", str(root / "flash" / "payload.json"),
             "--store", (root / "store").as_uri(), "--code-root", str(root / "runcode"),
             "--scratch-dir", str(root / "scratch")]
+
+
+def _once(root: Path, env: dict[str, str]) -> float:
+    (root / "scratch" / "first.txt").unlink(missing_ok=True)
+    argv = runner_argv(root)
     started = time.time()
     subprocess.run(argv, cwd=root, env=env, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=False, timeout=300)
@@ -58,16 +79,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delays", default="0,3,30")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench-gpu-overlap-"))
-    worker = root / "store" / "code" / "flash" / "engine" / "worker"
-    worker.mkdir(parents=True)
-    (worker / "__main__.py").write_text(WORKER)
-    for sub in ("scratch", "runcode", "flash"):
-        (root / sub).mkdir()
-    (root / "flash" / "payload.json").write_text(json.dumps({
-        "hf_repo": "org/runs", "hf_prefix": "bench/o/0", "phase": "sft", "seed": 0,
-        "job_spec_json": "{}", "env": {"FLASH_HOST_WATCH_S": "0"},
-    }))
+    root = local_tree("bench-gpu-overlap-", WORKER)
     bare = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])
     base = {**os.environ, "FLASH_STALL_S": "0"}
     setup = statistics.median(_once(root, {**base, "PATH": bare}) for _ in range(args.rounds))

@@ -14,14 +14,14 @@ the figures as shares, and ``bench_vs_reference.py`` for wall time).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+from bench_gpu_overlap import local_tree, runner_argv
 
 #: The phases of the runner's start, each ended by the first top-level import of the
 #: module named (in the order ``fsm/launch.py`` imports them).
@@ -35,10 +35,6 @@ RUNNER_PHASES = (
     ("the command line and the machine", None),
 )
 WORKER = "import time\n"
-
-_SCRIPT = Path(sys.executable).with_name("flash-bootstrap")
-ENTRY = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "fsm"]
-
 
 def _top_level(stderr: str) -> list[tuple[str, float]]:
     """``(module, cumulative ms)`` of each top-level import, in order."""
@@ -64,11 +60,7 @@ def _phases(imports: list[tuple[str, float]]) -> dict[str, float]:
 
 
 def _runner_once(root: Path) -> list[tuple[str, float]]:
-    for name in (".flash-instance_attempt0.result.json", ".flash-instance_attempt0.start.json"):
-        (root / "flash" / name).unlink(missing_ok=True)
-    argv = [*ENTRY, "run", "--payload", str(root / "flash" / "payload.json"),
-            "--store", (root / "store").as_uri(), "--code-root", str(root / "runcode"),
-            "--scratch-dir", str(root / "scratch")]
+    argv = runner_argv(root)
     bare = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"])
     env = {**os.environ, "PATH": bare, "FLASH_STALL_S": "0", "PYTHONPROFILEIMPORTTIME": "1"}
     proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
@@ -87,16 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench-importtime-"))
-    worker = root / "store" / "code" / "flash" / "engine" / "worker"
-    worker.mkdir(parents=True)
-    (worker / "__main__.py").write_text(WORKER)
-    for sub in ("scratch", "runcode", "flash"):
-        (root / sub).mkdir()
-    (root / "flash" / "payload.json").write_text(json.dumps({
-        "hf_repo": "org/runs", "hf_prefix": "bench/i/0", "phase": "sft", "seed": 0,
-        "job_spec_json": "{}", "env": {"FLASH_HOST_WATCH_S": "0"},
-    }))
+    root = local_tree("bench-importtime-", WORKER)
     runs = [_phases(_runner_once(root)) for _ in range(args.rounds)]
     print("runner, top-level imports by phase (cumulative ms, median):")
     for phase, _ in RUNNER_PHASES:

@@ -150,8 +150,11 @@ def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = 
             try:
                 for target, fd in enumerate(child_ends):
                     os.dup2(fd, target)
-                for fd in (*child_ends, *ours, *not_ours):
+                for fd in (*child_ends, *ours):
                     os.close(fd)
+                for fd in not_ours:  # another child's: gone already is as good as closed
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 os.setsid()
                 with contextlib.suppress(ValueError):
                     signal.set_wakeup_fd(-1)  # the runner's signal pipe is not ours
