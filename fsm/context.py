@@ -17,6 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import structlog
+
 from fsm.budget import MIN_TRY_S, Background, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError
@@ -382,8 +384,14 @@ class Context:
         if probe is None:
             return
         deadline = self.work_deadline
+        waiting_since = time.monotonic()
         verdict, snap = probe.settle(
             expected, stopped=lambda: self.interrupt.is_set() or deadline.expired())
+        # How long nvidia-smi took from the runner's start, and how much of it the worker
+        # (or the preload's verdict) waited for after setup: the start's one serial wait.
+        structlog.get_logger("fsm.host").info(
+            "host.gpus_settled", seconds=round(snap.seconds, 3),
+            waited_s=round(time.monotonic() - waiting_since, 3), decided=verdict.decided)
         if self.interrupt.is_set():
             raise Interrupted(self.interrupt.signum or 15)
         if not verdict.decided and deadline.expired():

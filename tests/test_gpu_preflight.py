@@ -281,6 +281,12 @@ def test_a_healthy_host_whose_nvidia_smi_is_slow_runs_and_the_worker_waits_for_t
     assert proc.returncode == 0 and marker["ok"] is True, marker["error"]
     assert float((layout.scratch / "worker-ran").read_text()) - started >= delay
     assert len(marker["host"]["gpus"]) == 8 and "error" not in marker["host"]
+    # The log says what the start waited for: nvidia-smi's time, and the part of it left
+    # after setup (setup took well under a second of it).
+    [settled] = [json.loads(line) for line in proc.stderr.splitlines()
+                 if b'"host.gpus_settled"' in line]
+    assert settled["seconds"] >= delay and settled["decided"] is True
+    assert delay - 2 < settled["waited_s"] <= settled["seconds"]
 
 
 def test_a_sick_answer_stops_setup_the_moment_it_comes(
