@@ -58,7 +58,10 @@ ENV_KEYS = ("PATH", "LANG", "LC_ALL", "HOME")
 
 def find(path: str | None) -> str | None:
     """``nvidia-smi``'s path on ``path`` (a PATH value; the default path when None), as
-    ``shutil.which`` finds it: the first executable file of that name."""
+    ``shutil.which`` finds it: the first executable file of that name (none on an empty
+    PATH; an empty entry is the working directory)."""
+    if path == "":
+        return None
     for folder in (path if path is not None else os.defpath).split(os.pathsep):
         candidate = os.path.join(folder or os.curdir, "nvidia-smi")
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):

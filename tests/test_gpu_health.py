@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm import gpus
+from fsm import gpu_queries, gpus
 from fsm.gpus import Answer, Snapshot
 from fsm.host import FACTS_WAIT_S, HostProbe, facts_of
 from fsm.testing.nvidia_smi import (
@@ -866,3 +866,20 @@ def test_a_precomputed_fake_answers_as_the_python_one_does(tmp_path: Path) -> No
     quick.set(host)
     same()
     assert quick.calls() != []
+
+
+def test_the_early_lookup_finds_what_shutil_which_finds(tmp_path: Path) -> None:
+    """``fsm.gpu_queries.find`` stands in for ``shutil.which`` (whose import costs
+    milliseconds before the GPUs are asked): the same answer on every kind of PATH."""
+    exe = tmp_path / "bin" / "nvidia-smi"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    (tmp_path / "dir" / "nvidia-smi").mkdir(parents=True)  # a folder of that name
+    (tmp_path / "noexec").mkdir()
+    (tmp_path / "noexec" / "nvidia-smi").write_text("")  # not executable
+    bins, folder, noexec = (str(tmp_path / name) for name in ("bin", "dir", "noexec"))
+    for path in ("", bins, f"/nonexistent:{bins}", f"{folder}:{bins}", f"{noexec}:{bins}",
+                 folder, f"{noexec}", f"::{bins}", None):
+        expected = shutil.which("nvidia-smi", path=path if path is not None else os.defpath)
+        assert gpu_queries.find(path) == expected, path
