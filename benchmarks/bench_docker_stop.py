@@ -28,6 +28,7 @@ from test_engine import (  # the tests' own engine helpers
     Host,
     build_image,
     dockerd,
+    run_as_the_hosts_do,
 )
 
 
@@ -43,9 +44,7 @@ def main() -> None:
             host = Host(Path(tempfile.mkdtemp(prefix="bench-stop-")))
             host.write(TRAINING)
             name = f"bench-stop-{i}"
-            engine.docker("run", "-d", "--name", name, "--network", "host",
-                          "-v", f"{host.flash}:/root/flash", "-w", "/root/flash",
-                          image, "flash-bootstrap", "run")
+            run_as_the_hosts_do(engine, image, host, name)
             while "worker.started" not in engine.docker("logs", name).stderr:
                 time.sleep(0.05)
             started = time.monotonic()

@@ -212,9 +212,10 @@ def container(engine: Engine, image: str, host: Host) -> Iterator[str]:
     engine.docker("rm", "-f", name, check=False)
 
 
-def _run(engine: Engine, image: str, host: Host, name: str) -> None:
-    """The contract's line (CONTRACT section 1), without the GPUs this machine lacks."""
-    engine.docker("run", "-d", "--name", name, "--network", "host",
+def run_as_the_hosts_do(engine: Engine, image: str, host: Host, name: str, *flags: str) -> None:
+    """The contract's line (CONTRACT section 1), without the GPUs this machine lacks;
+    ``flags`` are the engine's options a case adds (a restart policy, a memory limit)."""
+    engine.docker("run", "-d", "--name", name, "--network", "host", *flags,
                   "-v", f"{host.flash}:/root/flash", "-w", "/root/flash",
                   image, "flash-bootstrap", "run")
 
@@ -241,7 +242,7 @@ def test_an_attempt_succeeds_and_docker_wait_reports_0(
     engine: Engine, image: str, host: Host, container: str
 ) -> None:
     host.write("complete()")
-    _run(engine, image, host, container)
+    run_as_the_hosts_do(engine, image, host, container)
     status = _wait(engine, container)
     logs = engine.docker("logs", container).stderr
     marker = host.marker()
@@ -253,7 +254,7 @@ def test_docker_stop_mid_training_gives_a_retriable_marker_and_75_within_its_10_
     engine: Engine, image: str, host: Host, container: str
 ) -> None:
     host.write(TRAINING)
-    _run(engine, image, host, container)
+    run_as_the_hosts_do(engine, image, host, container)
     _until("the worker trains",
            lambda: "worker.started" in engine.docker("logs", container).stderr)
     started = time.monotonic()
@@ -278,7 +279,7 @@ def test_a_container_killed_and_started_again_continues_the_attempt_with_one_mar
             time.sleep(0.1)
     complete()
     """, max_wall_s=120)
-    _run(engine, image, host, container)
+    run_as_the_hosts_do(engine, image, host, container)
     runs = host.store / "runs"
     _until("the first run", runs.exists)
     engine.docker("kill", "-s", "KILL", container)
@@ -305,9 +306,7 @@ def test_a_memory_limit_kills_the_worker_not_the_runner_and_the_marker_says_so(
     while True:
         hog.append(bytearray(16 << 20))  # zero-filled: every page touched
     """)
-    engine.docker("run", "-d", "--name", container, "--network", "host", "--memory", "256m",
-                  "--memory-swap", "256m", "-v", f"{host.flash}:/root/flash",
-                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    run_as_the_hosts_do(engine, image, host, container, "--memory", "256m", "--memory-swap", "256m")
     status = _wait(engine, container)
     marker = host.marker()
     assert marker is not None, engine.docker("logs", container).stderr[-3000:]
@@ -324,9 +323,7 @@ def test_the_termination_message_reaches_a_bind_mounted_file(
     message = tmp_path / "termination-log"
     message.write_text("")
     host.write("raise SystemExit(1)")
-    engine.docker("run", "-d", "--name", container, "--network", "host",
-                  "-v", f"{host.flash}:/root/flash", "-v", f"{message}:/dev/termination-log",
-                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    run_as_the_hosts_do(engine, image, host, container, "-v", f"{message}:/dev/termination-log")
     assert _wait(engine, container) == 1
     said = message.read_text()
     assert "worker-failed" in said and "attempt 0 failed" in said, said
@@ -358,7 +355,7 @@ def test_orphans_are_reaped_and_nothing_is_left_when_the_container_ends(
     (STORE / "zombies").write_text(json.dumps(zombies))
     complete()
     """)
-    _run(engine, image, host, container)
+    run_as_the_hosts_do(engine, image, host, container)
     assert _wait(engine, container) == 0, engine.docker("logs", container).stderr[-3000:]
     assert json.loads((host.store / "zombies").read_text()) == []
     left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True, check=False)
@@ -383,9 +380,7 @@ def test_restart_on_failure_publishes_the_persisted_marker_without_training_agai
     payload["env"] = {**payload["env"], "HF_ENDPOINT": hub_run.server.url,
                       "FLASH_STORE_MAX_ATTEMPTS": "1"}
     (host.flash / "payload.json").write_text(json.dumps(payload))
-    engine.docker("run", "-d", "--name", container, "--network", "host",
-                  "--restart", "on-failure:3", "-v", f"{host.flash}:/root/flash",
-                  "-w", "/root/flash", image, "flash-bootstrap", "run")
+    run_as_the_hosts_do(engine, image, host, container, "--restart", "on-failure:3")
     _until("the worker's DONE", hub_run.artifact("DONE").exists, bound_s=120)
     refused = hub_run.server.fail("POST", r"/commit/", status=500, times=10_000)
     (host.flash / "go").touch()
