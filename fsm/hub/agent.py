@@ -513,6 +513,14 @@ class AgentClient:
         value: list[Any] = self._call("tree", *args, **kwargs)
         return value
 
+    def changes(self, *args: Any, **kwargs: Any) -> dict[str, float | None]:
+        value: dict[str, float | None] = self._call("changes", *args, **kwargs)
+        return value
+
+    def last_modified(self, *args: Any, **kwargs: Any) -> float | None:
+        value: float | None = self._call("last_modified", *args, **kwargs)
+        return value
+
     def exists(self, *args: Any, **kwargs: Any) -> bool:
         return bool(self._call("exists", *args, **kwargs))
 

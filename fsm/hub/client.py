@@ -15,7 +15,13 @@ call through the library and adds what the library does not do:
   :class:`ContentMismatch`, a transport failure (retried);
 * a commit is ``create_commit`` (with ``parent_commit`` for a fenced one), and afterwards
   the files the repo's ``.gitignore`` made the library leave out (preupload's
-  ``shouldIgnore``) are looked at: one that must land is :class:`Ignored`.
+  ``shouldIgnore``) are looked at: one that must land is :class:`Ignored`. Its deletions
+  are ``CommitOperationDelete``; the Hub refuses the whole commit when one of them names a
+  missing file (404 ``EntryNotFound``), so then the paths are looked up
+  (``get_paths_info``) and the commit is made again without the missing ones;
+* when each file of a folder last changed is one listing with ``expand=True`` (each
+  file's last commit); when the repo last took a commit is its ``lastModified`` alone
+  (``dataset_info(expand=["lastModified"])``: no listing of its files).
 
 The library follows the Hub's redirects (a repo id in another case or an old name: ``307``
 with a path-only ``Location``, POSTs included), reads its rate-limit headers, trusts the
@@ -26,14 +32,16 @@ is passed explicitly on every call.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
 __all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id", "write_if_empty"]
 
@@ -106,6 +114,37 @@ class HubClient:
                 if limit is not None and len(entries) > limit:
                     break
         return entries
+
+    def changes(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
+                ) -> dict[str, float | None]:
+        """The files directly in ``folder``, by name, each with the date of the commit that
+        last touched it (seconds since the epoch; None where the listing names none, as a
+        mirror may): one listing with ``expand=True``, every page (50 entries each)."""
+        from huggingface_hub.hf_api import RepoFile
+
+        items = self.api().list_repo_tree(
+            repo_id, path_in_repo=folder or None, recursive=False, expand=True,
+            revision=revision, repo_type=repo_type, token=self._token)
+        dated: dict[str, float | None] = {}
+        for item in items:
+            if isinstance(item, RepoFile):
+                dated[item.path.rsplit("/", 1)[-1]] = _epoch(
+                    getattr(item.last_commit, "date", None))
+        return dated
+
+    def last_modified(self, repo_type: str, repo_id: str) -> float | None:
+        """When the repo last took a commit (its ``lastModified``, seconds since the epoch),
+        or None when the answer names no date. Only that field is asked for where the
+        library can ask for it (``expand``): the repo's whole info lists every file."""
+        api = self.api()
+        if repo_type == "dataset" and _takes(api.dataset_info, "expand"):
+            info: Any = api.dataset_info(repo_id, expand=["lastModified"], token=self._token)
+        elif repo_type == "model" and _takes(api.model_info, "expand"):
+            info = api.model_info(repo_id, expand=["lastModified"], token=self._token)
+        else:  # no expand: the info without file metadata (the file names still come)
+            info = api.repo_info(repo_id, repo_type=repo_type, files_metadata=False,
+                                 token=self._token)
+        return _epoch(getattr(info, "last_modified", None))
 
     def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:
         """Whether the file is there: a HEAD of it (a 404 raises, for the caller to read)."""
@@ -207,30 +246,108 @@ class HubClient:
 
     def commit(self, repo_type: str, repo_id: str, files: Mapping[str, Path], *,
                message: str, parent: str | None = None,
-               optional: Collection[str] = ()) -> None:
-        """One commit of ``files`` (path in repo -> local file), ``parent_commit=parent``
-        when given (the Hub answers 412 when the branch moved).
+               optional: Collection[str] = (), delete: Collection[str] = ()) -> None:
+        """One commit of ``files`` (path in repo -> local file) that also removes the files
+        ``delete`` names, ``parent_commit=parent`` when given (the Hub answers 412 when the
+        branch moved).
+
+        The Hub refuses a commit that deletes a missing file (404 ``EntryNotFound``): then
+        the paths to delete are looked up at the commit's parent (else ``main``) and the
+        commit is made again without the missing ones (nothing at all when it only deleted
+        missing files); when none of them is missing the refusal stands.
 
         The library leaves out, silently, a file the repo's ``.gitignore`` matches: when
         one of them is not in ``optional``, :class:`Ignored` names them (the commit, if it
         was made, holds the others)."""
-        from huggingface_hub import CommitOperationAdd
-
-        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
-                      for path, local in files.items()]
-        try:
-            self.api().create_commit(
-                repo_id=repo_id, repo_type=repo_type, operations=operations,
-                commit_message=message, token=self._token, parent_commit=parent)
-        except ValueError as exc:
-            # 0.x parses the commit's URL against the endpoint frozen at its import (the
-            # Hub's, unless HF_ENDPOINT named this one then), after the commit was made or
-            # found a no-op: the commit stands.
-            if "Unable to retrieve user and repo ID" not in str(exc):
-                raise
-        ignored = [op.path_in_repo for op in operations if getattr(op, "_should_ignore", False)]
+        removing = list(dict.fromkeys(delete))
+        while True:
+            adds, operations = _operations(files, removing)
+            if not operations:
+                return  # it only deleted files that are not there: nothing to commit
+            try:
+                self.api().create_commit(
+                    repo_id=repo_id, repo_type=repo_type, operations=operations,
+                    commit_message=message, token=self._token, parent_commit=parent)
+            except ValueError as exc:
+                # 0.x parses the commit's URL against the endpoint frozen at its import (the
+                # Hub's, unless HF_ENDPOINT named this one then), after the commit was made
+                # or found a no-op: the commit stands.
+                if "Unable to retrieve user and repo ID" not in str(exc):
+                    raise
+            except Exception as exc:
+                if not removing or not _entry_not_found(exc):
+                    raise
+                present = self._present(repo_type, repo_id, removing, revision=parent or "main")
+                if len(present) == len(removing):  # not about a deletion: it stands
+                    raise
+                removing = [path for path in removing if path in present]
+                continue
+            break
+        ignored = [op.path_in_repo for op in adds if getattr(op, "_should_ignore", False)]
         if any(path not in optional for path in ignored):
             raise Ignored(ignored)
+
+    def _present(self, repo_type: str, repo_id: str, paths: list[str], *,
+                 revision: str) -> set[str]:
+        """Which of ``paths`` are in the repo at ``revision``: one request (the Hub answers
+        for the paths that exist and leaves out the others)."""
+        found = self.api().get_paths_info(repo_id, paths, revision=revision,
+                                          repo_type=repo_type, token=self._token)
+        return {item.path for item in found} & set(paths)
+
+
+def _operations(files: Mapping[str, Path], delete: list[str],
+                ) -> tuple[list[CommitOperationAdd],
+                           list[CommitOperationAdd | CommitOperationDelete]]:
+    """A commit's operations, fresh (the library marks them as it sends them): the
+    additions, and every operation (additions, then deletions)."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    adds = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+            for path, local in files.items()]
+    removals = [CommitOperationDelete(path_in_repo=path) for path in delete]
+    return adds, [*adds, *removals]
+
+
+def _entry_not_found(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the Hub's 404 ``EntryNotFound``: the answer
+    to a commit that deletes a file that is not there."""
+    from huggingface_hub.errors import EntryNotFoundError
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 32:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, EntryNotFoundError):
+            return True
+        response = getattr(current, "response", None)
+        headers = getattr(response, "headers", None)
+        if (getattr(response, "status_code", None) == 404 and headers is not None
+                and headers.get("X-Error-Code") == "EntryNotFound"):
+            return True
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
+
+
+def _takes(method: Any, parameter: str) -> bool:
+    """Whether the library's ``method`` has ``parameter`` (it differs between lines)."""
+    try:
+        return parameter in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _epoch(date: object) -> float | None:
+    """A date of the Hub's answer as seconds since the epoch (the library parses them as
+    UTC), or None when it is not a date."""
+    if not isinstance(date, datetime):
+        return None
+    if date.tzinfo is None:
+        date = date.replace(tzinfo=UTC)
+    return date.timestamp()
 
 
 def write_if_empty(entry: Entry, dest: Path) -> bool:

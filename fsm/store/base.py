@@ -84,6 +84,17 @@ COMMIT_OPS = frozenset({"upload", "commit"})
 _OBSERVED = 5  # answered commits remembered
 
 
+def removals(files: Mapping[str, Path], delete: Collection[str]) -> list[str]:
+    """The paths a commit of ``files`` removes (``delete``, each once, in order); a path
+    both written and removed is a ``ValueError``."""
+    if isinstance(delete, str):  # one path's characters are not paths
+        raise TypeError("delete: a collection of repo paths, not one string")
+    both = sorted(set(files) & set(delete))
+    if both:
+        raise ValueError(f"a commit cannot both write and delete {', '.join(both)}")
+    return list(dict.fromkeys(delete))
+
+
 class StoreStats:
     """What an attempt's store handles did, counted across all of them (the marker's
     ``store`` evidence): commits landed, 429 answers met, and calls by operation."""
@@ -134,7 +145,7 @@ class Store(Protocol):
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
-        optional: Collection[str] = (),
+        optional: Collection[str] = (), delete: Collection[str] = (),
     ) -> bool:
         """Put every ``files[path_in_repo]`` (a local file) in the repo in one commit.
 
@@ -149,6 +160,12 @@ class Store(Protocol):
         leaves out what the repo's ``.gitignore`` matches). Any other file it would leave
         out refuses the commit (:class:`~fsm.errors.StoreRefused`, naming ``.gitignore``):
         a marker is never dropped silently.
+
+        ``delete``: repo paths (files) the same commit removes when they are there; one that
+        is not there is no error (the rest of the commit lands). The local store removes
+        them after the written files became visible (under the fence's lock, for a fenced
+        commit); the Hub removes them in the same commit. A path may not be both written
+        and deleted (``ValueError``). The marker's commit removes the attempt's lease so.
         """
         ...
 
@@ -159,6 +176,22 @@ class Store(Protocol):
     def list_folder(self, folder: str) -> frozenset[str]:
         """The names of the files directly in ``folder/`` (not below it), in one call:
         empty when the folder does not exist."""
+        ...
+
+    def changes(self, folder: str) -> dict[str, float]:
+        """The files directly in ``folder/`` (not below it), by name, each mapped to when it
+        last changed by the store's own clock (seconds since the epoch): a local file's
+        modification time, the date of the Hub commit that last touched it (millisecond
+        precision: up to 1 ms before the commit). One listing (paginated on the Hub);
+        empty when the folder does not exist. The lease's age is read so (CONTRACT
+        section 10), never by a host's clock."""
+        ...
+
+    def head_time(self) -> float | None:
+        """When the repo last took a commit, by the store's own clock (seconds since the
+        epoch): the Hub's ``lastModified`` of the repo (without listing its files), the
+        newest modification time of a file under the local store's root. None when the
+        store cannot say (a local store without files, a Hub that names no date)."""
         ...
 
     def list_tree(self, folder: str, limit: int) -> list[str]:

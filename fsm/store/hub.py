@@ -34,7 +34,12 @@ the fence, and sends the head as the commit's parent; the Hub answers 412 when t
 moved by the time the commit is applied, so once the marker has landed a late optional
 commit (one abandoned after a timeout included) is rejected server-side and writes
 nothing. On 412 the head is read again and the commit tried once more, then given up
-(:class:`~fsm.errors.StoreUnavailable`).
+(:class:`~fsm.errors.StoreUnavailable`). A commit's deletions ride in the same commit; the
+client (in the agent, one call) leaves out the ones the Hub answers are missing.
+
+The store's own clock (the lease's, CONTRACT section 10): :meth:`HubStore.changes` is one
+expanded listing of a folder (each file's last commit and its date), and
+:meth:`HubStore.head_time` the repo's ``lastModified`` alone (never its file list).
 
 The hub's settings (``HF_HUB_*``, ``HF_XET_*``) are taken from the environment the adapter
 was given (the runner's merged with the payload's ``env``): before ``huggingface_hub`` is
@@ -81,7 +86,7 @@ from fsm.hub.client import Entry, Ignored, write_if_empty
 from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
-from fsm.store.base import Fence, StoreStats, WarmOutcome
+from fsm.store.base import Fence, StoreStats, WarmOutcome, removals
 from fsm.store.hf_cache import ModelCache
 
 __all__ = ["DEFAULT_ENDPOINT", "HubStore", "configure_transfer"]
@@ -316,23 +321,27 @@ class HubStore:
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
-        optional: Collection[str] = (),
+        optional: Collection[str] = (), delete: Collection[str] = (),
     ) -> bool:
+        removed = removals(files, delete)
         if fence is not None and fence.sealed:
             return False
         items = list(files.items())
-        if not items:
+        if not items and not removed:
             return True  # nothing to land
         size = sum(local.stat().st_size for _, local in items)
         bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
         op = "upload" if len(items) == 1 else "commit"
-        label = items[0][0] if len(items) == 1 else f"{items[0][0]} and {len(items) - 1} more"
+        paths = [path for path, _ in items] + removed
+        label = paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
         missing = f"repo {self.repo_id} not found"
 
         def create(parent: str | None) -> None:
             try:
+                # The deletions ride in the same commit; the client leaves out the ones not
+                # there (the Hub refuses a commit that deletes a missing file).
                 self._client().commit("dataset", self.repo_id, dict(items), message=message,
-                                      parent=parent, optional=optional)
+                                      parent=parent, optional=optional, delete=removed)
             except Ignored as exc:
                 must = sorted(exc.paths - set(optional))
                 raise StoreRefused(
@@ -382,6 +391,33 @@ class HubStore:
         except StoreNotFound:
             return frozenset()
         return frozenset(entry.path.rsplit("/", 1)[-1] for entry in entries)
+
+    def changes(self, folder: str) -> dict[str, float]:
+        folder = folder.strip("/")
+        # One listing with each file's last commit (the Hub pages it by 50), bounded as
+        # list_folder's one call is.
+        listing = self._via("changes", "dataset", self.repo_id, folder, revision="main")
+        try:
+            dated: dict[str, float | None] = self._call("list", f"{folder}/", listing,
+                                                        self.call_timeout_s)
+        except StoreNotFound:
+            return {}
+        undated = sorted(name for name, when in dated.items() if when is None)
+        if undated:  # a mirror that names no commits: the store cannot say how old they are
+            raise StoreUnavailable(
+                f"store list {folder}/: the store names no last commit of "
+                f"{', '.join(undated[:3])}{' and more' if len(undated) > 3 else ''}")
+        return {name: when for name, when in dated.items() if when is not None}
+
+    def head_time(self) -> float | None:
+        # The repo's lastModified alone (repo_info would list every file of a fleet's repo).
+        modified = self._via("last_modified", "dataset", self.repo_id)
+        try:
+            when: float | None = self._call("info", self.repo_id, modified, self.call_timeout_s,
+                                            missing=f"repo {self.repo_id} not found")
+        except StoreNotFound:
+            return None
+        return when
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
         folder = folder.strip("/")

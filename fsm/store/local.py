@@ -3,7 +3,9 @@
 Selected with ``--store file:///abs/dir`` (or ``FLASH_STORE``). Repo path ``a/b.json`` is
 ``dir/a/b.json``; model repo ``org/m`` (for preload) is ``dir/models/org/m/``. Writes are
 atomic (write aside, then rename), so a reader never sees half a file; a commit of several
-files writes them all aside first, then renames them in the mapping's order. Warming a
+files writes them all aside first, then renames them in the mapping's order, then removes
+the files it deletes. A file's modification time is when it last changed by the store's
+clock (:meth:`LocalStore.changes`, :meth:`LocalStore.head_time`). Warming a
 model writes the standard Hugging Face cache layout, so ``huggingface_hub`` finds it
 offline.
 
@@ -25,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 from fsm import rules
 from fsm.budget import Budget
@@ -37,7 +40,7 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
-from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart
+from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart, removals
 from fsm.store.hf_cache import ModelCache
 
 _CHUNK = 1 << 20
@@ -70,8 +73,9 @@ class LocalStore:
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
-        optional: Collection[str] = (),
+        optional: Collection[str] = (), delete: Collection[str] = (),
     ) -> bool:
+        removed = [(path, self._repo_path(path)) for path in removals(files, delete)]
         if fence is not None and fence.sealed:
             return False
         self._check_time()
@@ -84,8 +88,8 @@ class LocalStore:
                     staged.append((path_in_repo, _copy_aside(local_path, target), target))
                 except OSError as exc:
                     raise _write_error(path_in_repo, exc) from exc
-            # Sealing takes the same lock: a seal() waits for the renames below, and once
-            # it has returned no optional commit gets past the check.
+            # Sealing takes the same lock: a seal() waits for the renames (and removals)
+            # below, and once it has returned no optional commit gets past the check.
             with fence.lock if fence is not None else contextlib.nullcontext():
                 if fence is not None and fence.sealed:
                     return False
@@ -94,6 +98,15 @@ class LocalStore:
                         os.replace(tmp, target)
                     except OSError as exc:
                         raise _write_error(path_in_repo, exc) from exc
+                # Once every written file is visible: what the commit removes (a path not
+                # there, or below a file, is nothing to remove).
+                for path_in_repo, target in removed:
+                    try:
+                        os.unlink(target)
+                    except (FileNotFoundError, NotADirectoryError):
+                        pass
+                    except OSError as exc:
+                        raise _write_error(path_in_repo, exc, "remove") from exc
             self.stats.count(op="commit", commit=True)
             return True
         finally:
@@ -119,6 +132,42 @@ class LocalStore:
             if entry.is_file():
                 names.add(entry.name)
         return frozenset(names)
+
+    def changes(self, folder: str) -> dict[str, float]:
+        self._check_time()
+        self._root_readable()
+        folder = folder.strip("/")
+        source = self._checked(folder)
+        if not source.is_dir():
+            return {}
+        times: dict[str, float] = {}
+        with os.scandir(source) as listing:
+            for entry in listing:
+                if entry.is_symlink():  # checked as list_folder checks it (unsafe: refused)
+                    self._checked(f"{folder}/{entry.name}" if folder else entry.name)
+                try:
+                    if entry.is_file():
+                        times[entry.name] = entry.stat().st_mtime
+                except FileNotFoundError:  # removed since it was listed
+                    continue
+        return times
+
+    def head_time(self) -> float | None:
+        self._check_time()
+        self._root_readable()
+        # The newest regular file anywhere under the root (links are not followed): a
+        # commit's files are renamed into place, so the last commit's are the newest.
+        newest: float | None = None
+        for directory, _, names in os.walk(self.root):
+            self._check_time()
+            for name in names:
+                try:
+                    st = os.lstat(os.path.join(directory, name))
+                except FileNotFoundError:  # removed since it was listed
+                    continue
+                if S_ISREG(st.st_mode) and (newest is None or st.st_mtime > newest):
+                    newest = st.st_mtime
+        return newest
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
         self._check_time()
@@ -292,8 +341,8 @@ def _check_link(link: Path, label: str, real_root: str) -> None:
         )
 
 
-def _write_error(path_in_repo: str, exc: OSError) -> StoreUnavailable:
-    return StoreUnavailable(f"local store: cannot write {path_in_repo}: {exc.strerror}")
+def _write_error(path_in_repo: str, exc: OSError, verb: str = "write") -> StoreUnavailable:
+    return StoreUnavailable(f"local store: cannot {verb} {path_in_repo}: {exc.strerror}")
 
 
 def _ignored(rel: str, patterns: Sequence[str]) -> bool:

@@ -13,11 +13,16 @@ It implements what uploads, existence checks and downloads need, on both client 
   client requires (``X-Repo-Commit``, ``ETag``, ``Content-Length``); ranged GETs are
   answered ``206`` with ``Content-Range`` (what hf_transfer needs); a missing file or repo is
   ``404`` with ``X-Error-Code: EntryNotFound`` / ``RepoNotFound``;
-* ``GET /api/<type>s/<repo>[/revision/<rev>]``: ``sha`` and ``siblings``;
+* ``GET /api/<type>s/<repo>[/revision/<rev>]``: ``sha``, ``siblings`` and ``lastModified``
+  (the time of the repo's last commit); with ``expand=<field>`` (repeated) only the named
+  fields, plus ``id`` and ``_id``, as the Hub answers;
 * ``GET /api/<type>s/<repo>/refs``: the one branch, ``main``, and its commit;
 * ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``),
   in pages of 1,000 entries linked by ``Link: <...&cursor=N>; rel="next"`` as the Hub's
-  (:meth:`LocalHubServer.set_tree_page` makes them smaller);
+  (:meth:`LocalHubServer.set_tree_page` makes them smaller); with ``expand=true`` each
+  entry carries its ``lastCommit`` (``id``, ``title``, ``date``), in pages of 50;
+* ``POST /api/<type>s/<repo>/paths-info/<rev>``: the entries of the named ``paths`` that
+  exist (the others left out), ``expand`` as for the tree;
 * ``POST /api/<type>s/<repo>/preupload/<rev>``: every file is ``regular``, so neither LFS
   nor Xet machinery is needed;
 * ``POST /api/<type>s/<repo>/commit/<rev>``: NDJSON commits with inline base64 content,
@@ -25,7 +30,16 @@ It implements what uploads, existence checks and downloads need, on both client 
   ``create_commit(parent_commit=...)``), it is checked when the commit is applied, under
   the write lock and after any injected hang: a parent that is not the repo's current
   commit is answered ``412`` (``{"error": "A commit has happened since. Please refresh
-  and try again."}``, like the Hub) and nothing is written.
+  and try again."}``, like the Hub) and nothing is written. A deletion of a file that is
+  not there is answered ``404`` with ``X-Error-Code: EntryNotFound``, and nothing is
+  written; a folder left empty by a deletion goes (git keeps no empty folders).
+
+Each commit is dated by the server's clock (``time.time()`` when it is applied; the Hub
+sends dates with millisecond precision, truncated here): the server keeps, per repo and
+path, the date, title and id of the last commit that wrote the file (``lastCommit`` in
+expanded listings), and the date of the repo's last commit (its ``lastModified``).
+:meth:`LocalHubServer.add_file` counts as a commit (``when=`` backdates it); a file put
+in a repo's directory behind the server's back is dated by its modification time.
 
 A server built with ``token=`` answers ``401`` to any request whose
 ``Authorization: Bearer`` header does not carry exactly that token. The token is never
@@ -127,7 +141,8 @@ from types import TracebackType
 from typing import Any, BinaryIO, Literal
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
-__all__ = ["Fault", "LocalHubServer", "Network", "Quota", "RequestRecord", "request_kind"]
+__all__ = ["Fault", "LastCommit", "LocalHubServer", "Network", "Quota", "RequestRecord",
+           "hub_date", "request_kind"]
 
 RepoType = Literal["model", "dataset", "space"]
 FaultKind = Literal["fail", "hang", "drop"]
@@ -135,20 +150,42 @@ RequestKind = Literal["api", "resolver", "commit", "other"]
 QuotaName = Literal["commits", "requests"]
 
 _CHUNK = 1 << 20
-#: Entries per page of a tree listing, as the Hub answers them.
+#: Entries per page of a tree listing, as the Hub answers them (with ``expand=true``: 50).
 TREE_PAGE = 1000
+EXPANDED_TREE_PAGE = 50
 _PACE_CHUNK = 64 << 10  # the most a paced body sends at once
 _PACE_SLICE_S = 0.05  # ... and at most this long's worth of the cap, so slow caps stay smooth
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
 _API = re.compile(
     r"^/api/(?P<type>models|datasets|spaces)/" + _REPO
-    + r"/(?P<op>revision|tree|preupload|commit)/(?P<rest>.+)$"
+    + r"/(?P<op>revision|tree|preupload|commit|paths-info)/(?P<rest>.+)$"
 )
 _INFO = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/?$")
 _REFS = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/refs/?$")
 _RESOLVE = re.compile(r"^/(?:(?P<type>datasets|spaces)/)?" + _REPO + r"/resolve/(?P<rest>.+)$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _OLD_CLIENT = re.compile(r"\bhf_hub/0\.")
+
+
+@dataclass(frozen=True)
+class LastCommit:
+    """The last commit that wrote a file: when (the server's clock), its title, its id."""
+
+    when: float
+    title: str
+    sha: str
+
+    def payload(self) -> dict[str, str]:
+        """As the Hub's ``lastCommit`` of an expanded listing."""
+        return {"id": self.sha, "title": self.title, "date": hub_date(self.when)}
+
+
+def hub_date(when: float) -> str:
+    """``when`` (seconds since the epoch) as the Hub writes a date: ISO 8601 in UTC with
+    milliseconds (truncated) and ``Z``."""
+    millis = math.floor(when * 1000)
+    seconds, rest = divmod(millis, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{rest:03d}Z"
 
 
 @dataclass
@@ -391,6 +428,9 @@ class LocalHubServer:
         self._log: list[RequestRecord] = []
         self._write_lock = threading.Lock()
         self._generation: dict[Path, int] = {}
+        # Per repo: each file's last commit, and when the repo last took one.
+        self._last_commits: dict[Path, dict[str, LastCommit]] = {}
+        self._head_times: dict[Path, float] = {}
         self._etags: dict[tuple[str, int, int], str] = {}
         self._log_file = Path(log_file) if log_file is not None else None
         self._quota = Quota() if quota is None else quota
@@ -509,9 +549,13 @@ class LocalHubServer:
         return self.root.joinpath(f"{repo_type}s", *parts)
 
     def create_repo(self, repo_id: str, repo_type: RepoType = "dataset") -> Path:
-        """Create an empty repo (idempotent) and return its directory."""
+        """Create an empty repo (idempotent) and return its directory. A new repo's
+        ``lastModified`` is its creation (the Hub's initial commit)."""
         path = self.repo_dir(repo_id, repo_type)
-        path.mkdir(parents=True, exist_ok=True)
+        with self._write_lock:
+            if not path.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+                self._head_times[path] = time.time()
         return path
 
     def add_file(
@@ -520,8 +564,12 @@ class LocalHubServer:
         path_in_repo: str,
         data: bytes | str | Path,
         repo_type: RepoType = "dataset",
+        *,
+        when: float | None = None,
     ) -> Path:
-        """Put a file straight into a repo (created when missing), bypassing the API."""
+        """Put a file straight into a repo (created when missing), bypassing the API: a
+        commit of its own, dated ``when`` (seconds since the epoch; now when None), which
+        becomes the file's ``lastCommit`` and the repo's ``lastModified``."""
         target = _join(self.create_repo(repo_id, repo_type), path_in_repo)
         target.parent.mkdir(parents=True, exist_ok=True)
         with self._write_lock:
@@ -529,9 +577,21 @@ class LocalHubServer:
                 shutil.copyfile(data, target)
             else:
                 target.write_bytes(data.encode() if isinstance(data, str) else data)
-            self._bump(self.repo_dir(repo_id, repo_type))
+            self._committed(self.repo_dir(repo_id, repo_type), [path_in_repo.strip("/")], [],
+                            f"Upload {path_in_repo.strip('/')}", when)
         self.etag(target)  # hash now, not on the first request
         return target
+
+    def last_commit(self, repo_id: str, path_in_repo: str,
+                    repo_type: RepoType = "dataset") -> LastCommit:
+        """The last commit that wrote ``path_in_repo`` (a file put there behind the
+        server's back: its modification time, no title, the repo's current commit)."""
+        repo = self.repo_dir(repo_id, repo_type)
+        return self._last_change(repo, path_in_repo.strip("/"), _join(repo, path_in_repo))
+
+    def last_modified(self, repo_id: str, repo_type: RepoType = "dataset") -> float:
+        """When the repo last took a commit (its ``lastModified``), by the server's clock."""
+        return self._repo_time(self.repo_dir(repo_id, repo_type))
 
     def rename_repo(self, old_id: str, new_id: str, repo_type: RepoType = "dataset") -> Path:
         """Move repo ``old_id`` to ``new_id``; from now on the old name is answered, for every
@@ -541,6 +601,10 @@ class LocalHubServer:
         with self._write_lock:
             os.replace(old, new)
             self._renamed[(repo_type, old_id)] = new_id
+            if old in self._last_commits:  # its history goes with it
+                self._last_commits[new] = self._last_commits.pop(old)
+            if old in self._head_times:
+                self._head_times[new] = self._head_times.pop(old)
         return new
 
     def _canonical(self, repo_type: RepoType, repo_id: str) -> str | None:
@@ -604,8 +668,8 @@ class LocalHubServer:
 
     def set_tree_page(self, size: int = 0) -> None:
         """Answer tree listings in pages of ``size`` entries (the Hub's own: 1,000; 0 is
-        that default), each page but the last with a ``Link: <...&cursor=...>;
-        rel="next"`` header, as the Hub paginates."""
+        that default; an expanded listing's pages are at most 50), each page but the last
+        with a ``Link: <...&cursor=...>; rel="next"`` header, as the Hub paginates."""
         with self._lock:
             self._tree_page = size if size > 0 else TREE_PAGE
 
@@ -793,6 +857,45 @@ class LocalHubServer:
 
     def _bump(self, repo: Path) -> None:
         self._generation[repo] = self._generation.get(repo, 0) + 1
+
+    def _committed(self, repo: Path, written: list[str], deleted: list[str], title: str,
+                   when: float | None = None) -> str:
+        """A commit was applied to ``repo`` (under the write lock): a new commit id, dated
+        ``when`` (now when None), the last commit of every path it wrote; the records of
+        what it deleted (a folder: everything below it) go. Returns the commit id."""
+        now = time.time() if when is None else when
+        self._bump(repo)
+        sha = self._commit_of(repo)
+        records = self._last_commits.setdefault(repo, {})
+        for rel in deleted:
+            for key in [k for k in records if k == rel or k.startswith(f"{rel}/")]:
+                del records[key]
+        for rel in written:
+            records[rel] = LastCommit(now, title, sha)
+        self._head_times[repo] = now
+        return sha
+
+    def _last_change(self, repo: Path, rel: str, path: Path) -> LastCommit:
+        """The last commit of the file ``rel`` (at ``path``); for a folder, the newest of
+        its files'."""
+        if path.is_dir():
+            found = [self._last_change(repo, f"{rel}/{sub}", file)
+                     for sub, file in self._files(path)]
+            return max(found, key=lambda commit: commit.when,
+                       default=LastCommit(path.stat().st_mtime, "", self._commit_of(repo)))
+        record = self._last_commits.get(repo, {}).get(rel)
+        if record is not None:
+            return record
+        return LastCommit(path.stat().st_mtime, "", self._commit_of(repo))
+
+    def _repo_time(self, repo: Path) -> float:
+        """When ``repo`` last took a commit: the newest file's modification time for a
+        repo the server saw no commit of."""
+        known = self._head_times.get(repo)
+        if known is not None:
+            return known
+        return max((path.stat().st_mtime for _, path in self._files(repo)),
+                   default=repo.stat().st_mtime)
 
     def _files(self, repo: Path) -> Iterator[tuple[str, Path]]:
         for dirpath, dirnames, filenames in os.walk(repo):
@@ -1043,18 +1146,21 @@ class _Handler(BaseHTTPRequestHandler):
             })
             return
         if (match := _INFO.match(path)) and self.command == "GET":
-            self._revision(self._repo(match["type"], match["repo"]), unquote(match["repo"]))
+            self._revision(self._repo(match["type"], match["repo"]), unquote(match["repo"]),
+                           query)
             return
         if match := _API.match(path):
             repo = self._repo(match["type"], match["repo"])
             rest = match["rest"]
             op = match["op"]
             if op == "revision" and self.command == "GET":
-                self._revision(repo, unquote(match["repo"]))
+                self._revision(repo, unquote(match["repo"]), query)
             elif op == "tree" and self.command == "GET":
                 _rev, _, sub = rest.partition("/")
-                recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
+                recursive = _true(query, "recursive")
                 self._tree(repo, unquote(sub).strip("/"), recursive, query)
+            elif op == "paths-info" and self.command == "POST":
+                self._paths_info(repo)
             elif op == "preupload" and self.command == "POST":
                 self._preupload(repo)
             elif op == "commit" and self.command == "POST":
@@ -1121,17 +1227,42 @@ class _Handler(BaseHTTPRequestHandler):
                 f.seek(start)
                 self._write_body(f, end - start + 1)
 
-    def _revision(self, repo: Path, repo_id: str) -> None:
+    def _revision(self, repo: Path, repo_id: str, query: dict[str, list[str]]) -> None:
         hub = self.server.hub
         files = [rel for rel, _ in hub._files(repo)]
-        sha = hub._commit_of(repo)
-        self._send_json(200, {
+        with hub._write_lock:
+            sha = hub._commit_of(repo)
+            modified = hub._repo_time(repo)
+        info: dict[str, object] = {
             "id": repo_id, "_id": sha[:24], "sha": sha, "private": False, "disabled": False,
             "gated": False, "downloads": 0, "likes": 0, "tags": [],
             "author": repo_id.split("/")[0],
-            "lastModified": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+            "lastModified": hub_date(modified),
             "siblings": [{"rfilename": rel} for rel in files],
-        })
+        }
+        # expand=a&expand=b (or expand[]=...): the Hub answers those fields alone, with
+        # the repo's ids (a field it does not know of is left out here).
+        expand = query.get("expand", []) + query.get("expand[]", [])
+        if expand:
+            info = {key: value for key, value in info.items()
+                    if key in ("id", "_id") or key in expand}
+        self._send_json(200, info)
+
+    def _entry(self, repo: Path, path: Path, *, expand: bool) -> dict[str, object]:
+        """A tree listing's entry for ``path`` (a file or a folder of ``repo``); with
+        ``expand`` its ``lastCommit`` too."""
+        hub = self.server.hub
+        rel = path.relative_to(repo).as_posix()
+        entry: dict[str, object]
+        if path.is_dir():
+            oid = hashlib.sha1(rel.encode(), usedforsecurity=False).hexdigest()
+            entry = {"type": "directory", "oid": oid, "size": 0, "path": rel}
+        else:
+            entry = {"type": "file", "oid": hub.etag(path), "size": path.stat().st_size,
+                     "path": rel}
+        if expand:
+            entry["lastCommit"] = hub._last_change(repo, rel, path).payload()
+        return entry
 
     def _tree(self, repo: Path, sub: str, recursive: bool,
               query: dict[str, list[str]]) -> None:
@@ -1144,18 +1275,15 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _HttpError(400, "invalid path") from None
             if not base.is_dir():
                 raise _HttpError(404, "Entry not found", "EntryNotFound")
-        entries: list[dict[str, object]] = []
+        expand = _true(query, "expand")
         walker = sorted(base.rglob("*")) if recursive else sorted(base.iterdir())
-        for path in walker:
-            rel = path.relative_to(repo).as_posix()
-            if path.is_dir():
-                oid = hashlib.sha1(rel.encode(), usedforsecurity=False).hexdigest()
-                entries.append({"type": "directory", "oid": oid, "size": 0, "path": rel})
-            elif path.is_file():
-                entries.append({"type": "file", "oid": hub.etag(path),
-                                "size": path.stat().st_size, "path": rel})
+        with hub._write_lock:  # a commit's records and files together
+            entries = [self._entry(repo, path, expand=expand)
+                       for path in walker if path.is_dir() or path.is_file()]
         with hub._lock:
             size = hub._tree_page
+        if expand:  # the Hub's pages of an expanded listing are smaller
+            size = min(size, EXPANDED_TREE_PAGE)
         cursor = query.get("cursor", ["0"])[0]
         start = int(cursor) if cursor.isascii() and cursor.isdigit() else 0
         page, headers = entries[start:start + size], {}
@@ -1164,6 +1292,32 @@ class _Handler(BaseHTTPRequestHandler):
                                    "cursor": str(start + size)})
             headers["Link"] = f'<{hub.url}{urlsplit(self.path).path}?{following}>; rel="next"'
         self._send_json(200, page, headers)
+
+    def _paths_info(self, repo: Path) -> None:
+        """The entries of the paths asked for (a form, as the library sends it, or JSON)
+        that exist, in the order asked; the others are left out, as the Hub does."""
+        body = self._body.decode("utf-8", "replace")
+        try:
+            if self.headers.get("Content-Type", "").startswith("application/json"):
+                form = json.loads(body or "{}")
+                paths = [str(p) for p in form.get("paths", [])]
+                expand = form.get("expand") in (True, "true", "True", "1")
+            else:
+                fields = parse_qs(body)
+                paths = fields.get("paths", [])
+                expand = _true(fields, "expand")
+        except (ValueError, AttributeError, TypeError):
+            raise _HttpError(400, "invalid paths-info body") from None
+        entries = []
+        with self.server.hub._write_lock:
+            for wanted in dict.fromkeys(p.strip("/") for p in paths):
+                try:
+                    path = _join(repo, wanted)
+                except ValueError:
+                    continue
+                if path.is_dir() or path.is_file():
+                    entries.append(self._entry(repo, path, expand=expand))
+        self._send_json(200, entries)
 
     def _preupload(self, repo: Path) -> None:
         hub = self.server.hub
@@ -1192,6 +1346,7 @@ class _Handler(BaseHTTPRequestHandler):
         writes: list[tuple[Path, bytes]] = []
         deletes: list[Path] = []
         parent: str | None = None
+        title = ""
         try:
             for line in self._body.splitlines():
                 if not line.strip():
@@ -1201,6 +1356,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if key == "header":
                     named = value.get("parentCommit")
                     parent = None if named is None else str(named)
+                    title = str(value.get("summary") or "")
                     continue
                 if key == "file":
                     content = value["content"]
@@ -1216,21 +1372,24 @@ class _Handler(BaseHTTPRequestHandler):
         with hub._write_lock:
             if parent is not None and parent != hub._commit_of(repo):
                 raise _HttpError(412, "A commit has happened since. Please refresh and try again.")
+            # The whole commit or nothing: a deletion of a missing file refuses it first.
+            if any(not target.exists() for target in deletes):
+                raise _HttpError(404, "A file with this name doesn't exist", "EntryNotFound")
             for target in deletes:
                 if target.is_dir():
                     shutil.rmtree(target)
                 elif target.exists():
                     target.unlink()
-                else:
-                    raise _HttpError(404, "A file with this name doesn't exist", "EntryNotFound")
+                _prune(repo, target.parent)
             for target, data in writes:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
                 os.replace(tmp, target)
-            hub._bump(repo)
-            sha = hub._commit_of(repo)
+            sha = hub._committed(
+                repo, [target.relative_to(repo).as_posix() for target, _ in writes],
+                [target.relative_to(repo).as_posix() for target in deletes], title)
         prefix = "" if type_plural == "models" else f"{type_plural}/"
         commit_url = f"{prefix}{repo_id}/commit/{sha}"
         if not _OLD_CLIENT.search(self.headers.get("User-Agent", "")):
@@ -1276,6 +1435,21 @@ def _gitignored(repo: Path, path: str) -> bool:
         if hit:
             ignored = not negate
     return ignored
+
+
+def _true(query: dict[str, list[str]], name: str) -> bool:
+    """Whether the query (or form) says ``name=true`` (``True`` from 0.x, ``1``)."""
+    return query.get(name, ["false"])[0].lower() in ("1", "true")
+
+
+def _prune(repo: Path, folder: Path) -> None:
+    """Remove ``folder`` and the folders above it (up to ``repo``) while they are empty."""
+    while folder != repo and repo in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone)
+            return
+        folder = folder.parent
 
 
 def _singular(type_plural: str) -> RepoType:
