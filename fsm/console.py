@@ -1,20 +1,25 @@
-"""The worker's console tail in the store while the worker runs: redacted, fenced (it
-never lands after the marker), and never allowed to block the run. The final tail goes
-up with the marker (``fsm.outcome.attach_tail``)."""
+"""The attempt's commits while the worker runs: the console tail, redacted, and the lease
+(CONTRACT section 10), which rides in a tail's commit when one is due. Both are fenced
+(neither lands after the marker) and never allowed to block the run. The final tail goes
+up with the marker (``fsm.outcome.attach_tail``), whose commit removes the lease."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from fsm import rules
 from fsm.clock import os_timeout
 from fsm.context import Context
-from fsm.errors import StoreUnavailable
+from fsm.errors import RetriableError, StoreUnavailable
+from fsm.lease import LeaseKeeper, lease_name
 from fsm.supervise import TAIL_BYTES
 
 log = structlog.get_logger("fsm.console")
@@ -43,23 +48,67 @@ def progress_path(ctx: Context) -> Path:
 MAX_INTERVAL_S = 600.0
 
 
-def _commit_tail(ctx: Context, text: str) -> bool:
-    """Commit ``text`` as the console tail, fenced: False when the fence was sealed."""
-    fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{console_name(ctx)}.")
+def _commit_fenced(ctx: Context, contents: dict[str, bytes], message: str) -> bool:
+    """Commit ``contents`` (name under the prefix: bytes) in one fenced commit: False when
+    the fence was sealed. Once Mark seals the fence none of them lands, not even one in
+    flight now (the marker's commit outdates it at the store)."""
+    dest = ctx.require_payload().dest
+    files: dict[str, Path] = {}
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        # Fenced: once Mark seals the fence no periodic tail lands, not even one that is
-        # in flight now (the marker's commit outdates it at the store).
-        path = ctx.require_payload().dest.path(console_name(ctx))
+        for name, data in contents.items():
+            fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{name}.")
+            files[dest.path(name)] = Path(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         return ctx.tail_store().commit(
-            {path: Path(tmp)},
-            message=f"Console tail {console_name(ctx)}",
-            fence=ctx.fence,
-            optional=[path],  # a repo whose .gitignore matches it keeps none: not an error
+            files, message=message, fence=ctx.fence,
+            optional=list(files),  # a repo whose .gitignore matches them keeps none: no error
         )
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        for local in files.values():
+            local.unlink(missing_ok=True)
+
+
+def superseded(later: str) -> RetriableError:
+    """The attempt's end once its lease found ``later`` (a later attempt's file)."""
+    return RetriableError(
+        f"superseded: a later attempt of the run is under the prefix ({later}); this "
+        "attempt stopped its work", rule=rules.SUPERSEDED)
+
+
+def start_lease(ctx: Context, state: str) -> LeaseKeeper | None:
+    """Start keeping the attempt's lease (None when ``FLASH_LEASE_S`` is 0): written now,
+    renewed from a thread of its own, and kept in ``ctx.lease`` for the marker's commit."""
+    period = ctx.tuning.lease_s
+    if period <= 0:
+        return None
+    dest = ctx.require_payload().dest
+    name = lease_name(dest.arm, dest.attempt)
+    from fsm.outcome import hostname
+
+    identity = {"run_id": ctx.evidence.get("run_id"), "state": state,
+                "host": {"id": ctx.host_id(), "hostname": hostname(ctx)}}
+    signs = (console_path(ctx), progress_path(ctx))
+
+    def describe() -> dict[str, Any]:
+        # The last sign of progress the stall watch can see (CONTRACT section 7): the
+        # console's last write, the progress file's last touch (the host's clock).
+        times = []
+        for path in signs:
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime)
+        return {"progress_at": round(max(times), 3) if times else None}
+
+    keeper = LeaseKeeper(
+        arm=dest.arm, attempt=dest.attempt, period_s=period, identity=identity,
+        write=lambda body: _commit_fenced(ctx, {name: body}, f"Lease {name}"),
+        list_names=lambda: ctx.tail_store().list_folder(dest.hf_prefix),
+        describe=describe,
+        on_superseded=lambda later: ctx.halt_with(superseded(later)),
+    )
+    ctx.lease = keeper
+    keeper.start()
+    return keeper
 
 
 class PeriodicTail:
@@ -102,6 +151,8 @@ class PeriodicTail:
             return  # backing off
         if ctx.work_deadline.remaining() < self._base_s:
             return  # the marker's time is near: the final tail goes with it
+        if ctx.lease is not None and ctx.lease.superseded is not None:
+            return  # a later attempt owns the prefix's console now
         try:
             path = console_path(ctx)
             # Read and redacted here, never taken already cut: the redactor reads a wider
@@ -109,7 +160,7 @@ class PeriodicTail:
             tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
             if tail == self._last:
                 return  # nothing new: no commit
-            _commit_tail(ctx, tail.decode("utf-8", "replace"))
+            self._commit(tail)
         except StoreUnavailable as exc:
             self._back_off(exc.retry_after, reason=ctx.redactor.text(str(exc)))
             return
@@ -120,6 +171,23 @@ class PeriodicTail:
         self._last = tail
         self.interval_s = max(self._base_s, self.interval_s - self._base_s)
         self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
+
+    def _commit(self, tail: bytes) -> None:
+        """The tail, with the lease when it is due (one commit carries both)."""
+        ctx, lease = self._ctx, self._ctx.lease
+        name = console_name(ctx)
+        body = lease.riding() if lease is not None else None
+        tail = tail.decode("utf-8", "replace").encode("utf-8")
+        if body is None:
+            _commit_fenced(ctx, {name: tail}, f"Console tail {name}")
+            return
+        assert lease is not None
+        landed = False
+        try:
+            landed = _commit_fenced(ctx, {name: tail, lease.name: body},
+                                    f"Console tail {name} and lease")
+        finally:
+            lease.carried(landed)
 
     def _back_off(self, retry_after: float | None, *, reason: str) -> None:
         self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)

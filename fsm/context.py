@@ -21,8 +21,9 @@ import structlog
 
 from fsm.budget import MIN_TRY_S, Background, Budget
 from fsm.clock import Deadline
-from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError
+from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
 from fsm.interrupt import InterruptFlag
+from fsm.lease import DEFAULT_LEASE_S, MIN_LEASE_S
 from fsm.marker import READBACK_S, AttemptLock, Persisted, Publisher
 from fsm.outlet import Outlet
 from fsm.payload import Destination, Payload
@@ -33,6 +34,7 @@ from fsm.store.base import Fence, Store, StoreStats
 if TYPE_CHECKING:
     from fsm.gpus import Snapshot, StartVerdict
     from fsm.host import HostProbe
+    from fsm.lease import LeaseKeeper
     from fsm.prefetch import Branch
     from fsm.supervise import WorkerExit
 
@@ -231,11 +233,13 @@ class Tuning:
     host_watch_s: float = DEFAULT_HOST_WATCH_S
     #: Each nvidia-smi query's bound (FLASH_GPU_QUERY_S): a slower answer is none.
     gpu_query_s: float = DEFAULT_GPU_QUERY_S
+    #: Seconds between renewals of the attempt's lease (FLASH_LEASE_S; 0: no lease).
+    lease_s: float = DEFAULT_LEASE_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
         """The knobs of ``env``; an unusable watch setting (``FLASH_STALL_S``,
-        ``FLASH_HOST_WATCH_S``, ``FLASH_GPU_QUERY_S``) is an unusable payload:
+        ``FLASH_HOST_WATCH_S``, ``FLASH_GPU_QUERY_S``, ``FLASH_LEASE_S``) is an unusable payload:
         :class:`~fsm.errors.PayloadError` naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
@@ -250,6 +254,7 @@ class Tuning:
             host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", DEFAULT_HOST_WATCH_S),
             gpu_query_s=watch_seconds(env, "FLASH_GPU_QUERY_S", DEFAULT_GPU_QUERY_S,
                                       minimum=MIN_GPU_QUERY_S, can_be_off=False),
+            lease_s=watch_seconds(env, "FLASH_LEASE_S", DEFAULT_LEASE_S, minimum=MIN_LEASE_S),
         )
 
     def reserve_for(self, budget_s: float) -> float:
@@ -331,14 +336,18 @@ class Context:
     #: The GPUs' health before the worker started (``fsm.gpus``): what later snapshots
     #: are compared with.
     host_start: Snapshot | None = None
-    #: A fault the GPUs reported while setup ran (:meth:`watch_host`): set from the
-    #: probe's thread, it ends the running state at once (the driver raises it).
-    host_fault: HostFault | None = None
+    #: What ends the running state at once, set from another thread (the driver raises
+    #: it): a fault the GPUs reported while setup ran (:meth:`watch_host`), or a later
+    #: attempt found by the preload's lease (:meth:`halt_with`).
+    halt: RetriableError | None = None
     #: Stops setup's waits (the extras install, downloads and their retries): every stop
     #: signal, and a fault the GPUs report (:meth:`watch_host`).
     setup_stop: InterruptFlag = field(default_factory=InterruptFlag)
     #: The worker's process group while it runs (the deadline watchdog kills it).
     worker_pgid: int | None = None
+    #: The attempt's lease while the worker or the preload runs (CONTRACT section 10):
+    #: the marker's commit removes what it wrote.
+    lease: LeaseKeeper | None = None
     failure: Failure | None = None
     replayed: Persisted | None = None
     #: The payload's env as read (even from an invalid payload): it decides the store.
@@ -371,10 +380,16 @@ class Context:
         probe.limit(self.tuning.gpu_query_s)
 
         def on_fault(verdict: StartVerdict, snap: Snapshot) -> None:
-            self.host_fault = host_fault(probe.hostname, verdict, snap)
-            self.setup_stop.trigger(15)
+            self.halt_with(host_fault(probe.hostname, verdict, snap))
 
         probe.watch(expected, on_fault)
+
+    def halt_with(self, fault: RetriableError) -> None:
+        """End the running state with ``fault`` (from any thread): the first one stays, and
+        :attr:`setup_stop` stops the install and the downloads under way."""
+        if self.halt is None:
+            self.halt = fault
+        self.setup_stop.trigger(15)
 
     def settle_host(self, expected: int | None) -> None:
         """Before the worker starts (or a preload claims success): wait for the GPUs'
@@ -397,8 +412,8 @@ class Context:
         if not verdict.decided and deadline.expired():
             raise DeadlineExceeded("run wall deadline exceeded while waiting for the GPUs' "
                                    "answer before the worker")
-        if self.host_fault is not None:
-            raise self.host_fault
+        if self.halt is not None:
+            raise self.halt
         if verdict.kind is not None:
             raise host_fault(probe.hostname, verdict, snap)
         self.host_start = snap

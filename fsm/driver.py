@@ -102,8 +102,8 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             raise Interrupted(ctx.interrupt.signum or 15)
         if ctx.work_deadline.expired() and state != table.LOAD_PAYLOAD:
             raise DeadlineExceeded(f"run wall deadline exceeded before {state} could start")
-        if ctx.host_fault is not None:
-            raise ctx.host_fault
+        if ctx.halt is not None:
+            raise ctx.halt
         ctx.raise_on_interrupt = True
         try:
             event = handler(ctx)
@@ -111,18 +111,18 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             ctx.raise_on_interrupt = False
         # A fault the GPUs reported while setup ran (fsm.host, from the probe's thread)
         # ends the state it came in, whether or not the state's work saw it.
-        if ctx.host_fault is not None:
-            raise ctx.host_fault
+        if ctx.halt is not None:
+            raise ctx.halt
         return event
     except BaseException as exc:  # every failure is classified, none escapes the machine
         if isinstance(exc, SystemExit | AttemptBusy):
             raise
         if isinstance(exc, LookupError) and handler is None:
             return _internal(ctx, state, str(exc))
-        if ctx.host_fault is not None:
+        if ctx.halt is not None:
             # What setup raised after the GPUs reported a fault (an install or download
             # stopped for it) came of that fault: the fault decides.
-            exc = ctx.host_fault
+            exc = ctx.halt
         if isinstance(exc, HostFault):
             ctx.evidence.update(exc.evidence)
         if (

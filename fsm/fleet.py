@@ -3,9 +3,14 @@
 Both read what the runners left under one run's prefix, through the runner's own store
 calls (:func:`fsm.store.open_store`: bounded, retried, classified), on either store:
 
-* ``status`` lists the prefix once (one ``list_folder``) and downloads each attempt
+* ``status`` lists the prefix once (one ``list_tree``) and downloads each attempt
   marker found directly in it (``<arm>_attempt<N>.json``): arm, attempt, outcome, class,
-  rule, age, end state and run id, as a table or as JSON;
+  rule, age, end state and run id, as a table or as JSON. An attempt with a lease and no
+  marker (``<arm>_attempt<N>.lease.json``, CONTRACT section 10) is a row too, judged by
+  :mod:`fsm.attempts`: ``running``, ``lost`` or ``unknown``, the lease's state, its age by
+  the store's clock and its host; lost and unknown ones get a line under the table (since
+  when, or why). Only then does it list the prefix with its change times (``changes``)
+  and read each such lease once (and the repo's ``head_time`` at most once);
 * ``explain`` shows one attempt: its marker, the policy row that decided it, the last
   lines of the console tail uploaded under the prefix, and its path on the machine.
 
@@ -29,7 +34,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsm.clock import Deadline
 from fsm.errors import (
@@ -43,6 +48,9 @@ from fsm.errors import (
 )
 from fsm.redact import Redactor
 from fsm.store.base import Store
+
+if TYPE_CHECKING:
+    from fsm.attempts import AttemptView
 
 __all__ = [
     "CONSOLE_RE", "MARKER_RE", "TAIL_LINES", "Row", "arguments_problem", "explain",
@@ -141,24 +149,32 @@ def parse_marker(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 @dataclass(frozen=True)
 class Row:
-    """One attempt marker of a prefix, as ``status`` shows it."""
+    """One attempt marker of a prefix, as ``status`` shows it; or, with ``view``, an
+    attempt that has a lease and no marker (``file`` is then its lease)."""
 
     file: MarkerFile
     marker: dict[str, Any] | None
     problem: str | None = None  # why the marker is unreadable
-    #: the run's folder (its hf_prefix), and how many attempt markers it holds
+    #: the run's folder (its hf_prefix), and how many attempts (markers, leases) it holds
     folder: str = ""
     attempts: int = 1
+    #: a lease's row: what fsm.attempts judged the attempt (running, lost, unknown)
+    view: AttemptView | None = None
 
     @property
     def outcome(self) -> str:
+        if self.view is not None:
+            return self.view.kind
         if self.marker is None:
             return "unreadable"
         return "ok" if self.marker["ok"] else "failed"
 
     @property
     def verdict(self) -> str | None:
-        """succeeded, retriable or fatal (None when unreadable): what the control plane does."""
+        """succeeded, retriable or fatal (None when unreadable): what the control plane does;
+        a lease's row: running, lost or unknown."""
+        if self.view is not None:
+            return self.view.kind
         if self.marker is None:
             return None
         if self.marker["ok"]:
@@ -173,15 +189,26 @@ class Row:
         return float(ts)
 
     def age_s(self, now: float) -> float | None:
+        """The marker's age by its ``ts``; a lease's row: the lease's, by the store's clock."""
+        if self.view is not None:
+            return self.view.lease_age_s
         ts = self.ts
         return None if ts is None else round(now - ts, 3)
 
     def field(self, key: str) -> Any:
+        if self.view is not None:  # a lease's row shows its state and run id, nothing else
+            if key == "state":
+                return self.view.state
+            lease = self.view.lease
+            return lease.get(key) if lease is not None and key == "run_id" else None
         return self.marker.get(key) if self.marker is not None else None
 
     @property
     def host(self) -> str | None:
-        """The host the attempt ran on (the marker's ``host.hostname`` evidence)."""
+        """The host the attempt ran on (the marker's ``host.hostname`` evidence; a lease's
+        row: the lease's)."""
+        if self.view is not None:
+            return self.view.hostname
         host = self.field("host")
         name = host.get("hostname") if isinstance(host, dict) else None
         return name if isinstance(name, str) and name else None
@@ -190,7 +217,33 @@ class Row:
         row = {c.key: c.value(self, now) for c in (COLUMNS if columns is None else columns)}
         if self.problem is not None:
             row["problem"] = self.problem
+        if self.view is not None:
+            row.setdefault("host", self.host)
+            row["since"] = self.view.since
+            row["why"] = self.view.why
         return row
+
+    def note(self, now: float, recursive: bool = False) -> str | None:
+        """The line under the table of a lease's row that is lost (since when, on which
+        host, in which state) or unknown (why); None for any other row."""
+        view = self.view
+        if view is None or view.kind not in ("lost", "unknown"):
+            return None
+        name = self.file.name.removesuffix(".lease.json")
+        label = f"{_cell(self.folder)} {name}" if recursive else name
+        if view.kind == "unknown":
+            return f"{label}: unknown: {_printable(' '.join(view.why.split()), 400)}"
+        since = view.since if view.since is not None else now
+        return (f"{label}: lost since {_when(since)} ({human_age(now - since)} ago) on host "
+                f"{_cell(self.host)}, last state {_cell(view.state)}")
+
+
+def _when(epoch: float) -> str:
+    """An epoch time as UTC, to the second."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 @dataclass(frozen=True)
@@ -404,12 +457,22 @@ def status(
     prefix = prefix.strip("/")
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
-        unread = 0
         if recursive:
-            rows = _latest_rows(store, prefix)
+            wanted, leases = _latest(store, prefix)
         else:
-            rows = _read_rows(store, [(prefix, m, 1) for m in marker_files(_names(store, prefix))])
+            names = _names(store, prefix)
+            markers = marker_files(names)
+            wanted = [(prefix, m, 1) for m in markers]
+            marked = {(m.arm, m.attempt) for m in markers}
+            leases = [(prefix, MarkerFile(name, arm, attempt), 1)
+                      for name, arm, attempt in _lease_files(names)
+                      if (arm, attempt) not in marked]
+        rows = _read_rows(store, wanted)
         unread = sum(row.problem == NOT_READ for row in rows)
+        lease_rows = _lease_rows(store, leases)
+        leases_unread = sum(row.view is not None and row.view.why == LEASE_NOT_READ
+                            for row in lease_rows)
+        rows = sorted(rows + lease_rows, key=lambda r: (r.folder, r.file.attempt, r.file.arm))
         now = time.time()
         columns = RECURSIVE_COLUMNS if recursive else COLUMNS
         listed = [row.as_json(now, columns) for row in rows]
@@ -421,13 +484,20 @@ def status(
                  "(none there, or no such folder or repo)")
         else:
             emit(status_table(rows, now, columns))
+            for note in (row.note(now, recursive) for row in rows):
+                if note is not None:
+                    emit(note)
             if recursive:
                 emit(summary_line(summary(rows)))
         if unread:  # what was read is shown; what was not is said, and the status says it
-            say(f"status: --timeout {timeout_s:g}s reached: {unread} of {len(rows)} markers "
-                f"not read (shown as unreadable, {NOT_READ!r}); a longer --timeout reads them")
-            return 1
-        return 0
+            say(f"status: --timeout {timeout_s:g}s reached: {unread} of "
+                f"{len(rows) - len(lease_rows)} markers not read (shown as unreadable, "
+                f"{NOT_READ!r}); a longer --timeout reads them")
+        if leases_unread:
+            say(f"status: --timeout {timeout_s:g}s reached: {leases_unread} of "
+                f"{len(lease_rows)} leases not judged (shown as unknown, "
+                f"{LEASE_NOT_READ!r}); a longer --timeout reads them")
+        return 1 if unread or leases_unread else 0
 
     return _session("status", url=url, repo=repo, environ=environ, timeout_s=timeout_s,
                     say=say, body=body)
@@ -472,25 +542,109 @@ def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) 
 NOT_READ = "not read: --timeout reached"
 
 
-def _latest_rows(store: Store, prefix: str) -> list[Row]:
-    """The latest attempt of every folder under ``prefix`` that holds attempt markers (a
-    run's hf_prefix): one bounded listing of the whole tree, then one download per marker
-    shown (every arm of that attempt, when several ran it). Once ``--timeout`` is reached,
-    the markers left are rows of :data:`NOT_READ`: what was read is still shown."""
+Wanted = list[tuple[str, MarkerFile, int]]
+
+
+def _lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
+    from fsm.attempts import lease_files
+
+    return lease_files(names)
+
+
+def _latest(store: Store, prefix: str) -> tuple[Wanted, Wanted]:
+    """The latest attempt of every folder under ``prefix`` that holds attempt markers or
+    leases (a run's hf_prefix), from one bounded listing of the whole tree: the markers to
+    read, and the leases of that attempt's arms that have no marker, each as (the run's
+    folder, the file, how many attempts the run holds)."""
     paths = _listed(store, prefix)
     folders: dict[str, list[str]] = {}
     for path in paths:
         folder, _, name = path.rpartition("/")
         folders.setdefault(folder, []).append(name)
-    wanted: list[tuple[str, MarkerFile, int]] = []
+    wanted: Wanted = []
+    leases: Wanted = []
     for folder in sorted(folders):
-        found = marker_files(folders[folder])
-        if not found:
+        markers = marker_files(folders[folder])
+        marked = {(m.arm, m.attempt) for m in markers}
+        leased = [MarkerFile(name, arm, attempt)
+                  for name, arm, attempt in _lease_files(folders[folder])
+                  if (arm, attempt) not in marked]
+        if not markers and not leased:
             continue
-        last = found[-1].attempt
+        last = max(f.attempt for f in (*markers, *leased))
+        held = len(marked | {(f.arm, f.attempt) for f in leased})
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
-        wanted += [(run, m, len(found)) for m in found if m.attempt == last]
-    return _read_rows(store, wanted)
+        wanted += [(run, m, held) for m in markers if m.attempt == last]
+        leases += [(run, f, held) for f in leased if f.attempt == last]
+    return wanted, leases
+
+
+def _latest_rows(store: Store, prefix: str) -> list[Row]:
+    """The latest attempt of every run under ``prefix`` as rows: one bounded listing of the
+    whole tree, one download per marker shown (every arm of that attempt, when several ran
+    it) and the leases of that attempt judged (:func:`_lease_rows`), by run, attempt, arm.
+    Once ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
+    wanted, leases = _latest(store, prefix)
+    return sorted(_read_rows(store, wanted) + _lease_rows(store, leases),
+                  key=lambda r: (r.folder, r.file.attempt, r.file.arm))
+
+
+#: The why of a lease that ``status`` had no time left to judge.
+LEASE_NOT_READ = "not judged: --timeout reached"
+
+
+def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
+    """The attempts with a lease and no marker, judged as one reading (:mod:`fsm.attempts`):
+    one ``changes()`` listing of each folder holding such a lease (the tree's listing
+    carries no times), each lease read once, and the repo's ``head_time()`` at most once,
+    only when an expired lease needs it. A folder the store refuses to list (a link out of
+    its root) makes its leases unknown; once ``--timeout`` is reached, every lease is
+    unknown (:data:`LEASE_NOT_READ`); any other store failure is raised (exit 1)."""
+    if not leases:
+        return []
+    from fsm.attempts import Found, decide, found_in
+
+    now = time.time()  # before the listings: no lease looks older than it is
+    by_folder: dict[str, list[tuple[MarkerFile, int]]] = {}
+    for folder, f, held in leases:
+        by_folder.setdefault(folder, []).append((f, held))
+    found: list[Found] = []
+    changes: list[float] = []
+    try:
+        for folder, files in by_folder.items():
+            try:
+                listing = store.changes(folder)
+            except (StoreAuthError, StoreUnavailable):
+                raise
+            except FatalError as exc:
+                why = f"the store refused to list {folder}/: {' '.join(exc.message.split())}"
+                found += [Found(f.arm, f.attempt, folder, lease_problem=why) for f, _ in files]
+                continue
+            changes += listing.values()
+            for f, _ in files:
+                if f.name in listing or f"{f.arm}_attempt{f.attempt}.json" in listing:
+                    found.append(found_in(store, folder, listing, f.arm, f.attempt))
+                else:
+                    found.append(Found(f.arm, f.attempt, folder, lease_problem=(
+                        "listed, then gone when listed again (its marker may have landed "
+                        "since: read again)")))
+        views = decide(store, found, changes, now)
+    except DeadlineExceeded:
+        from fsm.attempts import AttemptView
+
+        views = [AttemptView(f.arm, f.attempt, "unknown", LEASE_NOT_READ, prefix=folder)
+                 for folder, f, _ in leases]
+    held_of = {(folder, f.arm, f.attempt): (f, held) for folder, f, held in leases}
+    rows = []
+    for view in views:
+        f, held = held_of[(view.prefix, view.arm, view.attempt)]
+        if view.marker is not None:  # its marker landed between the two listings: shown
+            name = f"{f.arm}_attempt{f.attempt}.json"
+            rows.append(Row(MarkerFile(name, f.arm, f.attempt), view.marker, None,
+                            view.prefix, held))
+        else:
+            rows.append(Row(f, None, None, view.prefix, held, view))
+    return rows
 
 
 def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> list[Row]:
@@ -509,7 +663,9 @@ def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> l
 
 
 def summary(rows: Iterable[Row]) -> dict[str, Any]:
-    """How many runs ended in each class and by each rule, and the hosts of the failures."""
+    """How many runs ended in each class and by each rule, and the hosts of the failures
+    (a lost attempt's host among them); runs still without a marker count as running, lost
+    or unknown."""
     rows = list(rows)
     classes: dict[str, int] = {}
     by_rule: dict[str, int] = {}
@@ -520,7 +676,7 @@ def summary(rows: Iterable[Row]) -> dict[str, Any]:
         rule = row.field("rule")
         if isinstance(rule, str) and rule and verdict != "succeeded":
             by_rule[rule] = by_rule.get(rule, 0) + 1
-        if row.host is not None and verdict in ("retriable", "fatal"):
+        if row.host is not None and verdict in ("retriable", "fatal", "lost"):
             hosts[row.host] = hosts.get(row.host, 0) + 1
 
     def ranked(counts: dict[str, int]) -> dict[str, int]:

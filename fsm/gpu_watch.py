@@ -1,6 +1,6 @@
 """The GPUs asked while the worker runs (CONTRACT section 8).
 
-:class:`GpuWatch` is the supervision loop's host watch (``fsm.supervise.HostWatch``):
+:class:`GpuWatch` is the supervision loop's host watch (``fsm.supervise.Watch``):
 every ``period_s`` (``FLASH_HOST_WATCH_S``) it takes one bounded snapshot in the background
 (``fsm.gpus.start``: at most one at a time, never on the pump's path, never blocking the
 loop), and when it is in compares it with the snapshot taken before the worker started

@@ -111,11 +111,13 @@ class Persisted(NamedTuple):
 
     marker: dict[str, Any]
     artifacts: dict[str, str]
+    #: Names under the prefix the same commit removes when present: the attempt's lease.
+    remove: tuple[str, ...] = ()
 
 
 def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
     data = {"version": RESULT_VERSION, "identity": ident, "marker": record.marker,
-            "artifacts": record.artifacts}
+            "artifacts": record.artifacts, "remove": list(record.remove)}
     write_atomic(path, json.dumps(data), durable=True)
 
 
@@ -167,8 +169,11 @@ def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Pe
         isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
     ):
         return "malformed artifacts", None
+    remove = raw.get("remove", [])
+    if not isinstance(remove, list) or not all(isinstance(name, str) for name in remove):
+        return "malformed removals", None
     assert isinstance(record, dict)
-    return None, Persisted(marker=record, artifacts=artifacts)
+    return None, Persisted(marker=record, artifacts=artifacts, remove=tuple(remove))
 
 
 def marker_problem(record: object, attempt: int) -> str | None:
@@ -377,7 +382,8 @@ class Publisher:
             files = _local_copies(record, dest, scratch_dir)
             result.landed, result.error, result.refused = _commit(
                 store, files, dest, budget.reserving(READBACK_S) if readback else budget,
-                tries, base_delay_s, max_delay_s)
+                tries, base_delay_s, max_delay_s,
+                delete=[dest.path(name) for name in record.remove])
             if not result.landed and result.refused is None and readback is not None:
                 target = dest.path(dest.marker_name)
                 found = _landed(readback, target, files[target])
@@ -413,8 +419,11 @@ def _commit(
     tries: int,
     base_delay_s: float,
     max_delay_s: float,
+    *,
+    delete: list[str],
 ) -> tuple[bool, str, str | None]:
-    """Commit the files, retried; (landed, why not, what to fix when refused for good)."""
+    """Commit the files (removing ``delete`` where present), retried; (landed, why not,
+    what to fix when refused for good)."""
     target = dest.path(dest.marker_name)
 
     # What may be left out when the repo's .gitignore matches it: the console tail and the
@@ -423,7 +432,8 @@ def _commit(
                 and path.rsplit("/", 1)[-1] != PRELOAD_RESULT_NAME]
 
     def once(_attempt: int) -> None:
-        store.commit(files, message=f"Attempt marker {dest.marker_name}", optional=optional)
+        store.commit(files, message=f"Attempt marker {dest.marker_name}", optional=optional,
+                     delete=delete)
 
     def delay(attempt: int, exc: Exception) -> float | None:
         if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):

@@ -37,8 +37,9 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
         "run_id": ctx.evidence.get("run_id"),
     }
-    for key in ("worker", "preload", "host_fault", "job_fault", "stall", "stacks", "gpu_change",
-                "gpu_health", "gpu_watch", "disk", "shm", "storage", "previous_attempt"):
+    for key in ("worker", "preload", "lease", "host_fault", "job_fault", "stall", "stacks",
+                "gpu_change", "gpu_health", "gpu_watch", "disk", "shm", "storage",
+                "previous_attempt"):
         if key in ctx.evidence:
             evidence[key] = ctx.evidence[key]
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
@@ -60,7 +61,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         # Every failure names its cause and its machine (CONTRACT section 9).
         evidence["fault"] = _fault(ctx, failure)
         if host is None:
-            host = {"id": ctx.host_id(), "hostname": _hostname(ctx)}
+            host = {"id": ctx.host_id(), "hostname": hostname(ctx)}
     if host is not None:
         evidence["host"] = host
     if watchdog:
@@ -73,7 +74,9 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         redactor=ctx.redactor,
         evidence=evidence,
     )
-    return Persisted(marker=built, artifacts=dict(ctx.end_artifacts))
+    lease = ctx.lease
+    return Persisted(marker=built, artifacts=dict(ctx.end_artifacts),
+                     remove=(lease.name,) if lease is not None and lease.written else ())
 
 
 def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
@@ -85,7 +88,7 @@ def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
     return policy.fault_of(failure.rule).evidence()
 
 
-def _hostname(ctx: Context) -> str:
+def hostname(ctx: Context) -> str:
     if ctx.host is not None:
         return ctx.host.hostname
     import socket
@@ -120,6 +123,8 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
 
     if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
         return
+    if failure is not None and failure.rule is rules.SUPERSEDED:
+        return  # the prefix's console is the later attempt's now
     if ctx.begin_end().mark_budget().remaining() < TAIL_MIN_LEFT_S:
         log.warning("console.tail_dropped", reason="no time left before the marker")
         return

@@ -346,6 +346,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.INTERRUPTED, Claim((Interrupted, KeyboardInterrupt))),
     (rules.DEADLINE, Claim((DeadlineExceeded,))),
     (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
+    (rules.SUPERSEDED, Claim()),
     (rules.HOST_GPU_MISSING, Claim()),
     (rules.HOST_GPU_UNHEALTHY, Claim()),
     (rules.HOST_GPU_UNRESPONSIVE, Claim()),

@@ -199,6 +199,13 @@ WORKER_FAILED: Final = _fatal(
     "console says CUDA sees no GPU and the job's own CUDA_VISIBLE_DEVICES names none the "
     "host has",
 )
+SUPERSEDED: Final = _retriable(
+    "superseded", ANY,
+    "renewing its lease, the runner found a later attempt of the run under the prefix (its "
+    "lease or its marker, `<arm>_attempt<M>`, M > N): the control plane gave this attempt up "
+    "and moved on, so the worker was killed at once and nothing of this attempt but its "
+    "marker lands after that (CONTRACT section 10)",
+)
 STORE_UNSAFE_LINK: Final = _fatal(
     "store-unsafe-link", ANY,
     "a store entry is a link that leaves the store's root, or a dangling link",

@@ -91,16 +91,16 @@ _OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buf
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
 _OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
-ExitReason = Literal["exited", "deadline", "interrupted", "stalled", "host"]
-StopReason = Literal["stalled", "deadline", "host"]
-"""Why ``before_stop`` is called: the group is about to be stopped for this."""
+ExitReason = Literal["exited", "deadline", "interrupted", "stalled", "host", "superseded"]
+StopReason = Literal["stalled", "deadline", "host", "superseded"]
+"""Why the group is about to be stopped (``before_stop`` is told all but ``superseded``)."""
 
 
-class HostWatch(Protocol):
-    """Something the supervision loop looks at while the worker runs (the GPUs' health):
-    ``due()`` says when it next wants a look (monotonic), ``look()`` takes it without
-    blocking (it may start or collect work done elsewhere) and says whether the host
-    failed under the worker, which then is stopped (``reason`` ``"host"``)."""
+class Watch(Protocol):
+    """Something the supervision loop looks at while the worker runs (the GPUs' health,
+    the lease): ``due()`` says when it next wants a look (monotonic), ``look()`` takes it
+    without blocking (it may start or collect work done elsewhere) and says whether the
+    worker must be stopped, for the reason the watch was given with."""
 
     def due(self) -> float: ...
 
@@ -165,7 +165,7 @@ def supervise(
     stall_s: float = 0.0,
     progress_file: Path | None = None,
     before_stop: Callable[[StopReason], None] | None = None,
-    host_watch: HostWatch | None = None,
+    watches: Sequence[tuple[StopReason, Watch]] = (),
     name: str = "worker",
 ) -> WorkerExit:
     """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
@@ -194,9 +194,12 @@ def supervise(
     ``Exception``) is logged and the stop goes on; the leader is not reaped before it
     returns, so the group id it may use (``on_group``) still names the worker's group.
 
-    ``host_watch`` is one more deadline of the same wait: when it is due the loop calls its
-    ``look()``, and when that says the host failed the group is stopped as for a stall
-    (``before_stop("host")`` first), ``reason`` ``"host"``.
+    Each of ``watches`` (``(reason, watch)``) is one more deadline of the same wait: when
+    it is due the loop calls its ``look()``, and when that says so the group is stopped
+    with that ``reason``: as for a stall (``before_stop(reason)`` first) for ``"host"``;
+    for ``"superseded"`` (a later attempt of the run took over, CONTRACT section 10) at
+    once, SIGKILL without a grace or a ``before_stop``: nothing of the worker's may land
+    after that.
 
     With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
     ``tail_interval_s`` seconds (give or take a fifth, at random); ticks are skipped while
@@ -264,7 +267,7 @@ def supervise(
                 signal_stop_s=signal_stop_s,
                 drain_timeout_s=drain_timeout_s,
                 watch=watch,
-                host_watch=host_watch,
+                watches=watches,
                 before_stop=before_stop,
             )
             if reason != "exited":
@@ -310,7 +313,7 @@ def _wait_and_stop(
     signal_stop_s: float | None,
     drain_timeout_s: float,
     watch: _StallWatch | None,
-    host_watch: HostWatch | None,
+    watches: Sequence[tuple[StopReason, Watch]],
     before_stop: Callable[[StopReason], None] | None,
 ) -> tuple[ExitReason, float | None]:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
@@ -319,8 +322,10 @@ def _wait_and_stop(
     log = structlog.get_logger()
     exited, eof = run.exited.is_set, run.pump.eof.is_set
     reason, silent_s = _wait(run, waker=waker, deadline=deadline, interrupt=interrupt,
-                             watch=watch, host_watch=host_watch)
-    if reason != "exited":
+                             watch=watch, watches=watches)
+    if reason == "superseded":
+        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=0)
+    elif reason != "exited":
         if reason != "interrupted" and before_stop is not None:
             try:
                 before_stop(reason)
@@ -378,10 +383,10 @@ def _wait(
     deadline: Deadline,
     interrupt: InterruptFlag,
     watch: _StallWatch | None,
-    host_watch: HostWatch | None = None,
+    watches: Sequence[tuple[StopReason, Watch]] = (),
 ) -> tuple[ExitReason, float | None]:
     """Wait until the leader exits, a signal comes, the deadline passes, the worker stalls
-    or the host watch says the host failed.
+    or a watch says it must be stopped.
 
     The leader's exit and a signal are looked at before a stall is called: whichever the
     main thread sees first decides, and the exit before the signal, as always."""
@@ -399,8 +404,8 @@ def _wait(
         until = min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S)
         if watch is not None:
             until = min(until, watch.due())
-        if host_watch is not None:
-            until = min(until, host_watch.due())
+        for _, other in watches:
+            until = min(until, other.due())
         if not waker.wait_until(ended, until):
             silent_s = watch.stalled() if watch is not None else None
             deadline_at = deadline.mono_at
@@ -412,15 +417,23 @@ def _wait(
                     stall_s=watch.stall_s, last_sign=watch.last_kind(),
                 )
                 return "stalled", silent_s
-            elif (host_watch is not None and time.monotonic() >= host_watch.due()
-                  and host_watch.look() and not ended()):
-                structlog.get_logger().warning(f"{run.name}.host_failed", pgid=run.pid)
-                return "host", None
+            elif (stop := _looked(watches)) is not None and not ended():
+                structlog.get_logger().warning(f"{run.name}.watch_stops", reason=stop,
+                                               pgid=run.pid)
+                return stop, None
             elif time.monotonic() < deadline_at:
                 continue
         if exited():
             return "exited", None
         return ("interrupted" if interrupt.is_set() else "deadline"), None
+
+
+def _looked(watches: Sequence[tuple[StopReason, Watch]]) -> StopReason | None:
+    """The reason of the first due watch whose look says stop, or None."""
+    for reason, other in watches:
+        if time.monotonic() >= other.due() and other.look():
+            return reason
+    return None
 
 
 def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float | None:
@@ -442,6 +455,9 @@ def _cap_line(
         text = f"--- flash-bootstrap: {name} made no progress for {silent}; stopped ---\n"
     elif reason == "host":
         text = f"--- flash-bootstrap: the host's GPUs failed under the {name}; stopped ---\n"
+    elif reason == "superseded":
+        text = (f"--- flash-bootstrap: a later attempt of the run took over; {name} "
+                "killed ---\n")
     else:
         sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
         text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from fsm import rules, table
+from fsm.console import start_lease
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, Interrupted
 from fsm.log import Progress
@@ -30,6 +31,8 @@ from fsm.prefetch import Branch
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
 
 RESULT_NAME = PRELOAD_RESULT_NAME
+#: How long the end of the warming waits for a lease write in flight (it is fenced).
+LEASE_CLOSE_S = 1.0
 log = structlog.get_logger("states.preload")
 
 
@@ -41,7 +44,15 @@ def preload(ctx: Context) -> str:
     problem = _mount_problem(hf_home, mount, p.cache_mount_marker, p.cache_block_device)
     if problem is None:
         cache_dir = Path(hf_home) / "hub"
-        for repo_id, outcome in _warm_all(ctx, p.models, cache_dir):
+        # The lease, kept while the models warm (a later attempt found halts the state).
+        lease = start_lease(ctx, table.PRELOAD)
+        try:
+            outcomes = _warm_all(ctx, p.models, cache_dir)
+        finally:
+            if lease is not None:
+                lease.stop(timeout_s=ctx.stop_deadline.bound(LEASE_CLOSE_S))
+                ctx.evidence["lease"] = lease.evidence()
+        for repo_id, outcome in outcomes:
             if isinstance(outcome, DeadlineExceeded):
                 raise outcome
             if isinstance(outcome, FlashError | OSError | ValueError):

@@ -17,6 +17,11 @@ that does not answer decides nothing.
 
 No worker starts before the GPUs' verdict (``Context.settle_host``): setup overlapped
 their answer, and a fault it reports ends the attempt here at the latest.
+
+The attempt's lease (CONTRACT section 10) is written as the worker starts and renewed
+while it runs (``fsm.console.start_lease``). A later attempt of the run found under the
+prefix kills the worker at once and ends the attempt ``superseded``, retriable, without
+VerifyRemote: what is in the prefix now belongs to the later attempt.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ from functools import partial
 
 from fsm import table
 from fsm.budget import Background
-from fsm.console import PeriodicTail, console_path, progress_path
+from fsm.console import PeriodicTail, console_path, progress_path, start_lease, superseded
 from fsm.context import SIGNAL_STOP_S, Context
 from fsm.errors import DeadlineExceeded
 from fsm.gpu_watch import GpuWatch, watchable
 from fsm.host import memory_events_path, oom_kills
 from fsm.log import Progress
-from fsm.supervise import StopReason, supervise
+from fsm.supervise import StopReason, Watch, supervise
 
 #: How long the end of training waits for a periodic tail upload in flight; it is fenced
 #: (it can never land after the marker), so there is no reason to wait longer.
@@ -66,6 +71,12 @@ def train(ctx: Context) -> str:
                   if tuning.host_watch_s > 0 and ctx.host_start is not None
                   and watchable(ctx.host_start) else None)
 
+    watches: list[tuple[StopReason, Watch]] = [("host", host_watch)] if host_watch else []
+    # The lease is written as the worker starts (CONTRACT section 10).
+    lease = start_lease(ctx, table.TRAIN)
+    if lease is not None:
+        watches.append(("superseded", lease))
+
     # worker.progress: its console's bytes so far, and the seconds left before the deadline
     left = max(0, round(ctx.work_deadline.remaining()))
     with ctx.interrupts_handled(), Progress("worker", seconds_left=left) as progress:
@@ -87,11 +98,14 @@ def train(ctx: Context) -> str:
                 stall_s=tuning.stall_s,
                 progress_file=progress_path(ctx),
                 before_stop=partial(_take_stacks, ctx),
-                host_watch=host_watch,
+                watches=watches,
             )
         progress.done(ok=result.reason == "exited", reason=result.reason)
     if periodic is not None:
         periodic.close(timeout_s=ctx.stop_deadline.bound(TAIL_CLOSE_S))
+    if lease is not None:
+        lease.stop(timeout_s=ctx.stop_deadline.bound(TAIL_CLOSE_S))
+        ctx.evidence["lease"] = lease.evidence()
     if host_watch is not None:
         ctx.evidence["gpu_watch"] = host_watch.evidence()
     ctx.evidence["worker"] = {
@@ -106,6 +120,9 @@ def train(ctx: Context) -> str:
         ctx.evidence["worker"]["oom_killed"] = oom_after > oom_before
     ctx.worker_result = result
     kept = _stacks_file(ctx)
+    if result.reason == "superseded":
+        assert lease is not None and lease.superseded is not None
+        raise superseded(lease.superseded)
     if result.reason == "deadline":
         raise DeadlineExceeded(
             "run wall deadline exceeded: the worker was stopped at the attempt deadline"

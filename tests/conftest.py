@@ -231,7 +231,8 @@ class Layout(RunDirs):
 
     def markers(self) -> list[Path]:
         return (
-            sorted((self.store / PREFIX).glob("*_attempt*.json"))
+            sorted(path for path in (self.store / PREFIX).glob("*_attempt*.json")
+                   if not path.name.endswith(".lease.json"))  # a lease is no marker
             if (self.store / PREFIX).exists()
             else []
         )

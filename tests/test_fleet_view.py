@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -273,3 +274,55 @@ def test_hostile_markers_on_the_hub_are_shown_unreadable_and_the_rest_read(
     explained = fsm_cli("explain", *args, "--attempt", "0", env=env)
     assert explained.returncode == 0, explained.stderr[-2000:]
     assert "worker exited 1" in explained.stdout
+
+
+@pytest.mark.hub
+def test_the_fleet_view_judges_leases_on_the_hub_with_one_dated_listing_per_leased_run(
+    hub_server: LocalHubServer, hub_token: str
+) -> None:
+    """Runs whose latest attempt has a lease and no marker (CONTRACT section 10): the tree
+    is listed once, each such run's folder once more with its files' commits (the tree
+    carries no times), each lease is read once, no other marker is read, and the repo's
+    last commit is asked for at most once. One lease renewed 2 minutes ago, one stale for
+    half an hour: running, and lost (a commit landed since)."""
+    now = time.time()
+    runs = 12
+    hub_server.create_repo(REPO)
+    _lay_out(lambda path, text: hub_server.add_file(REPO, path, text, when=now - 7200), runs,
+             now)
+
+    def lease(attempt: int, host: str) -> str:
+        return json.dumps({"attempt": attempt, "run_id": "r", "state": "Train", "seq": 3,
+                           "host": {"id": host, "hostname": host}, "ttl_s": 900.0,
+                           "renewed_at": now, "progress_at": None})
+
+    stale, fresh = _folder(3), _folder(5)
+    hub_server.add_file(REPO, f"{stale}/lambda_attempt2.lease.json", lease(2, "gpu-dead"),
+                        when=now - 1800)
+    hub_server.add_file(REPO, f"{fresh}/lambda_attempt2.lease.json", lease(2, "gpu-live"),
+                        when=now - 120)
+    hub_server.clear_requests()
+    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft", "--recursive", "--json",
+                   "--store", hub_server.url, env={"HF_TOKEN": hub_token})
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-2000:]
+    assert hub_token not in proc.stdout
+    value = json.loads(proc.stdout)
+    by_run = {row["run"]: row for row in value["runs"]}
+    assert len(by_run) == runs
+    assert (by_run[stale]["class"], by_run[stale]["host"], by_run[stale]["attempts"]) == (
+        "lost", "gpu-dead", 3)
+    assert (by_run[fresh]["class"], by_run[fresh]["state"]) == ("running", "Train")
+    assert value["summary"]["class"]["lost"] == 1 == value["summary"]["failed_hosts"]["gpu-dead"]
+
+    trees = [r for r in hub_server.requests if "/tree/" in r.path]
+    dated = [unquote(r.path.split("/tree/main/", 1)[-1]) for r in trees
+             if "expand=true" in r.query]
+    assert len(trees) - len(dated) == 1  # the tree's one listing
+    assert sorted(dated) == sorted([stale, fresh])
+    gets = [r.path.split("/resolve/main/", 1)[-1] for r in hub_server.requests
+            if "/resolve/" in r.path and r.method == "GET"]
+    assert sorted(p for p in gets if p.endswith(".lease.json")) == sorted(
+        [f"{stale}/lambda_attempt2.lease.json", f"{fresh}/lambda_attempt2.lease.json"])
+    assert not any(p.startswith((stale, fresh)) and p.endswith("attempt1.json") for p in gets)
+    infos = [r for r in hub_server.requests if r.path.endswith(f"/datasets/{REPO}")]
+    assert len(infos) <= 1

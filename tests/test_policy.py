@@ -32,6 +32,7 @@ STABLE_IDS = (
     "interrupted",
     "deadline",
     "payload-invalid",
+    "superseded",
     "host-gpu-missing",
     "host-gpu-unhealthy",
     "host-gpu-unresponsive",

@@ -378,6 +378,8 @@ class FaultyStore:
 
     def _enter(self, op: str, path: str, **about: Any) -> dict[str, Any]:
         journal = self.journal
+        if threading.current_thread().name == "lease":
+            op = f"lease_{op}"  # the lease keeper's own calls: counted apart
         index = journal.count[op]
         journal.count[op] += 1
         call: dict[str, Any] = {"op": op, "path": path, "fault": None, **about}
@@ -401,7 +403,7 @@ class FaultyStore:
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
-        optional: Collection[str] = (),
+        optional: Collection[str] = (), delete: Collection[str] = (),
     ) -> bool:
         # The marker's commit (with the end-of-attempt artifacts), or a periodic tail.
         op = "upload_marker" if MARKER_PATH in files else "upload_file"
@@ -410,9 +412,10 @@ class FaultyStore:
             MARKER_PATH if op == "upload_marker" else ", ".join(files),
             files=list(files),
             fenced=fence is not None,
+            deleted=list(delete),
         )
         call["landed"] = self.inner.commit(files, message=message, fence=fence,
-                                            optional=optional)
+                                            optional=optional, delete=delete)
         return bool(call["landed"])
 
     def exists(self, path_in_repo: str) -> bool:  # pragma: no cover - the runner lists
@@ -425,6 +428,18 @@ class FaultyStore:
         listed = self.inner.list_folder(folder)
         call["result"] = sorted(listed)
         return listed
+
+    def changes(self, folder: str) -> dict[str, float]:
+        call = self._enter("changes", folder)
+        changed = self.inner.changes(folder)
+        call["result"] = sorted(changed)
+        return changed
+
+    def head_time(self) -> float | None:
+        call = self._enter("head_time", "")
+        when = self.inner.head_time()
+        call["result"] = when
+        return when
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         self._enter("download_file", path_in_repo)

@@ -59,6 +59,13 @@ def _statuses(server: LocalHubServer, method: str, path_regex: str) -> list[int 
             if r.method == method and pattern.search(r.path)]
 
 
+def _no_lease(hub_run: HubRun) -> dict[str, str]:
+    """The fixture's payload env without the lease: these tests count and fault the
+    commits in order, and the lease's first write races the worker's (tests/test_lease.py
+    tests the lease with the marker's commit)."""
+    return {**hub_run.payload()["env"], "FLASH_LEASE_S": "0"}
+
+
 def _commits(server: LocalHubServer) -> list[RequestRecord]:
     return [r for r in server.requests if r.method == "POST" and "/commit/" in r.path]
 
@@ -81,8 +88,11 @@ def test_a_worker_uploading_through_the_hub_client_succeeds_and_the_marker_lands
         True, False, "", "completion-confirmed")
     assert marker["worker"]["exit_code"] == 0
     assert marker == hub_run.local_marker()
-    # Three commits: the worker's metrics.json and DONE, then the runner's marker, last.
-    assert [r.status for r in _commits(hub_run.server)] == [200, 200, 200]
+    # Four commits: the lease as the worker starts, the worker's metrics.json and DONE,
+    # then the runner's marker, last, which removed the lease.
+    assert [r.status for r in _commits(hub_run.server)] == [200, 200, 200, 200]
+    assert not hub_run.artifact(f"{ARM}_attempt0.lease.json").exists()
+    assert marker["lease"]["renewals"] == 1
     landed = hub_run.artifact(MARKER).stat().st_mtime_ns
     assert all(p.stat().st_mtime_ns <= landed for p in hub_run.artifact("").iterdir())
     assert b"training" in (hub_run.root / "stdout.bin").read_bytes()
@@ -298,7 +308,7 @@ def test_a_hung_first_marker_commit_is_abandoned_and_retried_so_the_marker_lands
     _let_through(hub_run.server, "POST", r"/commit/", times=2)
     hub_run.server.hang("POST", r"/commit/", seconds=hang_s, times=1)
     started = time.monotonic()
-    outcome = hub_run.run(max_wall_s=60)
+    outcome = hub_run.run(max_wall_s=60, env=_no_lease(hub_run))
     elapsed = time.monotonic() - started
     assert outcome.exit_code == 0, outcome.reason
     assert CALL_TIMEOUT_S <= elapsed < hang_s / 2, elapsed
@@ -315,7 +325,7 @@ def test_a_marker_commit_failing_twice_with_503_is_retried_until_it_lands(
     hub_run.write_worker("complete()")
     _let_through(hub_run.server, "POST", r"/commit/", times=2)  # the worker's two commits
     hub_run.server.fail("POST", r"/commit/", status=503, times=2)
-    outcome = hub_run.run()
+    outcome = hub_run.run(env=_no_lease(hub_run))
     assert outcome.exit_code == 0, outcome.reason
     marker = hub_run.marker()
     assert marker is not None and marker["ok"] is True
@@ -510,7 +520,7 @@ def test_a_hub_endpoint_named_only_in_the_payload_env_is_the_runners_store_too(
 # --- a fleet shares one quota: tails are paced, the marker counts what the attempt spent ----
 
 PACED_ENV = {"FLASH_STOP_GRACE_S": "2", "FLASH_UPLOAD_CONSOLE": "1",
-             "FLASH_CONSOLE_UPLOAD_INTERVAL_S": "5"}
+             "FLASH_CONSOLE_UPLOAD_INTERVAL_S": "5", "FLASH_LEASE_S": "0"}
 
 
 def test_an_unchanged_console_tail_is_not_committed_again(hub_run: HubRun) -> None:

@@ -1,0 +1,446 @@
+"""The control plane's reader of attempts: what an attempt is *now* (CONTRACT section 10).
+
+``read_attempt(store, prefix, arm, attempt)`` answers one :class:`AttemptView`;
+``read_attempts(store, prefixes)`` every attempt with a marker or a lease under the
+prefixes, in one reading. :func:`judge` is the pure rule both apply to what a reading
+found; the kinds it answers, and what a control plane does on each:
+
+* ``succeeded``, ``retriable``, ``fatal``: the attempt's marker says so (done; retry on a
+  fresh host; fail the run);
+* ``running``: the attempt's lease is younger than its ``ttl_s`` (wait);
+* ``lost``: the lease expired and the repo took commits since (start the next attempt);
+* ``unknown``: none of these can be said, and ``why`` says which fact is missing (wait).
+
+The rules (CONTRACT section 10, restated):
+
+1. An attempt with a marker (``<arm>_attempt<N>.json``, read as ``fsm.fleet.parse_marker``
+   reads it) is its marker: ``ok`` true is *succeeded*; else ``retriable`` true is
+   *retriable*; else *fatal*; ``rule`` is the marker's. A lease beside a marker is ignored:
+   the marker's commit removes the lease, and once there is a marker it is the truth. A
+   marker that cannot be read is *unknown*, and ``why`` names the problem.
+2. No marker, a lease (``fsm.lease.LEASE_RE``, read with ``fsm.lease.parse_lease``): one
+   that cannot be read (or names another attempt than its file) is *unknown*. Its age is
+   ``now - changed``, where ``changed`` is the store's own time of the lease file's last
+   change (the Hub's last commit of the file, a local file's modification time; never the
+   host's ``renewed_at``), and it expires at ``E = changed + ttl_s``. ``now <= E``:
+   *running*.
+3. An expired lease (``now > E``) is *lost*, since ``E``, only when both:
+
+   a. the store took a commit after ``E`` that shows the channel worked while this lease
+      did not renew: a change time ``t`` known to the reading (any file's in the reading's
+      listings, other attempts' files included, and the repo's last commit, ``head_time``)
+      with ``E < t <= now - GRACE_S``. A commit counts only ``GRACE_S`` after it landed: a
+      live runner whose renewal was refused retries within ``LATE_RETRY_S``, so a store
+      that takes commits again takes its renewal within that grace;
+   b. the reading does not show most leases expired together: when it holds two or more
+      readable leases of attempts without markers and more than half of them have
+      expired, every expired one is *unknown*. That is the store's outage (a throttled
+      repo), not the hosts': Kubernetes' node controller stops evicting when most nodes of
+      a zone go unready at once, for the same reason.
+
+   Otherwise it is *unknown*, and ``why`` says which condition failed.
+4. An attempt with neither a marker nor a lease is *unknown* ("no lease or marker yet").
+   A store that cannot be read makes :func:`read_attempt` answer *unknown* with the error
+   (redacted), never raise; :func:`read_attempts` raises it (the caller decides).
+5. Cost of a reading: one ``changes()`` listing per prefix, one read of each marker and of
+   each lease of an attempt without a marker, and ``head_time()`` at most once, only when
+   an expired lease is not already shown lost or unknown by the listings.
+
+``now`` is the reader's clock, taken before the first listing (so every age is at most
+what it is when the listing answers); a caller may pass a later one to ask about the
+future without waiting. Times of the store and of the reader are both epoch seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
+from fsm.fleet import MARKER_MAX_BYTES, MARKER_RE, human_age, marker_files, parse_marker
+from fsm.lease import GRACE_S, LEASE_MAX_BYTES, LEASE_RE, lease_name, parse_lease
+from fsm.redact import Redactor
+from fsm.store.base import Store
+
+__all__ = [
+    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "decide", "found_in",
+    "judge", "lease_files", "read_attempt", "read_attempts", "read_lease", "read_marker",
+]
+
+Kind = Literal["running", "succeeded", "retriable", "fatal", "lost", "unknown"]
+KINDS: tuple[Kind, ...] = ("running", "succeeded", "retriable", "fatal", "lost", "unknown")
+
+#: The why of an attempt the store holds nothing of.
+NEITHER = "no lease or marker yet: setup, or not started"
+#: The why of an expired lease when most leases of the reading expired together.
+TOGETHER = "most leases expired together: the store's outage, not the hosts'"
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """What one attempt is now, and the facts that say so."""
+
+    arm: str
+    attempt: int
+    kind: Kind
+    #: One human line: why this kind (always set; for ``unknown`` the missing fact).
+    why: str
+    #: retriable, fatal (and succeeded): the marker's ``rule``.
+    rule: str | None = None
+    #: running, lost, unknown with a lease: the lease's ``state`` (the runner's machine
+    #: state); a marker's view: the state the attempt ended in.
+    state: str | None = None
+    #: ``now`` - the lease's last change by the store's clock.
+    lease_age_s: float | None = None
+    #: lost: when the lease expired (store clock, epoch seconds).
+    since: float | None = None
+    #: the lease's (or the marker's) ``host``.
+    host: dict[str, Any] | None = None
+    marker: dict[str, Any] | None = None
+    lease: dict[str, Any] | None = None
+    #: the folder (hf_prefix) the attempt's files are in.
+    prefix: str = ""
+
+    @property
+    def hostname(self) -> str | None:
+        name = self.host.get("hostname") if self.host is not None else None
+        return name if isinstance(name, str) and name else None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one reading found of one attempt: the input of :func:`judge`.
+
+    ``marker_problem`` / ``lease_problem``: the file is there but cannot be read as one
+    (why). ``lease_changed``: the store's time of the lease file's last change.
+    """
+
+    arm: str
+    attempt: int
+    prefix: str = ""
+    marker: Mapping[str, Any] | None = None
+    marker_problem: str | None = None
+    lease: Mapping[str, Any] | None = None
+    lease_problem: str | None = None
+    lease_changed: float | None = None
+
+    @property
+    def has_marker(self) -> bool:
+        return self.marker is not None or self.marker_problem is not None
+
+    @property
+    def has_lease(self) -> bool:
+        return self.lease is not None or self.lease_problem is not None
+
+
+# --- the rule -------------------------------------------------------------------------------
+
+
+def judge(
+    found: Iterable[Found], *, changes: Iterable[float] = (), head_time: float | None,
+    now: float,
+) -> list[AttemptView]:
+    """What each attempt of one reading is at ``now`` (the rules of the module), in the
+    order found. ``changes``: the change times (store clock) of the files the reading
+    listed; the leases' own times are added. ``head_time``: the repo's last commit, or None
+    when unknown. Pure and deterministic."""
+    return _judge(list(found), changes, head_time, now)[0]
+
+
+def _judge(
+    found: list[Found], changes: Iterable[float], head_time: float | None, now: float,
+) -> tuple[list[AttemptView], bool]:
+    """The views, and whether ``head_time`` (None here) could turn an unknown into lost."""
+    views: list[AttemptView | None] = []
+    readable = 0  # leases of attempts without markers whose expiry is known
+    expiries: list[tuple[int, float]] = []  # (index in views, when the lease expired)
+    for f in found:
+        if f.has_marker:
+            views.append(_marker_view(f))
+            continue
+        if not f.has_lease:
+            views.append(_view(f, "unknown", NEITHER))
+            continue
+        problem = f.lease_problem
+        lease = f.lease
+        changed = f.lease_changed
+        if lease is None or problem is not None:
+            views.append(_lease_view(f, "unknown", f"the lease is unreadable: {problem}", now))
+            continue
+        if lease.get("attempt") != f.attempt:
+            views.append(_lease_view(
+                f, "unknown", f"the lease is unreadable: it names attempt "
+                              f"{lease.get('attempt')!r}, its file {f.attempt}", now))
+            continue
+        if changed is None or not math.isfinite(changed):
+            views.append(_lease_view(f, "unknown", "the store gave no time for the lease's "
+                                                   "last change", now))
+            continue
+        readable += 1
+        ttl = lease["ttl_s"]
+        expires = changed + float(ttl)
+        if now <= expires:
+            views.append(_lease_view(
+                f, "running", f"the lease changed {human_age(now - changed)} ago, within its "
+                              f"ttl_s {float(ttl):g}", now))
+            continue
+        views.append(None)  # decided below, against the whole reading
+        expiries.append((len(views) - 1, expires))
+
+    expired = len(expiries)
+    together = readable >= 2 and 2 * expired > readable
+    known = sorted({t for t in changes if math.isfinite(t)} | {
+        f.lease_changed for f in found
+        if f.lease_changed is not None and math.isfinite(f.lease_changed)})
+    latest = now - GRACE_S
+    wants_head = False
+    for index, expires in expiries:
+        f = found[index]
+        ago = human_age(now - expires)
+        if together:
+            views[index] = _lease_view(
+                f, "unknown", f"{TOGETHER} ({expired} of {readable} leases of this reading "
+                              f"expired; this one {ago} ago)", now)
+            continue
+        after = _first_after(known, expires)
+        head = head_time if head_time is not None and math.isfinite(head_time) else None
+        if after is not None and after <= latest:
+            views[index] = _lease_view(
+                f, "lost", f"the lease expired {ago} ago and the repo took commits since "
+                           f"(one {human_age(now - after)} ago): the host went silent",
+                now, since=expires)
+        elif head is not None and expires < head <= latest:
+            views[index] = _lease_view(
+                f, "lost", f"the lease expired {ago} ago and the repo took a commit since "
+                           f"(its last, {human_age(now - head)} ago): the host went silent",
+                now, since=expires)
+        else:
+            wants_head = wants_head or head_time is None
+            recent = [t for t in (after, head) if t is not None and t > expires]
+            if recent:
+                why = (f"the lease expired {ago} ago; the repo took a commit since only "
+                       f"{human_age(now - max(recent))} ago, within the grace of {GRACE_S:g}s "
+                       "in which a live runner's late renewal lands")
+            else:
+                why = (f"the lease expired {ago} ago and no commit has landed in the repo "
+                       "since: the store may be throttled or down")
+            views[index] = _lease_view(f, "unknown", why, now)
+    return [v for v in views if v is not None], wants_head
+
+
+def _first_after(times: Sequence[float], moment: float) -> float | None:
+    """The first of the sorted ``times`` after ``moment``."""
+    at = bisect.bisect_right(times, moment)
+    return times[at] if at < len(times) else None
+
+
+def _view(f: Found, kind: Kind, why: str, **facts: Any) -> AttemptView:
+    return AttemptView(f.arm, f.attempt, kind, why, prefix=f.prefix, **facts)
+
+
+def _marker_view(f: Found) -> AttemptView:
+    marker = f.marker
+    if marker is None or f.marker_problem is not None:
+        return _view(f, "unknown", f"the marker is unreadable: {f.marker_problem}")
+    rule = marker.get("rule") if isinstance(marker.get("rule"), str) else None
+    kind: Kind = "succeeded" if marker.get("ok") is True else (
+        "retriable" if marker.get("retriable") is True else "fatal")
+    why = {"succeeded": "the marker says ok",
+           "retriable": "the marker says failed, retriable: retry on a fresh host",
+           "fatal": "the marker says failed, not retriable: fail the run"}[kind]
+    return _view(f, kind, why + (f" (rule {rule})" if rule else ""), rule=rule,
+                 state=_text(marker.get("state")), host=_dict(marker.get("host")),
+                 marker=dict(marker))
+
+
+def _lease_view(f: Found, kind: Kind, why: str, now: float,
+                since: float | None = None) -> AttemptView:
+    lease = f.lease or {}
+    changed = f.lease_changed
+    age = round(now - changed, 3) if changed is not None and math.isfinite(changed) else None
+    return _view(f, kind, why, state=_text(lease.get("state")), lease_age_s=age,
+                 since=since, host=_dict(lease.get("host")),
+                 lease=dict(f.lease) if f.lease is not None else None)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _dict(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, dict) else None
+
+
+# --- reading the store ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Files:
+    """An attempt's files in one folder listing: its marker's name, its lease's name."""
+
+    arm: str
+    attempt: int
+    marker: str | None = None
+    lease: str | None = None
+
+
+def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
+    """The leases among a folder's file names, as (name, arm, attempt), by attempt then arm."""
+    found = []
+    for name in names:
+        match = LEASE_RE.fullmatch(name)
+        if match is not None:
+            found.append((name, match.group(1), int(match.group(2))))
+    return sorted(found, key=lambda f: (f[2], f[1], f[0]))
+
+
+def _attempt_files(names: Iterable[str]) -> list[_Files]:
+    """The attempts a folder's names hold a marker or a lease of, by attempt then arm."""
+    names = list(names)
+    files: dict[tuple[str, int], _Files] = {}
+    for m in marker_files(names):
+        files[(m.arm, m.attempt)] = _Files(m.arm, m.attempt, marker=m.name)
+    for name, arm, attempt in lease_files(names):
+        had = files.get((arm, attempt), _Files(arm, attempt))
+        files[(arm, attempt)] = _Files(arm, attempt, had.marker, name)
+    return sorted(files.values(), key=lambda f: (f.attempt, f.arm))
+
+
+def _path(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+def _read_bounded(store: Store, path: str, limit: int) -> tuple[bytes | None, str | None]:
+    """The file's bytes, or why it cannot be read: a file gone since the listing, one the
+    store refuses (a link out of its root) or too long is a problem of that file alone; the
+    store's failures (unavailable, the token refused, the deadline) are raised."""
+    try:
+        data = store.read_file(path, limit)
+    except StoreNotFound:
+        return None, "listed, then not found when read"
+    except StoreAuthError:
+        raise
+    except FatalError as exc:
+        return None, f"refused: {' '.join(exc.message.split())[:300]}"
+    if len(data) > limit:
+        return None, f"larger than {limit:,} bytes"
+    return data, None
+
+
+def read_marker(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One attempt marker, read once: (the marker, None) or (None, why not)."""
+    data, problem = _read_bounded(store, path, MARKER_MAX_BYTES)
+    return (None, problem) if data is None else parse_marker(data)
+
+
+def read_lease(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One lease, read once: (the lease, None) or (None, why not)."""
+    data, problem = _read_bounded(store, path, LEASE_MAX_BYTES)
+    if data is None:
+        if problem == "listed, then not found when read":
+            problem = ("listed, then gone when read (the attempt's marker may have landed "
+                       "since: read again)")
+        return None, problem
+    return parse_lease(data)
+
+
+def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
+             attempt: int) -> Found:
+    """What ``listing`` (``store.changes(folder)``) holds of the attempt: its marker, read
+    once, or else its lease, read once, with the store's time of its last change; nothing
+    when it holds neither."""
+    marker_name, lease = f"{arm}_attempt{attempt}.json", lease_name(arm, attempt)
+    if marker_name in listing:
+        marker, problem = read_marker(store, _path(folder, marker_name))
+        return Found(arm, attempt, folder, marker=marker, marker_problem=problem)
+    if lease not in listing:
+        return Found(arm, attempt, folder)
+    value, problem = read_lease(store, _path(folder, lease))
+    return Found(arm, attempt, folder, lease=value, lease_problem=problem,
+                 lease_changed=listing[lease])
+
+
+def decide(store: Store, found: Sequence[Found], changes: Iterable[float],
+           now: float) -> list[AttemptView]:
+    """:func:`judge` of one reading, asking the store's ``head_time()`` once only when an
+    expired lease is neither lost nor unknown by the listings alone."""
+    changes = list(changes)
+    views, wants_head = _judge(list(found), changes, None, now)
+    if wants_head:
+        head = store.head_time()
+        if head is not None:
+            views = judge(found, changes=changes, head_time=head, now=now)
+    return views
+
+
+def read_attempts(
+    store: Store, prefixes: Sequence[str] | str, *, now: float | None = None,
+) -> list[AttemptView]:
+    """Every attempt with a marker or a lease directly under each of ``prefixes``, judged
+    in one reading: by prefix (as given), then attempt, then arm. One ``changes()`` listing
+    per prefix; the store's failures are raised (``StoreUnavailable``, ``StoreAuthError``,
+    ``DeadlineExceeded``)."""
+    folders = [prefixes] if isinstance(prefixes, str) else list(prefixes)
+    now = time.time() if now is None else now
+    found: list[Found] = []
+    changes: list[float] = []
+    for folder in dict.fromkeys(p.strip("/") for p in folders):
+        listing = store.changes(folder)
+        changes += listing.values()
+        found += [found_in(store, folder, listing, files.arm, files.attempt)
+                  for files in _attempt_files(listing)]
+    return decide(store, found, changes, now)
+
+
+def read_attempt(
+    store: Store, prefix: str, arm: str, attempt: int, *, now: float | None = None,
+    redactor: Redactor | None = None,
+) -> AttemptView:
+    """What ``<arm>_attempt<attempt>`` under ``prefix`` is now: one listing, its marker or
+    its lease read, and only when its lease has expired the other leases of the prefix
+    (rule 3b) and perhaps ``head_time()``. Never raises for a store failure: that is an
+    *unknown* view whose ``why`` carries the error, redacted by ``redactor`` (by default
+    one that knows the secret-looking values of the environment and the store's token).
+    A name that is no attempt's (``arm``, ``attempt``) is a ``ValueError``."""
+    marker_name = f"{arm}_attempt{attempt}.json"
+    if isinstance(attempt, bool) or not MARKER_RE.fullmatch(marker_name):
+        raise ValueError(f"not an attempt: arm {arm!r}, attempt {attempt!r}")
+    folder = prefix.strip("/")
+    now = time.time() if now is None else now
+    try:
+        listing = store.changes(folder)
+        target = found_in(store, folder, listing, arm, attempt)
+        found = [target]
+        if _expired(target, now):  # the rest of the reading matters (rule 3b)
+            found += [found_in(store, folder, listing, files.arm, files.attempt)
+                      for files in _attempt_files(listing)
+                      if files.marker is None and (files.arm, files.attempt) != (arm, attempt)]
+        return decide(store, found, listing.values(), now)[0]
+    except (FlashError, DeadlineExceeded) as exc:
+        return AttemptView(arm, attempt, "unknown", _unreadable(store, exc, redactor),
+                           prefix=folder)
+
+
+def _expired(found: Found, now: float) -> bool:
+    lease, changed = found.lease, found.lease_changed
+    if found.has_marker or lease is None or changed is None:
+        return False
+    return now > changed + float(lease["ttl_s"])
+
+
+def _unreadable(store: Store, exc: BaseException, redactor: Redactor | None) -> str:
+    if redactor is None:
+        redactor = Redactor()
+        redactor.learn(os.environ)
+        token = getattr(store, "_token", None)  # the Hub store's, when it has one
+        if isinstance(token, str):
+            redactor.add([token])
+    text = " ".join(str(exc).split())[:500] or type(exc).__name__
+    if isinstance(exc, DeadlineExceeded):
+        text = f"no answer in time ({text})"
+    return redactor.text(f"the store cannot be read ({type(exc).__name__}): {text}")
