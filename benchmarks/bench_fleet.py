@@ -42,10 +42,22 @@ exit to its marker landing (the marker file's mtime in the server's repo; median
 max); the fleet's wall time and the runners' exit codes. Each runner has a hard timeout
 (``worker_s + 240`` s; its own attempt budget is ``worker_s + 180`` s): stragglers are
 killed with their worker, and every temporary directory is removed. With the defaults it
-takes about 2.5 minutes on 2 cores (at most 2 x 300 s if every runner straggles)::
+takes about 2.5 minutes on 2 cores (at most 2 x 300 s if every runner straggles).
+
+Leases (issue 40): the new runners keep one (``FLASH_LEASE_S=--lease-s``, 30 by default,
+the least the contract allows), and a control plane's poller reads every prefix every
+``--read-s`` seconds with ``fsm.attempts.read_attempts`` (its reads count in the requests).
+Reported: the leases' renewals per attempt, the commits the lease made on its own (its
+first write, and renewals no console tail carried), late renewals, superseded markers, the
+reader's views of the runners alive while it read, and its false losts (goal 0).
+``--window-s W --window-at T`` also refuses every commit (a 429 window, the repo throttled
+for everyone) for ``W`` seconds from ``T`` seconds after the start: with ``W`` longer than a
+lease's ``ttl_s`` every lease goes stale, and the reader must say unknown, never lost, and
+no runner may end superseded::
 
     python benchmarks/bench_fleet.py
     python benchmarks/bench_fleet.py --runners 5 --worker-s 15   # a quick look
+    python benchmarks/bench_fleet.py --worker-s 200 --window-at 20 --window-s 120
 """
 
 from __future__ import annotations
@@ -136,6 +148,15 @@ class Result:
     wall_s: float = 0.0
     exit_codes: Counter[str] = field(default_factory=Counter)
     last_lines: Counter[str] = field(default_factory=Counter)
+    #: The leases (new only): from each marker's ``lease`` evidence, and the reader's view.
+    lease_written: list[int] = field(default_factory=list)
+    lease_alone: list[int] = field(default_factory=list)
+    lease_late: list[int] = field(default_factory=list)
+    superseded: int = 0
+    readings: int = 0
+    reading_failed: int = 0
+    views: Counter[str] = field(default_factory=Counter)
+    false_lost: int = 0
 
     def figures(self) -> dict[str, Any]:
         n = self.runners
@@ -158,6 +179,22 @@ class Result:
             "exit_to_marker_n": len(lag),
             "wall_s": self.wall_s,
             "exit_codes": dict(sorted(self.exit_codes.items())),
+            "lease_renewals_mean": (statistics.fmean(self.lease_written)
+                                    if self.lease_written else None),
+            # Commits of the lease alone (its first write included): what it cost beyond
+            # the tails; the first write aside, the renewals that rode on none.
+            "lease_commits_alone_mean": (statistics.fmean(self.lease_alone)
+                                         if self.lease_alone else None),
+            "lease_extra_while_tails_mean": (statistics.fmean(max(0, k - 1)
+                                                              for k in self.lease_alone)
+                                             if self.lease_alone else None),
+            "lease_late_mean": (statistics.fmean(self.lease_late)
+                                if self.lease_late else None),
+            "superseded": self.superseded,
+            "readings": self.readings,
+            "readings_failed": self.reading_failed,
+            "views_of_live_runners": dict(sorted(self.views.items())),
+            "false_lost": self.false_lost,
         }
 
 
@@ -197,6 +234,7 @@ def start(root: Path, hub: LocalHubServer, tree: Path, n: int, args: argparse.Na
         "attempt": 0, "run_id": f"run-{n}", "max_wall_s": args.worker_s + BUDGET_MARGIN_S,
         "job_spec_json": json.dumps({"hf_prefix": prefix}),
         "env": {"HF_TOKEN": TOKEN, "FLASH_STOP_GRACE_S": "2", "FLASH_UPLOAD_CONSOLE": "1",
+                "FLASH_LEASE_S": f"{args.lease_s:g}",
                 "FLASH_CONSOLE_UPLOAD_INTERVAL_S": f"{args.interval_s:g}",
                 "BENCH_WORKER_S": f"{args.worker_s:g}"},
     }
@@ -255,7 +293,12 @@ def run_fleet(label: str, tree: Path, root: Path, args: argparse.Namespace) -> R
         try:
             for n in range(args.runners):
                 runners.append(start(root, hub, tree, n, args))
+            reader = Reader(hub, runners, result, args.read_s) if args.lease_s else None
+            window = Window(hub, quota, args, t0)
             while any(r.ended is None for r in runners):
+                window.tick()
+                if reader is not None and label.startswith("new"):
+                    reader.tick()
                 now = time.monotonic()
                 for r in runners:
                     if r.ended is not None:
@@ -290,6 +333,65 @@ def run_fleet(label: str, tree: Path, root: Path, args: argparse.Namespace) -> R
     return result
 
 
+class Window:
+    """``--window-s`` seconds from ``--window-at`` after the start: no commit admitted (a
+    429 window: the repo throttled for everyone), then the quota as before."""
+
+    def __init__(self, hub: LocalHubServer, quota: int, args: argparse.Namespace,
+                 t0: float) -> None:
+        self.hub, self.quota, self.worker_s = hub, quota, args.worker_s
+        self.opens_at = t0 + args.window_at
+        self.closes_at = self.opens_at + args.window_s
+        self.state = "before" if args.window_s > 0 else "none"
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.state == "before" and now >= self.opens_at:
+            self.hub.set_quota(commits=0, window_s=5)
+            self.state = "open"
+            print(f"429 window open for {self.closes_at - self.opens_at:g} s", file=sys.stderr)
+        elif self.state == "open" and now >= self.closes_at:
+            self.hub.set_quota(commits=self.quota, window_s=self.worker_s)
+            self.state = "over"
+            print("429 window over", file=sys.stderr)
+
+
+class Reader:
+    """The control plane's poller (``fsm.attempts.read_attempts`` over every runner's
+    prefix, one reading every ``read_s``): what it says of runners that are alive at the
+    reading's start and after its end. ``lost`` for one of them is a false lost."""
+
+    def __init__(self, hub: LocalHubServer, runners: list[Runner], result: Result,
+                 read_s: float) -> None:
+        self.hub, self.runners, self.result, self.read_s = hub, runners, result, read_s
+        self.next_at = time.monotonic() + read_s
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.read_s
+        from fsm.attempts import read_attempts
+        from fsm.clock import Deadline
+        from fsm.store.hub import HubStore
+
+        alive_before = {r.prefix for r in self.runners if r.proc.poll() is None}
+        store = HubStore(REPO, token=TOKEN, deadline=Deadline.after(60), endpoint=self.hub.url)
+        self.result.readings += 1
+        try:
+            views = read_attempts(store, [r.prefix for r in self.runners])
+        except Exception as exc:
+            self.result.reading_failed += 1
+            print(f"reading failed: {type(exc).__name__}: {exc}"[:200], file=sys.stderr)
+            return
+        alive = alive_before & {r.prefix for r in self.runners if r.proc.poll() is None}
+        for view in views:
+            if view.prefix in alive:
+                self.result.views[view.kind] += 1
+                if view.kind == "lost":
+                    self.result.false_lost += 1
+                    print(f"FALSE LOST {view.prefix}: {view.why}", file=sys.stderr)
+
+
 def check_marker(result: Result, repo: Path, r: Runner) -> None:
     path = repo / r.prefix / f"{ARM}_attempt0.json"
     try:
@@ -308,6 +410,16 @@ def check_marker(result: Result, repo: Path, r: Runner) -> None:
     with contextlib.suppress(OSError):
         if LAST_LINE in (repo / r.prefix / f"console_{PHASE}.txt").read_text():
             result.final_tail_last += 1
+    lease = marker.get("lease") if isinstance(marker, dict) else None
+    if isinstance(lease, dict):
+        renewals, rode = lease.get("renewals"), lease.get("rode")
+        if isinstance(renewals, int) and isinstance(rode, int):
+            result.lease_written.append(renewals)
+            result.lease_alone.append(renewals - rode)
+        if isinstance(lease.get("late"), int):
+            result.lease_late.append(lease["late"])
+    if isinstance(marker, dict) and marker.get("rule") == "superseded":
+        result.superseded += 1
     store = marker.get("store") if isinstance(marker, dict) else None
     if isinstance(store, dict):
         if isinstance(store.get("commits"), int):
@@ -344,6 +456,19 @@ def table(results: list[Result]) -> str:
                                              for f in figs]),
         ("worker exit -> marker, max s", [_num(f["exit_to_marker_max_s"]) for f in figs]),
         ("fleet wall time s", [_num(f["wall_s"]) for f in figs]),
+        ("lease renewals landed / attempt", [_num(f["lease_renewals_mean"], 2) for f in figs]),
+        ("lease commits of its own / attempt", [_num(f["lease_commits_alone_mean"], 2)
+                                                for f in figs]),
+        ("  of which beyond the first write", [_num(f["lease_extra_while_tails_mean"], 2)
+                                               for f in figs]),
+        ("lease renewals late / attempt", [_num(f["lease_late_mean"], 2) for f in figs]),
+        ("superseded markers", [str(f["superseded"]) for f in figs]),
+        ("reader: readings (failed)", [f"{f['readings']} ({f['readings_failed']})"
+                                       for f in figs]),
+        ("reader: views of live runners", [" ".join(f"{k}x{v}" for k, v in
+                                                    f["views_of_live_runners"].items()) or "-"
+                                           for f in figs]),
+        ("reader: false lost", [str(f["false_lost"]) for f in figs]),
         ("runner exit codes", [" ".join(f"{code}x{k}" for code, k in f["exit_codes"].items())
                                for f in figs]),
     ]
@@ -365,6 +490,14 @@ def main() -> None:
                         help="FLASH_CONSOLE_UPLOAD_INTERVAL_S (the runner's minimum is 5)")
     parser.add_argument("--quota-factor", type=float, default=4.0,
                         help="the naive demand is this many times the commit quota")
+    parser.add_argument("--lease-s", type=float, default=30.0,
+                        help="FLASH_LEASE_S of the runners (0: none; the least period is 30)")
+    parser.add_argument("--read-s", type=float, default=5.0,
+                        help="the reader reads every prefix this often (new runners only)")
+    parser.add_argument("--window-s", type=float, default=0.0,
+                        help="a 429 window: no commit admitted for this long (0: none)")
+    parser.add_argument("--window-at", type=float, default=20.0,
+                        help="the window opens this long after the fleet's start")
     parser.add_argument("--naive-rev", default=NAIVE_REV,
                         help="git rev of the runner before pacing (default %(default)s)")
     args = parser.parse_args()
@@ -400,7 +533,8 @@ def main() -> None:
         "bench": "fleet", "runners": args.runners, "worker_s": args.worker_s,
         "interval_s": args.interval_s, "quota_factor": args.quota_factor,
         "demand_commits": demand, "quota_commits": quota, "quota_window_s": args.worker_s,
-        "naive_rev": args.naive_rev,
+        "naive_rev": args.naive_rev, "lease_s": args.lease_s, "read_s": args.read_s,
+        "window_s": args.window_s, "window_at": args.window_at,
         "naive": results[0].figures(), "new": results[1].figures(),
     }))
 
