@@ -40,9 +40,10 @@ TTL_PERIODS = 3
 #: lease is renewed as soon as the store takes commits again.
 LATE_RETRY_S = 15.0
 #: The reader's grace: a commit that shows the store took commits again after a lease
-#: expired counts as evidence against that lease only this long after it landed: time for
-#: the live runner's next try (LATE_RETRY_S) and one commit's round trip (up to 30 s). Without it, the
-#: first runner to land after a 429 window would make the others read lost.
+#: expired counts as evidence against that lease only this long after it landed: time
+#: for the live runner's next try (LATE_RETRY_S) and one commit's round trip (up to
+#: 30 s). Without it, the first runner to land after a 429 window would make the others
+#: read lost.
 GRACE_S = 45.0
 
 #: An attempt's lease directly in the prefix, its arm and attempt as a marker's
@@ -212,6 +213,13 @@ class LeaseKeeper:
         clock = self._clock
         next_renewal = next_check = clock()
         while not self._stop.is_set():
+            # The look for a later attempt first: a runner that starts superseded writes
+            # no lease at all.
+            if clock() >= next_check:
+                next_check = clock() + self.period_s
+                self._check()
+                if self.superseded is not None or self._stop.is_set():
+                    return
             if clock() >= next_renewal:
                 landed_at = self._landed_at
                 if landed_at is not None and clock() - landed_at < self.period_s:
@@ -222,13 +230,6 @@ class LeaseKeeper:
                         return  # sealed: the marker's commit is next
                     next_renewal = clock() + (self.period_s if landed else
                                               LATE_RETRY_S * random.uniform(0.5, 1.0))
-            if self._stop.is_set():
-                return
-            if clock() >= next_check:
-                next_check = clock() + self.period_s
-                self._check()
-                if self.superseded is not None:
-                    return
             self._stop.wait(os_timeout(min(next_renewal, next_check) - clock()))
 
     def stop(self, timeout_s: float) -> None:

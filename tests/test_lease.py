@@ -105,21 +105,49 @@ class _World:
     def write_worker(self, body: str) -> None:
         (self.hub or self.layout).write_worker(body)
 
-    def put(self, name: str, data: str) -> None:
-        """A file under the prefix, as another attempt's runner would commit it."""
+    def put(self, name: str, data: str, *, prefix: str = PREFIX,
+            when: float | None = None) -> None:
+        """A file under ``prefix``, as another attempt's runner would commit it (at the
+        store's time ``when``: now when None)."""
         if self.hub:
-            self.hub.server.add_file(REPO, f"{PREFIX}/{name}", data)
-        else:
-            (self.prefix_dir / name).write_text(data)
-
-    def start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        if self.hub:
-            payload = self.hub.payload()
-            return self.hub.start(env={**payload["env"], **env})
+            self.hub.server.add_file(REPO, f"{prefix}/{name}", data, when=when)
+            return
         assert isinstance(self.layout, Layout)
-        payload = self.layout.payload()
-        self.layout.write_payload(env={**payload["env"], **env})
-        return subprocess.Popen([sys.executable, "-m", "fsm", *self.layout.run_args()],
+        path = self.layout.store / prefix / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data)
+        if when is not None:
+            os.utime(path, (when, when))
+
+    def changed(self, name: str) -> float:
+        """When ``name`` under the prefix last changed, by the store's clock."""
+        if self.hub:
+            return self.hub.server.last_commit(REPO, f"{PREFIX}/{name}").when
+        return (self.prefix_dir / name).stat().st_mtime
+
+    def reader(self) -> Store:
+        """The control plane's handle on the store (a fresh one: its calls' deadline)."""
+        if self.hub:
+            return make_store(self.hub.server, REPO, self.hub.token)
+        assert isinstance(self.layout, Layout)
+        return _local_store(self.layout)
+
+    def start(self, env: dict[str, str], process_env: dict[str, str] | None = None,
+              ) -> subprocess.Popen[bytes]:
+        """The runner as a process, the payload's env with ``env``; ``process_env`` adds
+        to its own environment (its PYTHONPATH put first)."""
+        extra = dict(process_env or {})
+        if self.hub:
+            self.hub.write_payload(env={**self.hub.payload()["env"], **env})
+            argv, base = self.hub.args(), self.hub.environ()
+        else:
+            assert isinstance(self.layout, Layout)
+            self.layout.write_payload(env={**self.layout.payload()["env"], **env})
+            argv, base = [sys.executable, "-m", "fsm", *self.layout.run_args()], dict(os.environ)
+        if "PYTHONPATH" in extra:
+            extra["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [extra["PYTHONPATH"], base.get("PYTHONPATH")]))
+        return subprocess.Popen(argv, env={**base, **extra},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def marker(self) -> dict[str, Any] | None:
@@ -134,7 +162,6 @@ def world(request: pytest.FixtureRequest) -> _World:
     return _World("local", request.getfixturevalue("layout"), None)
 
 
-@pytest.mark.xdist_group("lease-superseded")
 def test_the_lease_is_kept_and_a_later_attempt_stops_the_runner_within_one_period(
     world: _World,
 ) -> None:
@@ -182,41 +209,36 @@ def test_the_lease_is_kept_and_a_later_attempt_stops_the_runner_within_one_perio
 
 
 def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
-    layout: Layout,
+    world: _World,
 ) -> None:
     """The runner SIGKILLed and its worker's group SIGSTOPped (the host hung): its lease
     stays as it was. The reader says running until the lease is ttl_s old by the store's
-    clock (the file's mtime), unknown while no other commit shows the store working, and
-    lost once one does."""
-    layout.write_worker(SAVES_ON_STOP)
-    layout.write_payload(env={**layout.payload()["env"], **LEASE_ENV})
-    proc = subprocess.Popen([sys.executable, "-m", "fsm", *layout.run_args()],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    clock (a file's mtime, the Hub's commit date), unknown while no other commit shows the
+    store working, and lost once one does."""
+    world.write_worker(SAVES_ON_STOP)
+    proc = world.start(LEASE_ENV)
     pgid = None
     try:
         read_until(proc.stdout, b"step 3")
-        lease_path = layout.store / PREFIX / LEASE
-        _poll("the lease", lambda: _lease_at(lease_path), 30)
-        pgid = os.getpgid(int((layout.scratch / "worker.pid").read_text()))
+        _poll("the lease", lambda: _lease_at(world.prefix_dir / LEASE), 30)
+        pgid = os.getpgid(int((world.scratch / "worker.pid").read_text()))
         os.killpg(pgid, signal.SIGSTOP)
         proc.kill()
         proc.communicate(timeout=30)
-        changed = lease_path.stat().st_mtime
-        view = read_attempt(_local_store(layout), PREFIX, ARM, 0, now=changed + TTL_S - 1)
+        changed = world.changed(LEASE)
+        view = read_attempt(world.reader(), PREFIX, ARM, 0, now=changed + TTL_S - 1)
         assert (view.kind, view.state) == ("running", "Train"), view
         late = changed + TTL_S + GRACE_S + 5
-        view = read_attempt(_local_store(layout), PREFIX, ARM, 0, now=late)
+        view = read_attempt(world.reader(), PREFIX, ARM, 0, now=late)
         assert view.kind == "unknown", view  # nothing shows the store took commits since
         # Another run's runner committed after the lease expired, by the store's clock.
-        other = layout.store / "sft" / "run-2" / "seed0" / lease_name(ARM, 0)
-        other.parent.mkdir(parents=True)
-        other.write_text(json.dumps({"attempt": 0, "seq": 0, "ttl_s": TTL_S}))
-        os.utime(other, (changed + TTL_S + 1, changed + TTL_S + 1))
-        view = read_attempt(_local_store(layout), PREFIX, ARM, 0, now=late)
+        world.put(lease_name(ARM, 0), json.dumps({"attempt": 0, "seq": 0, "ttl_s": TTL_S}),
+                  prefix="sft/run-2/seed0", when=changed + TTL_S + 1)
+        view = read_attempt(world.reader(), PREFIX, ARM, 0, now=late)
         assert (view.kind, view.state) == ("lost", "Train"), view
         assert view.since == pytest.approx(changed + TTL_S, abs=0.01)
         assert view.host is not None and view.host["hostname"] == socket.gethostname()
-        early = read_attempt(_local_store(layout), PREFIX, ARM, 0, now=changed + TTL_S - 1)
+        early = read_attempt(world.reader(), PREFIX, ARM, 0, now=changed + TTL_S - 1)
         assert early.kind == "running"
     finally:
         if pgid is not None:
@@ -226,14 +248,15 @@ def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
             proc.communicate()
 
 
-def test_the_hosts_clock_stepped_forward_and_back_reads_no_false_lost(
-    layout: Layout, faketime: dict[str, str],  # noqa: F811 - the fixture imported above
+def test_the_hosts_clock_ahead_then_stepped_back_reads_no_false_lost(
+    world: _World, faketime: dict[str, str],  # noqa: F811 - the fixture imported above
 ) -> None:
-    """The runner's wall clock steps 10 minutes forward, then 10 minutes back: its leases'
-    ``renewed_at`` says so, and the reader, judging by the store's clock, reads running."""
-    layout.write_worker("""
+    """The runner's wall clock is 10 minutes ahead, then steps back to 10 minutes behind:
+    its leases' ``renewed_at`` says so, and the reader, judging by the store's clock,
+    reads running all along."""
+    Path(faketime["FAKETIME_TIMESTAMP_FILE"]).write_text("+600\n")
+    world.write_worker("""
         stamp = Path(os.environ["FAKETIME_TIMESTAMP_FILE"])
-        stamp.write_text("+600\\n")
         print("forward", flush=True)
         while not (SCRATCH / "back").exists():
             time.sleep(0.1)
@@ -243,25 +266,22 @@ def test_the_hosts_clock_stepped_forward_and_back_reads_no_false_lost(
             time.sleep(0.1)
         complete()
     """)
-    layout.write_payload(env={**layout.payload()["env"], **LEASE_ENV})
-    proc = subprocess.Popen([sys.executable, "-m", "fsm", *layout.run_args()],
-                            env={**os.environ, **faketime},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    lease_path = layout.store / PREFIX / LEASE
+    proc = world.start(LEASE_ENV, faketime)
+    lease_path = world.prefix_dir / LEASE
     try:
         read_until(proc.stdout, b"forward")
         ahead = _poll("a lease written ahead", lambda: (lease := _lease_at(lease_path))
                       and lease["renewed_at"] > time.time() + 500 and lease, 40)
-        assert read_attempt(_local_store(layout), PREFIX, ARM, 0).kind == "running"
-        (layout.scratch / "back").write_text("")
+        assert read_attempt(world.reader(), PREFIX, ARM, 0).kind == "running"
+        (world.scratch / "back").write_text("")
         read_until(proc.stdout, b"back")
         behind = _poll("a lease written behind", lambda: (lease := _lease_at(lease_path))
                        and lease["renewed_at"] < time.time() - 500 and lease, LEASE_S + 15)
         assert behind["seq"] > ahead["seq"]
-        view = read_attempt(_local_store(layout), PREFIX, ARM, 0)
+        view = read_attempt(world.reader(), PREFIX, ARM, 0)
         assert view.kind == "running" and view.lease_age_s is not None, view
         assert view.lease_age_s < LEASE_S, view
-        (layout.scratch / "go").write_text("")
+        (world.scratch / "go").write_text("")
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -269,11 +289,10 @@ def test_the_hosts_clock_stepped_forward_and_back_reads_no_false_lost(
             proc.communicate()
     assert proc.returncode == 0, err.decode()[-3000:]
     assert not lease_path.exists()
-    assert read_attempt(_local_store(layout), PREFIX, ARM, 0).kind == "succeeded"
+    assert read_attempt(world.reader(), PREFIX, ARM, 0).kind == "succeeded"
 
 
 @pytest.mark.hub
-@pytest.mark.xdist_group("lease-throttled")
 def test_a_429_window_longer_than_a_renewal_makes_the_lease_late_never_lost(
     hub_run: HubRun,
 ) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CANARY, Layout
+from conftest import ARM, CANARY, Layout
 
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS
 
@@ -55,6 +55,10 @@ def test_preload_warms_each_model_into_the_standard_hf_cache(layout: Layout) -> 
     outcome = layout.run(**_preload(layout, ["org/alpha", "org/beta"]))
     assert outcome.exit_code == 0, outcome.reason
     assert outcome.context.path == ["LoadPayload", "Preload", "Mark", "Succeeded"]
+    # The lease was kept while the models warmed; the marker's commit removed it.
+    marker = layout.marker()
+    assert marker is not None and marker["lease"]["period_s"] == 300
+    assert not layout.artifact(f"{ARM}_attempt0.lease.json").exists()
     assert _result(layout) == {
         "preloaded": ["org/alpha", "org/beta"],
         "already_cached": [],
