@@ -300,7 +300,9 @@ def test_unrelated_lines_before_or_after_never_flip_a_verdict(
         line + "\n" for line in after)
     assert len(re.split(r"\r\n|\r|\n", TRAINING + text)) <= CONSOLE_WINDOW_LINES
     rule, _ = verdict(text)
-    assert rule.retriable is (expected(record) == "host"), record["id"]
+    # A job's fault in words that name no cause is retried once, alone or among other lines.
+    host = expected(record) == "host" or retried_first(verdict(record["text"])[1])
+    assert rule.retriable is host, record["id"]
 
 
 # --- through the real runner -----------------------------------------------------------
