@@ -316,7 +316,7 @@ def test_the_fleet_view_judges_leases_on_the_hub_with_one_dated_listing_per_leas
 
     trees = [r for r in hub_server.requests if "/tree/" in r.path]
     dated = [unquote(r.path.split("/tree/main/", 1)[-1]) for r in trees
-             if "expand=true" in r.query]
+             if "expand=true" in r.query.lower()]
     assert len(trees) - len(dated) == 1  # the tree's one listing
     assert sorted(dated) == sorted([stale, fresh])
     gets = [r.path.split("/resolve/main/", 1)[-1] for r in hub_server.requests
