@@ -135,10 +135,10 @@ def main() -> None:
                         view = read_attempt(store, f"sft/run-{n}/seed0", ARM, 0)
                         if n == live:
                             live_views[view.kind] = live_views.get(view.kind, 0) + 1
-                        elif view.kind == "lost" and n in died and n not in lost_at:
-                            lost_at[n] = time.time()
-                        elif view.kind == "lost":
+                        elif view.kind == "lost" and n not in died:
                             print(f"runner {n} read lost before it died", file=sys.stderr)
+                        elif view.kind == "lost" and n not in lost_at:
+                            lost_at[n] = time.time()
                     if time.monotonic() - began >= args.live_s:
                         (root / f"runner{live}" / "scratch" / "go").write_text("")
                 time.sleep(0.2)

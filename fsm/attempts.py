@@ -28,7 +28,9 @@ The rules (CONTRACT section 10, restated):
 
    a. the store took a commit after ``E`` that shows the channel worked while this lease
       did not renew: a change time ``t`` known to the reading (any file's in the reading's
-      listings, other attempts' files included, and the repo's last commit, ``head_time``)
+      listings, other attempts' files included, and the repo's newest commit at or before
+      ``now - GRACE_S``, ``head_time(until=...)``: read from its history, so a repo that
+      never stops taking commits still shows the one that matters)
       with ``E < t <= now - GRACE_S``. A commit counts only ``GRACE_S`` after it landed: a
       live runner whose renewal was refused retries within ``LATE_RETRY_S``, so a store
       that takes commits again takes its renewal within that grace;
@@ -43,7 +45,7 @@ The rules (CONTRACT section 10, restated):
    A store that cannot be read makes :func:`read_attempt` answer *unknown* with the error
    (redacted), never raise; :func:`read_attempts` raises it (the caller decides).
 5. Cost of a reading: one ``changes()`` listing per prefix, one read of each marker and of
-   each lease of an attempt without a marker, and ``head_time()`` at most once, only when
+   each lease of an attempt without a marker, and ``head_time(until)`` at most once, only when
    an expired lease is not already shown lost or unknown by the listings.
 
 ``now`` is the reader's clock, taken before the first listing (so every age is at most
@@ -147,8 +149,9 @@ def judge(
 ) -> list[AttemptView]:
     """What each attempt of one reading is at ``now`` (the rules of the module), in the
     order found. ``changes``: the change times (store clock) of the files the reading
-    listed; the leases' own times are added. ``head_time``: the repo's last commit, or None
-    when unknown. Pure and deterministic."""
+    listed; the leases' own times are added. ``head_time``: the repo's newest commit at or
+    before ``now - GRACE_S``, or None when unknown (a later one is no evidence). Pure and
+    deterministic."""
     return _judge(list(found), changes, head_time, now)[0]
 
 
@@ -221,14 +224,14 @@ def _judge(
                 now, since=expires)
         else:
             wants_head = wants_head or head_time is None
-            recent = [t for t in (after, head) if t is not None and t > expires]
-            if recent:
+            if after is not None:
                 why = (f"the lease expired {ago} ago; the repo took a commit since only "
-                       f"{human_age(now - max(recent))} ago, within the grace of {GRACE_S:g}s "
+                       f"{human_age(now - after)} ago, within the grace of {GRACE_S:g}s "
                        "in which a live runner's late renewal lands")
             else:
                 why = (f"the lease expired {ago} ago and no commit has landed in the repo "
-                       "since: the store may be throttled or down")
+                       f"since, but for any in the last {GRACE_S:g}s (the grace in which a live "
+                       "runner's late renewal lands): the store may be throttled or down")
             views[index] = _lease_view(f, "unknown", why, now)
     return [v for v in views if v is not None], wants_head
 
@@ -367,12 +370,13 @@ def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
 
 def decide(store: Store, found: Sequence[Found], changes: Iterable[float],
            now: float) -> list[AttemptView]:
-    """:func:`judge` of one reading, asking the store's ``head_time()`` once only when an
-    expired lease is neither lost nor unknown by the listings alone."""
+    """:func:`judge` of one reading, asking the store once for its newest commit at or
+    before ``now - GRACE_S`` (``head_time(until=...)``) only when an expired lease is
+    neither lost nor unknown by the listings alone."""
     changes = list(changes)
     views, wants_head = _judge(list(found), changes, None, now)
     if wants_head:
-        head = store.head_time()
+        head = store.head_time(until=now - GRACE_S)
         if head is not None:
             views = judge(found, changes=changes, head_time=head, now=now)
     return views

@@ -596,7 +596,7 @@ LEASE_NOT_READ = "not judged: --timeout reached"
 def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     """The attempts with a lease and no marker, judged as one reading (:mod:`fsm.attempts`):
     one ``changes()`` listing of each folder holding such a lease (the tree's listing
-    carries no times), each lease read once, and the repo's ``head_time()`` at most once,
+    carries no times), each lease read once, and the repo's ``head_time(until)`` at most once,
     only when an expired lease needs it. A folder the store refuses to list (a link out of
     its root) makes its leases unknown; once ``--timeout`` is reached, every lease is
     unknown (:data:`LEASE_NOT_READ`); any other store failure is raised (exit 1)."""

@@ -214,7 +214,8 @@ def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
     """The runner SIGKILLed and its worker's group SIGSTOPped (the host hung): its lease
     stays as it was. The reader says running until the lease is ttl_s old by the store's
     clock (a file's mtime, the Hub's commit date), unknown while no other commit shows the
-    store working, and lost once one does."""
+    store working, and lost once one does, though commits keep landing up to the reading
+    (the evidence is the repo's newest commit before the grace, not its last)."""
     world.write_worker(SAVES_ON_STOP)
     proc = world.start(LEASE_ENV)
     pgid = None
@@ -231,9 +232,11 @@ def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
         late = changed + TTL_S + GRACE_S + 5
         view = read_attempt(world.reader(), PREFIX, ARM, 0, now=late)
         assert view.kind == "unknown", view  # nothing shows the store took commits since
-        # Another run's runner committed after the lease expired, by the store's clock.
-        world.put(lease_name(ARM, 0), json.dumps({"attempt": 0, "seq": 0, "ttl_s": TTL_S}),
-                  prefix="sft/run-2/seed0", when=changed + TTL_S + 1)
+        # Other runs' runners committed after the lease expired, by the store's clock, and
+        # kept committing up to the reading (a busy fleet's repo never stops taking them).
+        for k, when in enumerate([changed + TTL_S + 1, late - 30, late - 10, late - 1]):
+            world.put(lease_name(ARM, 0), json.dumps({"attempt": 0, "seq": k, "ttl_s": TTL_S}),
+                      prefix=f"sft/run-{k + 2}/seed0", when=when)
         view = read_attempt(world.reader(), PREFIX, ARM, 0, now=late)
         assert (view.kind, view.state) == ("lost", "Train"), view
         assert view.since == pytest.approx(changed + TTL_S, abs=0.01)

@@ -435,9 +435,9 @@ class FaultyStore:
         call["result"] = sorted(changed)
         return changed
 
-    def head_time(self) -> float | None:
+    def head_time(self, until: float | None = None) -> float | None:
         call = self._enter("head_time", "")
-        when = self.inner.head_time()
+        when = self.inner.head_time(until)
         call["result"] = when
         return when
 

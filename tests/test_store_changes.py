@@ -4,7 +4,8 @@
   the store's clock (a local file's modification time; the date of the Hub commit that
   last touched it, from one expanded tree listing);
 * ``head_time()``: when the repo last took a commit (the Hub's ``lastModified``, asked for
-  alone);
+  alone); ``head_time(until)``: its newest commit at or before a moment (the Hub's history,
+  read newest first as far as that commit);
 * ``commit(..., delete=...)``: paths removed in the same commit, a missing one no error
   (the marker's commit removes the attempt's lease).
 
@@ -221,6 +222,40 @@ def test_hub_head_time_asks_for_last_modified_alone(bed_hub: Bed) -> None:
                        endpoint=server.url, call_timeout_s=10, retry_base_s=0.01)
     assert nowhere.head_time() is None
     assert nowhere.changes(RUN) == {}
+
+
+def test_head_time_until_is_the_newest_commit_at_or_before_it(bed: Bed) -> None:
+    """A repo that keeps taking commits: its last commit says nothing of what landed
+    before a moment; ``head_time(until)`` is the newest commit at or before it, and None
+    when every commit is later."""
+    now = time.time()
+    for k, age in enumerate([3000, 2000, 1000, 100]):
+        bed.put(f"sft/run-{k}/console_sft.txt", b"tail", now - age)
+    # (The Hub's repo was made, its first commit, within the last 50 s.)
+    for until, expected in [(now - 1500, now - 2000), (now - 1000, now - 1000),
+                            (now - 999, now - 1000), (now - 50, now - 100)]:
+        when = bed.store.head_time(until=until)
+        assert when is not None and abs(when - expected) <= 0.002, (until, when, expected)
+    assert bed.store.head_time(until=now - 5000) is None
+
+
+@pytest.mark.hub
+def test_hub_head_time_until_reads_the_history_newest_first_and_stops(bed_hub: Bed) -> None:
+    """On the Hub, ``head_time(until)`` reads the repo's commits (pages of 50, newest
+    first, through the library's paging) only as far as the first commit at or before
+    ``until``: one page when it is recent, three when it is 120 commits back."""
+    server = bed_hub.server
+    assert server is not None
+    now = time.time()
+    for k in range(130):  # a commit a minute, the newest a minute ago
+        server.add_file(REPO, f"sft/run-{k % 7}/console_sft.txt", f"{k}", when=now - 60 * (130 - k))
+    for back, pages in [(3, 1), (120, 3)]:
+        server.clear_requests()
+        when = bed_hub.store.head_time(until=now - 60 * back - 1)
+        assert when is not None and abs(when - (now - 60 * (back + 1))) <= 0.002, (back, when)
+        listed = [r for r in server.requests if "/commits/" in r.path]
+        assert len(listed) == pages, [(r.path, r.query) for r in listed]
+        assert all(r.path == f"/api/datasets/{REPO}/commits/main" for r in listed)
 
 
 @pytest.fixture

@@ -521,6 +521,10 @@ class AgentClient:
         value: float | None = self._call("last_modified", *args, **kwargs)
         return value
 
+    def last_commit_before(self, *args: Any, **kwargs: Any) -> float | None:
+        value: float | None = self._call("last_commit_before", *args, **kwargs)
+        return value
+
     def exists(self, *args: Any, **kwargs: Any) -> bool:
         return bool(self._call("exists", *args, **kwargs))
 

@@ -21,7 +21,8 @@ call through the library and adds what the library does not do:
   (``get_paths_info``) and the commit is made again without the missing ones;
 * when each file of a folder last changed is one listing with ``expand=True`` (each
   file's last commit); when the repo last took a commit is its ``lastModified`` alone
-  (``dataset_info(expand=["lastModified"])``: no listing of its files).
+  (``dataset_info(expand=["lastModified"])``: no listing of its files); the newest commit
+  before a moment is read from the repo's history, newest first, stopping at it.
 
 The library follows the Hub's redirects (a repo id in another case or an old name: ``307``
 with a path-only ``Location``, POSTs included), reads its rate-limit headers, trusts the
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
@@ -47,6 +49,9 @@ __all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id", "w
 
 _CHUNK = 1 << 20
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty file
+#: How far back :meth:`HubClient.last_commit_before` reads a repo's history: commits, newest
+#: first (the Hub pages them by 50). A fleet's repo takes at most about 128 an hour.
+COMMITS_SCANNED = 500
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,33 @@ class HubClient:
             info = api.repo_info(repo_id, repo_type=repo_type, files_metadata=False,
                                  token=self._token)
         return _epoch(getattr(info, "last_modified", None))
+
+    def last_commit_before(self, repo_type: str, repo_id: str, until: float, *,
+                           revision: str, scan: int = COMMITS_SCANNED) -> float | None:
+        """The date of the newest commit of ``revision`` at or before ``until`` (seconds
+        since the epoch): its history read newest first (``GET /api/<type>s/<repo>/commits/
+        <rev>``, the library's ``paginate``), stopping at the first such commit. None when
+        the history has none, or the first ``scan`` commits are all later (a page is
+        fetched only when needed)."""
+        from huggingface_hub.utils import (  # type: ignore[attr-defined]
+            build_hf_headers,
+            paginate,
+            parse_datetime,
+        )
+
+        url = f"{self.endpoint}/api/{repo_type}s/{repo_id}/commits/{quote(revision, safe='')}"
+        items = paginate(url, params={}, headers=build_hf_headers(token=self._token))
+        for seen, item in enumerate(items, 1):
+            date = item.get("date") if isinstance(item, dict) else None
+            try:
+                when = _epoch(parse_datetime(date)) if isinstance(date, str) else None
+            except ValueError:  # not a date: this commit says nothing
+                when = None
+            if when is not None and when <= until:
+                return when
+            if seen >= scan:
+                break
+        return None
 
     def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:
         """Whether the file is there: a HEAD of it (a 404 raises, for the caller to read)."""

@@ -187,11 +187,15 @@ class Store(Protocol):
         section 10), never by a host's clock."""
         ...
 
-    def head_time(self) -> float | None:
+    def head_time(self, until: float | None = None) -> float | None:
         """When the repo last took a commit, by the store's own clock (seconds since the
-        epoch): the Hub's ``lastModified`` of the repo (without listing its files), the
-        newest modification time of a file under the local store's root. None when the
-        store cannot say (a local store without files, a Hub that names no date)."""
+        epoch); with ``until``, its newest commit at or before that moment. On the Hub the
+        repo's ``lastModified`` (without listing its files), or with ``until`` its history
+        read newest first up to that commit (a bounded number of commits back); on a local
+        store the newest modification time of a file under its root (at or before
+        ``until``: a file rewritten since shows only its newest time). None when the store
+        cannot say (a local store without files, a Hub that names no date, a history with
+        no such commit within the bound)."""
         ...
 
     def list_tree(self, folder: str, limit: int) -> list[str]:

@@ -409,9 +409,12 @@ class HubStore:
                 f"{', '.join(undated[:3])}{' and more' if len(undated) > 3 else ''}")
         return {name: when for name, when in dated.items() if when is not None}
 
-    def head_time(self) -> float | None:
-        # The repo's lastModified alone (repo_info would list every file of a fleet's repo).
-        modified = self._via("last_modified", "dataset", self.repo_id)
+    def head_time(self, until: float | None = None) -> float | None:
+        # The repo's lastModified alone (repo_info would list every file of a fleet's repo);
+        # before a moment, its history newest first, stopping at the first such commit.
+        modified = (self._via("last_modified", "dataset", self.repo_id) if until is None else
+                    self._via("last_commit_before", "dataset", self.repo_id, until,
+                              revision="main"))
         try:
             when: float | None = self._call("info", self.repo_id, modified, self.call_timeout_s,
                                             missing=f"repo {self.repo_id} not found")

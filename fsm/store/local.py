@@ -152,11 +152,13 @@ class LocalStore:
                     continue
         return times
 
-    def head_time(self) -> float | None:
+    def head_time(self, until: float | None = None) -> float | None:
         self._check_time()
         self._root_readable()
         # The newest regular file anywhere under the root (links are not followed): a
-        # commit's files are renamed into place, so the last commit's are the newest.
+        # commit's files are renamed into place, so the last commit's are the newest. Before
+        # ``until``, the newest of those not changed since (a file rewritten since has lost
+        # its earlier times: the local store keeps no history).
         newest: float | None = None
         for directory, _, names in os.walk(self.root):
             self._check_time()
@@ -165,7 +167,8 @@ class LocalStore:
                     st = os.lstat(os.path.join(directory, name))
                 except FileNotFoundError:  # removed since it was listed
                     continue
-                if S_ISREG(st.st_mode) and (newest is None or st.st_mtime > newest):
+                if (S_ISREG(st.st_mode) and (until is None or st.st_mtime <= until)
+                        and (newest is None or st.st_mtime > newest)):
                     newest = st.st_mtime
         return newest
 

@@ -17,6 +17,10 @@ It implements what uploads, existence checks and downloads need, on both client 
   (the time of the repo's last commit); with ``expand=<field>`` (repeated) only the named
   fields, plus ``id`` and ``_id``, as the Hub answers;
 * ``GET /api/<type>s/<repo>/refs``: the one branch, ``main``, and its commit;
+* ``GET /api/<type>s/<repo>/commits/<rev>``: the repo's commits newest first (``id``,
+  ``title``, ``message``, ``authors``, ``date``), in pages of 50 linked by ``Link:
+  <...?p=N>; rel="next"`` as the Hub's (the history is of dates and titles: every
+  revision's content is the current one);
 * ``GET /api/<type>s/<repo>/tree/<rev>[/<path>]``: the tree listing (``recursive=true``),
   in pages of 1,000 entries linked by ``Link: <...&cursor=N>; rel="next"`` as the Hub's
   (:meth:`LocalHubServer.set_tree_page` makes them smaller); with ``expand=true`` each
@@ -46,7 +50,7 @@ A server built with ``token=`` answers ``401`` to any request whose
 echoed, logged or recorded.
 
 Any revision name is served from the repo's current content: ``main`` and any 40-hex
-commit id resolve to the current commit (there is no history).
+commit id resolve to the current commit (the history is of dates and titles only).
 
 Faults are injected per request, matched by method (``"*"`` for any) and a regular
 expression searched in the request path (without the query string). They apply before
@@ -153,12 +157,14 @@ _CHUNK = 1 << 20
 #: Entries per page of a tree listing, as the Hub answers them (with ``expand=true``: 50).
 TREE_PAGE = 1000
 EXPANDED_TREE_PAGE = 50
+#: Commits per page of a repo's history, as the Hub answers them.
+COMMITS_PAGE = 50
 _PACE_CHUNK = 64 << 10  # the most a paced body sends at once
 _PACE_SLICE_S = 0.05  # ... and at most this long's worth of the cap, so slow caps stay smooth
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
 _API = re.compile(
     r"^/api/(?P<type>models|datasets|spaces)/" + _REPO
-    + r"/(?P<op>revision|tree|preupload|commit|paths-info)/(?P<rest>.+)$"
+    + r"/(?P<op>revision|tree|preupload|commit|commits|paths-info)/(?P<rest>.+)$"
 )
 _INFO = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/?$")
 _REFS = re.compile(r"^/api/(?P<type>models|datasets|spaces)/" + _REPO + r"/refs/?$")
@@ -169,7 +175,8 @@ _OLD_CLIENT = re.compile(r"\bhf_hub/0\.")
 
 @dataclass(frozen=True)
 class LastCommit:
-    """The last commit that wrote a file: when (the server's clock), its title, its id."""
+    """A commit (a file's last, or one of a repo's history): when (the server's clock),
+    its title, its id."""
 
     when: float
     title: str
@@ -431,6 +438,8 @@ class LocalHubServer:
         # Per repo: each file's last commit, and when the repo last took one.
         self._last_commits: dict[Path, dict[str, LastCommit]] = {}
         self._head_times: dict[Path, float] = {}
+        # Per repo: every commit (when, title, id), in the order they were applied.
+        self._history: dict[Path, list[LastCommit]] = {}
         self._etags: dict[tuple[str, int, int], str] = {}
         self._log_file = Path(log_file) if log_file is not None else None
         self._quota = Quota() if quota is None else quota
@@ -555,7 +564,8 @@ class LocalHubServer:
         with self._write_lock:
             if not path.is_dir():
                 path.mkdir(parents=True, exist_ok=True)
-                self._head_times[path] = time.time()
+                self._head_times[path] = now = time.time()
+                self._history[path] = [LastCommit(now, "initial commit", self._commit_of(path))]
         return path
 
     def add_file(
@@ -605,6 +615,8 @@ class LocalHubServer:
                 self._last_commits[new] = self._last_commits.pop(old)
             if old in self._head_times:
                 self._head_times[new] = self._head_times.pop(old)
+            if old in self._history:
+                self._history[new] = self._history.pop(old)
         return new
 
     def _canonical(self, repo_type: RepoType, repo_id: str) -> str | None:
@@ -873,6 +885,7 @@ class LocalHubServer:
         for rel in written:
             records[rel] = LastCommit(now, title, sha)
         self._head_times[repo] = now
+        self._history.setdefault(repo, []).append(LastCommit(now, title, sha))
         return sha
 
     def _last_change(self, repo: Path, rel: str, path: Path) -> LastCommit:
@@ -1159,6 +1172,8 @@ class _Handler(BaseHTTPRequestHandler):
                 _rev, _, sub = rest.partition("/")
                 recursive = _true(query, "recursive")
                 self._tree(repo, unquote(sub).strip("/"), recursive, query)
+            elif op == "commits" and self.command == "GET":
+                self._commits(repo, query)
             elif op == "paths-info" and self.command == "POST":
                 self._paths_info(repo)
             elif op == "preupload" and self.command == "POST":
@@ -1290,6 +1305,22 @@ class _Handler(BaseHTTPRequestHandler):
         if start + size < len(entries):
             following = urlencode({**{k: v[0] for k, v in query.items()},
                                    "cursor": str(start + size)})
+            headers["Link"] = f'<{hub.url}{urlsplit(self.path).path}?{following}>; rel="next"'
+        self._send_json(200, page, headers)
+
+    def _commits(self, repo: Path, query: dict[str, list[str]]) -> None:
+        """The repo's commits, newest (by date) first, a page of :data:`COMMITS_PAGE` at a
+        time (``p``, from 0), the next page linked as the Hub links it."""
+        hub = self.server.hub
+        with hub._write_lock:
+            history = sorted(hub._history.get(repo, []), key=lambda c: c.when, reverse=True)
+        number = query.get("p", ["0"])[0]
+        start = (int(number) if number.isascii() and number.isdigit() else 0) * COMMITS_PAGE
+        page = [{"id": c.sha, "title": c.title, "message": "", "authors": [{"user": "local"}],
+                 "date": hub_date(c.when)} for c in history[start:start + COMMITS_PAGE]]
+        headers = {}
+        if start + COMMITS_PAGE < len(history):
+            following = urlencode({"p": str(start // COMMITS_PAGE + 1)})
             headers["Link"] = f'<{hub.url}{urlsplit(self.path).path}?{following}>; rel="next"'
         self._send_json(200, page, headers)
 
