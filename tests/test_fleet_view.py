@@ -77,6 +77,16 @@ def fsm_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+def _hub_status(hub_server: LocalHubServer, hub_token: str) -> Any:
+    """``status --recursive --json`` of the Hub's ``sft`` prefix: exit 0, nothing on
+    stderr, the token nowhere in the answer; the answer's JSON."""
+    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft", "--recursive", "--json",
+                   "--store", hub_server.url, env={"HF_TOKEN": hub_token})
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-2000:]
+    assert hub_token not in proc.stdout
+    return json.loads(proc.stdout)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fleet-view") / "store"
@@ -179,11 +189,7 @@ def test_the_fleet_view_on_the_hub_reads_every_page_and_each_shown_marker_once(
     _lay_out(lambda path, text: hub_server.add_file(REPO, path, text), runs, time.time())
     hub_server.set_tree_page(40)
     hub_server.clear_requests()
-    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft", "--recursive", "--json",
-                   "--store", hub_server.url, env={"HF_TOKEN": hub_token})
-    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-2000:]
-    assert hub_token not in proc.stdout
-    value = json.loads(proc.stdout)
+    value = _hub_status(hub_server, hub_token)
     expected, classes, _ = _expected(runs)
     assert [(r["run"], r["class"], r["rule"]) for r in value["runs"]] == expected
     assert value["summary"]["class"] == dict(classes)
@@ -302,11 +308,7 @@ def test_the_fleet_view_judges_leases_on_the_hub_with_one_dated_listing_per_leas
     hub_server.add_file(REPO, f"{fresh}/lambda_attempt2.lease.json", lease(2, "gpu-live"),
                         when=now - 120)
     hub_server.clear_requests()
-    proc = fsm_cli("status", "--repo", REPO, "--prefix", "sft", "--recursive", "--json",
-                   "--store", hub_server.url, env={"HF_TOKEN": hub_token})
-    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr[-2000:]
-    assert hub_token not in proc.stdout
-    value = json.loads(proc.stdout)
+    value = _hub_status(hub_server, hub_token)
     by_run = {row["run"]: row for row in value["runs"]}
     assert len(by_run) == runs
     assert (by_run[stale]["class"], by_run[stale]["host"], by_run[stale]["attempts"]) == (
