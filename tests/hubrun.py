@@ -290,7 +290,10 @@ def hub_run(
 
 def agent_of(runner: int) -> int:
     """The runner's agent: its child in a session of its own running the runner's own
-    program (a fork) or ``fsm.hub.agent`` (a fresh interpreter); the worker is neither."""
+    program (a fork) or ``fsm.hub.agent`` (a fresh interpreter); the worker is neither.
+    A child the runner forks to exec another program (an nvidia-smi query, started with a
+    session of its own) looks the same until its exec: with such children about, call it
+    once they run their own programs."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with open(f"/proc/{runner}/cmdline", "rb") as f:

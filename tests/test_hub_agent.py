@@ -202,8 +202,11 @@ def test_the_forked_agent_keeps_none_of_the_gpu_queries_pipes(
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         queries: list[int] = []
         try:
-            agent = agent_of(proc.pid)
+            # The queries first: each is a fork of the runner that leads its own session
+            # until its exec, which is how the agent looks too. Once every query runs
+            # nvidia-smi, the one such child left is the agent.
             queries = _queries_of(proc.pid, len(gpus.QUERIES))
+            agent = agent_of(proc.pid)
             pipes = {fd for pid in queries for fd in _fds(pid) if fd.startswith("pipe:")}
             assert pipes <= _fds(proc.pid), "the runner reads every query's output"
             assert pipes & _fds(agent) == set()
