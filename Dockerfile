@@ -21,10 +21,11 @@ ARG CONSTRAINTS=constraints/runtime.txt
 #
 # The image carries the runner only. The test helpers (fsm/testing: the local Hub server and
 # the pytest plugin) are part of the one distribution, since an extra cannot leave modules
-# out, so the step deletes that directory right after the install and drops its lines from
-# the distribution's RECORD: what pip lists is what is there (docs/testing.md). The rmtree
-# fails the build if the helpers ever move; `-I` keeps the working directory (a base image's
-# WORKDIR) off sys.path. `flash-bootstrap policy` then proves the runner runs without them.
+# out; .dockerignore leaves them out of the build context instead, so the wheel pip builds
+# from it has none: nothing is deleted after the install, and the distribution's RECORD is
+# pip's own (docs/testing.md). The find_spec check fails the build if they ever reach the
+# image; `-I` keeps the working directory (a base image's WORKDIR) off sys.path.
+# `flash-bootstrap policy` then proves the runner runs without them.
 #
 # The `fast` extra brings uv (pinned in CONSTRAINTS): its wheel puts the `uv` binary next to
 # `python3`, where the runner looks first, and a payload's `extra_pip` is then installed with
@@ -39,12 +40,8 @@ RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
         --root-user-action=ignore \
         -c "/tmp/flash-bootstrap-src/${CONSTRAINTS}" \
         "/tmp/flash-bootstrap-src[fast]" \
-    && python3 -I -c 'import importlib.metadata as md, shutil; \
-        dist = md.distribution("flash-bootstrap"); \
-        record = next(f for f in dist.files if f.name == "RECORD").locate(); \
-        shutil.rmtree(dist.locate_file("fsm/testing")); \
-        lines = record.read_text().splitlines(keepends=True); \
-        record.write_text("".join(x for x in lines if not x.startswith("fsm/testing/")))' \
+    && python3 -I -c 'import importlib.util, sys; \
+        sys.exit(importlib.util.find_spec("fsm.testing") is not None)' \
     && flash-bootstrap policy > /dev/null \
     && uv --version \
     && py-spy --version

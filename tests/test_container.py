@@ -369,12 +369,13 @@ def test_the_dockerfile_says_what_the_contract_needs() -> None:
 
 
 def test_the_build_context_is_the_package_and_nothing_else(image: Image) -> None:
-    """.dockerignore sends the sources and the pins, never caches, git or tests."""
+    """.dockerignore sends the sources and the pins, never caches, git, tests or the test
+    helpers (so the wheel pip builds for the image has none)."""
     files = image.context_files
     assert {"pyproject.toml", "constraints/runtime.txt", "fsm/cli.py"} <= set(files)
     assert any(f.startswith("fsm/demo_tree/") for f in files)
     assert any(f.startswith("states/") for f in files)
-    leaked = [f for f in files if f.startswith(("tests/", ".", "benchmarks/"))
+    leaked = [f for f in files if f.startswith(("tests/", ".", "benchmarks/", "fsm/testing/"))
               or "__pycache__" in f or f.endswith(".pyc") or ".egg-info/" in f]
     assert not leaked, leaked
 

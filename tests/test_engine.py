@@ -397,3 +397,18 @@ def test_restart_on_failure_publishes_the_persisted_marker_without_training_agai
     assert (host.flash / "runs").read_text() == "ran\n", "the restart trained again"
     restarts = engine.docker("inspect", "-f", "{{.RestartCount}}", container).stdout.strip()
     assert restarts == "1"
+
+
+def test_the_built_image_has_no_test_helpers_and_pip_records_what_is_there(
+    engine: Engine, image: str
+) -> None:
+    """The image is built from a wheel without fsm/testing (.dockerignore): nothing to import,
+    nothing on disk, and the distribution's RECORD names only files that exist."""
+    from test_container import _HELPERS_PROBE
+
+    done = engine.docker("run", "--rm", "--entrypoint", "python3", "-w", "/", image,
+                         "-I", "-c", _HELPERS_PROBE)
+    probe = json.loads(done.stdout)
+    assert (probe["testing"], probe["on_disk"], probe["ours_pytest11"]) == (
+        "ModuleNotFoundError: fsm.testing", False, []), probe
+    assert (probe["recorded_helpers"], probe["recorded_missing"]) == ([], []), probe
