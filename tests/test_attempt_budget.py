@@ -245,12 +245,38 @@ def test_a_start_that_cannot_be_persisted_does_not_fail_the_attempt(layout: Layo
 
 # --- a wall-clock step, under libfaketime ------------------------------------------------
 
-#: Debian's libfaketime (package faketime), for this machine's architecture: its MT
-#: build. The plain one re-reads FAKETIME_TIMESTAMP_FILE into shared buffers without a
-#: lock, so with FAKETIME_NO_CACHE a thread of a threaded process now and then reads the
-#: clock without the step (24 of 3,060 readings by three threads, measured): the runner's
-#: watchdog then saw its deadline pass 10 s early and the test failed on a loaded machine.
-LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
+#: libfaketime's MT build, which the tests need. The plain one re-reads
+#: FAKETIME_TIMESTAMP_FILE into shared buffers without a lock, so with FAKETIME_NO_CACHE a
+#: thread of a threaded process now and then reads the clock without the step (24 of 3,060
+#: readings by three threads, measured): the runner's watchdog then saw its deadline pass
+#: 10 s early and the test failed on a loaded machine. Debian's (package faketime) is used
+#: where it is installed; elsewhere it is built from the source that PyPI's libfaketime
+#: (the test extra) vendors, whose wheel ships only the plain build.
+DEBIAN_LIBFAKETIME = next(
+    iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None
+)
+
+
+@pytest.fixture(scope="session")
+def libfaketime_mt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The path of a libfaketimeMT.so.1: Debian's, or one built from PyPI's vendored source
+    with the C compiler the test extra already needs (pygraphviz builds with it)."""
+    if DEBIAN_LIBFAKETIME is not None:
+        return DEBIAN_LIBFAKETIME
+    try:
+        import libfaketime
+    except ImportError:
+        pytest.skip("needs libfaketime (the test extra) or Debian's package faketime")
+    vendored = Path(libfaketime.__file__).parent / "vendor" / "libfaketime" / "src"
+    build = tmp_path_factory.mktemp("libfaketime") / "src"
+    shutil.copytree(vendored, build)
+    made = subprocess.run(["make", "-s", "-C", str(build), "libfaketimeMT.so.1"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"could not build libfaketimeMT from {vendored}: {made.stderr[-500:]}")
+    return build / "libfaketimeMT.so.1"
+
+
 STEP_S = 10.0
 
 #: libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC breaks clock_nanosleep on the
@@ -313,30 +339,27 @@ def _faketime_leftovers() -> dict[Path, int]:
 
 
 @pytest.fixture
-def faketime(tmp_path: Path) -> Iterator[dict[str, str]]:
+def faketime(tmp_path: Path, libfaketime_mt: Path) -> Iterator[dict[str, str]]:
     """The environment that puts a process on a wall clock the test can step (through
     FAKETIME_TIMESTAMP_FILE) and a true monotonic clock, checked to do exactly that.
     Afterwards what libfaketime left behind for this test's processes is removed."""
-    if LIBFAKETIME is None:
-        pytest.skip("libfaketime is not installed (/usr/lib/<arch>/faketime/libfaketimeMT.so.1; "
-                    "Debian package faketime)")
     before = set(_faketime_leftovers())
     try:
-        yield _faketime_env(tmp_path)
+        yield _faketime_env(tmp_path, libfaketime_mt)
     finally:
         for entry, pid in _faketime_leftovers().items():
             if entry not in before and not Path(f"/proc/{pid}").exists():
                 entry.unlink(missing_ok=True)
 
 
-def _faketime_env(tmp_path: Path) -> dict[str, str]:
+def _faketime_env(tmp_path: Path, library: Path) -> dict[str, str]:
     site = tmp_path / "faketime-site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     stamp = tmp_path / "faketime.rc"
     stamp.write_text("+0\n")
     env = {
-        "LD_PRELOAD": str(LIBFAKETIME),
+        "LD_PRELOAD": str(library),
         "FAKETIME_TIMESTAMP_FILE": str(stamp),
         "FAKETIME_NO_CACHE": "1",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
