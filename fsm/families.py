@@ -127,6 +127,12 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          "a CUDA kernel's own exception: a misaligned address (716), an illegal instruction "
          "(715), a bad program counter (718) or its stack overrun (714): the kernel's code, on "
          "any GPU", (CUDA_ERRORS,)),
+    _job("cuda-fork", "job-cuda-fork",
+         r"Cannot re-initialize CUDA in forked subprocess",
+         "the job started CUDA and then forked (a DataLoader or multiprocessing worker with "
+         "the 'fork' start method): CUDA cannot run in the child, on any host; the child's "
+         "'initialization error' beside it is this, not the driver",
+         ("https://github.com/graphnet-team/graphnet/pull/614",)),
     _job("nccl-collective-mismatch", "job-collective",
          r"collective mismatch error|Message truncated : receiv(?:ed|ing) \d+ bytes instead "
          r"of \d+|\bncclInvalidUsage\b|\bncclInvalidArgument\b"
@@ -208,7 +214,8 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "the driver's user-space half, the same program runs on a healthy host",
           _gh("BVLC/caffe#183", "nagadomi/waifu2x#139")),
     # --- the driver and its services ----------------------------------------------------
-    _host("cuda-no-gpus", "no-gpu", "driver", r"No CUDA GPUs are available",
+    _host("cuda-no-gpus", "no-gpu", "driver",
+          r"No CUDA GPUs are available|Found no NVIDIA driver on your system",
           "CUDA sees no GPU in a container started with GPUs", _gh("pytorch/pytorch#87890")),
     _host("cuda-no-device", "no-gpu", "driver",
           cuda_error(100, r"no CUDA-capable device is detected", "cudaErrorNoDevice",
@@ -247,6 +254,26 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "a CUDA call failed with CUDA's unknown error (cudaErrorUnknown, 999): the driver or "
           "the GPU, never the program's own mistake, which CUDA names",
           (CUDA_ERRORS, *_gh("pytorch/pytorch#197073")), weak=True),
+    _host("cuda-init-failed", "cuda-init", "driver",
+          # These calls' reports name the error: the errors other rows name (no device, a
+          # driver too old, the fabric, a mismatch, unknown) are theirs
+          r"(?:Unexpected error from cudaGetDeviceCount\(\)"
+          r"|\bcudaGetDeviceCount\b[^\n]{0,8}?\b(?:returned|failed)\b"
+          r"|\bcuInit\b[^\n]{0,40}?\b(?:failed|results? in)\b|\bfailed call to cuInit\b)"
+          r"(?![^\n]*(?:\bError (?:100|35|802|803|804|999)\b|CUDA_ERROR_(?:NO_DEVICE|UNKNOWN"
+          r"|INSUFFICIENT_DRIVER|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED|SYSTEM_NOT_READY)))"
+          r"|\bcuda driver (?:library )?init(?:ialization)? fail"
+          r"|\bCUDA_ERROR_NOT_INITIALIZED\b|\bcudaErrorInitializationError\b"
+          r"|\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure)\b[^\n]{0,8}?\binitialization error\b",
+          "CUDA could not start on the host's GPUs: the driver's first calls failed (cuInit, "
+          "the first device count; cudaErrorInitializationError, 3, or the driver's own "
+          "number, such as 500 or 30): the kernel module and its libraries out of step, "
+          "nvidia_uvm missing or broken, the driver's memory manager (HMM) failing; a reboot "
+          "or a fresh host cures it. A job that forked after starting CUDA says so (a job row, "
+          "which wins); one whose own settings or libraries stop CUDA on every host fails the "
+          "same way on the next and is ended by fault-follows-job",
+          (CUDA_ERRORS, *_gh("canonical/lxd#5618", "ollama/ollama#11593",
+                             "NVIDIA/open-gpu-kernel-modules#797"))),
     _host("nvml-init-failed", "nvml", "driver", r"Failed to initialize NVML",
           "NVML cannot talk to the driver",
           _gh("NVIDIA/nvidia-docker#1730", "NVIDIA/nvidia-container-toolkit#1397")),
@@ -258,10 +285,19 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "NVML answered with an error of its own (unknown, driver not loaded, library and "
           "kernel module of different versions): the host's driver, as pynvml and "
           "nvidia-smi report it", (NVML_API, *_gh("pytorch/pytorch#88363"))),
-    _host("container-nvml-error", "nvml", "driver",
-          r"nvidia-container-cli: detection error: nvml error",
-          "the NVIDIA container runtime cannot reach the GPUs through NVML: the host's driver "
-          "or NVML is broken", _gh("pytorch/pytorch#88363")),
+    _host("container-gpu-setup", "container-runtime", "driver",
+          r"nvidia-container-cli: (?:initialization|detection|mount|ldcache|device) error"
+          r"(?![^\n]*\b(?:file exists|driver/library version mismatch)\b)"
+          r"|\bdriver rpc error\b|/dev/nvidia[\w-]*: no such (?:file|device)"
+          r"|/run/nvidia-persistenced/socket\b[^\n]*\bno such file",
+          "the NVIDIA container runtime could not give the container its GPUs: the driver "
+          "not loaded or too slow to answer without persistence mode, its device nodes or "
+          "libraries missing (nvidia-uvm, libnvidia-ml), NVML broken: the host's driver "
+          "setup. A mount refused because the image already holds the driver's files "
+          "('file exists') is the image's, and is not this row; a driver and library of "
+          "different versions is driver-library-mismatch's",
+          _gh("pytorch/pytorch#88363", "NVIDIA/nvidia-docker#288",
+              "NVIDIA/nvidia-container-toolkit#202")),
     _host("driver-library-mismatch", "driver", "driver",
           r"Driver/library version mismatch"
           r"|system has unsupported display driver / cuda driver combination"
@@ -315,7 +351,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           r"|\bIBV_WC_\w+_ERR\b"
           r"|\b(?:work )?completion (?:with|has) (?:an? )?(?:error|status)\b"
           r"|\bwc(?:\.|_| )status\b[^\n]*\b(?:err|error|fail)"
-          r"|\bGot completion from peer\b",
+          r"|\bGot completion from peer\b|\bcqe (?:with|has) (?:an? )?error\b",
           "InfiniBand or RoCE: a work request completed with an error status (12: retries "
           "exceeded, the peer's NIC unreachable), as NCCL, an IB net plugin or verbs print it",
           _gh("NVIDIA/nccl#1405", "NVIDIA/nccl#1664")),

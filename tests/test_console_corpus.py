@@ -250,7 +250,9 @@ def test_the_corpus_summary_every_host_text_retried_every_job_text_failed() -> N
         for (family, decision, outcome), n in sorted(decided.items()))
     print(report)
     assert retried == len(host) and failed == len(job), report
-    assert once <= 2, "a job fault retried once is the exception, not the rule"
+    # The exception, not the rule: issue 37's goal has at least 95 % of job faults failed on
+    # the first attempt.
+    assert once <= 0.05 * len(job), "a job fault retried once is the exception, not the rule"
 
 
 def test_the_ambiguous_texts_are_the_known_ones() -> None:
@@ -272,6 +274,14 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "ultralytics-7716-launch-failure-after-suspend",
         "ray-37225-no-cuda-gpus-tune-resources",
         "pytorch-105721-nvidia-smi-hang-runner",
+        # the second tuning batch (issue 37)
+        "biop-desktop-27-nvml-mismatch-image-libs",
+        "nvidia-docker-528-driver-installed-in-dockerfile",
+        "numba-5793-cuinit-no-device-visible-devices-minus-one",
+        "jax-20588-cuda-not-initialized-compute-capability",
+        "darknet-5547-illegal-instruction-multi-gpu-hardware",
+        "k8s-device-plugin-243-ecc-cannot-allocate-memory",
+        "vllm-25937-symmetric-memory-rendezvous-multicast-hw",
     }
 
 

@@ -144,9 +144,26 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "1: compute-st-p4de24xlarge-2:4827:6900 [4] bootstrap.cc:77 NCCL WARN Message "
         "truncated : received 256 bytes instead of 4",
     ),
-    "container-nvml-error": (
+    "container-gpu-setup": (
         # pytorch/pytorch#88363
         "nvidia-container-cli: detection error: nvml error: unknown error: unknown.",
+        # NVIDIA/nvidia-container-toolkit#202
+        "nvidia-container-cli: initialization error: driver rpc error: timed out: unknown.",
+        "lstat /dev/nvidia-uvm-tools: no such file or directory",  # NVIDIA/nvidia-docker#288
+        "open /run/nvidia-persistenced/socket: no such file or directory",  # crumbvms-395
+    ),
+    "cuda-init-failed": (
+        "cudaGetDeviceCount returned 30",  # canonical/lxd#5618
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda "
+        "functions before calling NumCudaDevices() that might have already set an error? "
+        "Error 500: named symbol not found",  # stable-diffusion-webui-docker-694
+        "cu->cuInit(0) failed -> CUDA_ERROR_NOT_INITIALIZED: initialization",  # ogkm-797
+        "[0]:ERROR: CUDA error: initialization error, line 299, file cuda_memtest.cpp",
+    ),
+    "cuda-fork": (
+        # graphnet-team/graphnet#614
+        "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+        "multiprocessing, you must use the 'spawn' start method",
     ),
     "nvml-no-devices": (
         # pytorch/pytorch#190132
