@@ -72,7 +72,7 @@ class PayloadError(FatalError):
 
 
 class StoreUnavailable(RetriableError):
-    """The store could not be reached or answered 408/429/5xx after bounded retries.
+    """The store could not be reached or answered 408/409/425/429/5xx after bounded retries.
     ``status`` is the last HTTP status met (None for a transport failure) and
     ``retry_after`` the wait its ``Retry-After`` asked for, if any."""
 

@@ -35,15 +35,13 @@ from fsm.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fsm.rules import ANY, Rule
+from fsm.rules import ANY, AUTH_STATUSES, TRANSIENT_STATUSES, Rule
 
 __all__ = ["ANY", "CATCH_ALL", "RULES", "SUCCESS", "Rule", "claim", "classify", "rule"]
 
 #: How far down ``__cause__``/``__context__`` an HTTP status is looked for.
 MAX_CHAIN = 16
 
-AUTH_STATUSES: tuple[int, ...] = (401, 403)
-UNAVAILABLE_STATUSES: tuple[int, ...] = (408, 429, *range(500, 600))
 
 
 class Claim(NamedTuple):
@@ -355,7 +353,7 @@ _TABLE: tuple[tuple[Rule, Claim], ...] = (
     (rules.HOST_STORAGE_FILLED, Claim()),
     (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
     (rules.STORE_REFUSED, Claim((StoreRefused,))),
-    (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), UNAVAILABLE_STATUSES)),
+    (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), TRANSIENT_STATUSES)),
     (rules.PIP_NETWORK, Claim(signatures=tuple(sig.name for sig in signatures.PIP_NETWORK))),
     (rules.PIP_FAILED, Claim()),
     (rules.CODE_MISSING, Claim((StoreNotFound,))),

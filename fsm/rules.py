@@ -110,6 +110,14 @@ HOST_STORAGE_FILLED: Final = _fatal(
     "that had room when the attempt started: the attempt ran out of it, and a fresh host of "
     "the same shape runs out again",
 )
+#: The HTTP answers that mean the caller may not (fatal), and those worth another try
+#: (retriable): a timeout (408), a conflict with a concurrent change to the repo (409: the
+#: Hub's answer to two operations on one repo at once), too early (425), throttled (429),
+#: and the server's own failures (5xx). One table for the store's own retries
+#: (``fsm.hub.library.classify``) and the policy's reading of an untyped error's cause chain.
+AUTH_STATUSES: Final = (401, 403)
+TRANSIENT_STATUSES: Final = (408, 409, 425, 429, *range(500, 600))
+
 STORE_AUTH: Final = _fatal("store-auth", ANY, "store answered HTTP 401 or 403")
 STORE_REFUSED: Final = _fatal(
     "store-refused", ANY,
@@ -119,7 +127,7 @@ STORE_REFUSED: Final = _fatal(
 )
 STORE_UNAVAILABLE: Final = _retriable(
     "store-unavailable", ANY,
-    "store: connection error, timeout, HTTP 408/429/5xx after bounded retries",
+    "store: connection error, timeout, HTTP 408/409/425/429/5xx after bounded retries",
 )
 PIP_NETWORK: Final = _retriable(
     "pip-network", table.INSTALL_EXTRAS,

@@ -121,7 +121,8 @@ def test_every_rule_applies_in_a_real_working_state_or_anywhere() -> None:
 def test_http_statuses_follow_the_design_table() -> None:
     assert policy.claim(rules.STORE_AUTH).statuses == (401, 403)
     unavailable = set(policy.claim(rules.STORE_UNAVAILABLE).statuses)
-    assert unavailable == {408, 429, *range(500, 600)}
+    # 409 and 425 too: the store's own retries take them as worth another try (issue 39)
+    assert unavailable == {408, 409, 425, 429, *range(500, 600)}
     claimed = [s for r in policy.RULES for s in policy.claim(r).statuses]
     assert len(claimed) == len(set(claimed)), "one status, one rule"
 
@@ -353,7 +354,7 @@ def test_an_untyped_http_error_anywhere_on_the_chain_is_classified_by_its_status
     if status in (401, 403):
         assert decided is rules.STORE_AUTH
         assert not decided.retriable
-    elif status in (408, 429) or 500 <= status <= 599:
+    elif status in (408, 409, 425, 429) or 500 <= status <= 599:
         assert decided is rules.STORE_UNAVAILABLE
         assert decided.retriable
     else:

@@ -80,12 +80,12 @@ def test_persistent_503_raises_store_unavailable_after_bounded_attempts(
     assert _commits(hub_server) == [503, 503, 503]
 
 
-@pytest.mark.parametrize("status", [408, 429, 500, 502])
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 502])
 def test_other_transient_statuses_are_retried(
     hub_server: LocalHubServer, hub_dataset: str, hub_token: str, tmp_path: Path,
     status: int, events: Events,
 ) -> None:
-    """408, 429 and 5xx are retried like 503."""
+    """408, 409, 425, 429 and 5xx are retried like 503 (fsm.rules.TRANSIENT_STATUSES)."""
     hub_server.fail("POST", r"/commit/", status=status, times=1)
     _put(make_store(hub_server, hub_dataset, hub_token), _write(tmp_path), "a.json")
     assert _commits(hub_server) == [status, 200]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fsm import deferred
+from fsm.rules import AUTH_STATUSES, TRANSIENT_STATUSES
 
 __all__ = ["TRANSPORT_SETTINGS", "Accelerator", "Failure", "FailureKind", "RemoteFailure",
            "apply_settings", "classify", "hub_major", "load_library", "switch_transfer"]
@@ -357,9 +358,6 @@ def _is_transport(exc: BaseException) -> bool:
     return False
 
 
-#: 4xx answers worth another try: a timeout, a conflict, too early, throttled. Any other 4xx
-#: but 401/403/404 is a refusal no try (and no rerun of the payload) can change.
-_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
 
 
 def _error_code(response: object) -> str | None:
@@ -383,11 +381,11 @@ def classify(exc: BaseException) -> Failure:
         if not isinstance(status, int) or isinstance(status, bool):
             continue
         reason = f"HTTP {status}"
-        if status in (401, 403):
+        if status in AUTH_STATUSES:
             return Failure("auth", reason, status, error_code=_error_code(response))
         if status == 404:
             return Failure("not_found", reason, status)
-        if status in _TRANSIENT_4XX or status >= 500:
+        if status in TRANSIENT_STATUSES:
             return Failure("retriable", reason, status, _retry_after(response))
         return Failure("rejected", reason, status)
     for current in chain:

@@ -7,7 +7,7 @@ Face dataset repo through ``huggingface_hub``).
 Every method is bounded in time and never runs past the store's attempt deadline.
 Failures are raised as the typed errors of ``fsm.errors``:
 
-* ``StoreUnavailable`` (retriable): connection errors, timeouts, 408/429/5xx after
+* ``StoreUnavailable`` (retriable): connection errors, timeouts, 408/409/425/429/5xx after
   bounded retries with backoff;
 * ``StoreAuthError`` (fatal): 401/403;
 * ``StoreNotFound`` (fatal): a path to download does not exist;

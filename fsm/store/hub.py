@@ -21,7 +21,7 @@ inside a call (2.x: listings, preupload, 429s), the bound still covers the whole
 Failures are classified by walking the exception's cause chain (the transport exception
 types differ between the hub lines):
 
-* connection errors, timeouts, HTTP 408/429/5xx: retried with exponential backoff and
+* connection errors, timeouts, HTTP 408/409/425/429/5xx: retried with exponential backoff and
   jitter (``Retry-After`` honoured), then :class:`~fsm.errors.StoreUnavailable`;
 * HTTP 401/403: :class:`~fsm.errors.StoreAuthError` at once;
 * HTTP 404: ``False`` from :meth:`HubStore.exists`, :class:`~fsm.errors.StoreNotFound`
@@ -238,7 +238,7 @@ def retry_delay(
 
 
 class _Transient(Exception):
-    """A failure worth another try (a timeout, a connection error, 408/429/5xx)."""
+    """A failure worth another try (a timeout, a connection error, 408/409/425/429/5xx)."""
 
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.reason)
