@@ -54,14 +54,22 @@ def _gh(*threads: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def cuda_number(*numbers: int) -> str:
+    """A CUDA error by its number, as the libraries print it: "CUDA error 999", "cuda runtime
+    error (999)", "Cuda failure 999", "CUDA Error: 999", "CUDA error DRIVER: '999'", glog's
+    check "error == cudaSuccess (999 vs. 0)", "cudaRuntimeGetVersion() failed with error
+    #999". More than one number: the error's number in older CUDA releases too."""
+    number = "(?:" + "|".join(map(str, numbers)) + ")"
+    return (r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*(?: DRIVER| RUNTIME)?\s*"
+            rf"(?:code)?\s*[:=#]?\s*[('\"]?{number}[)'\"]?(?![\d.])"
+            rf"|\bcudaSuccess \({number} vs\. 0\)"
+            rf"|\bcuda\w+\(\)[^\n]{{0,24}}?\berror #?{number}\b")
+
+
 def cuda_error(number: int, message: str, *names: str) -> str:
     """A CUDA error by its message (``cudaGetErrorString``), its runtime and driver enum
-    names, and its number as the libraries print it ("CUDA error 999", "cuda runtime error
-    (999)", "Cuda failure 999", "CUDA Error: 999")."""
-    forms = [message, *(rf"\b{name}\b" for name in names),
-             r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*\s*(?:code)?\s*[:=#]?\s*"
-             rf"\(?{number}\)?(?![\d.])"]
-    return "|".join(forms)
+    names, and its number (:func:`cuda_number`)."""
+    return "|".join([message, *(rf"\b{name}\b" for name in names), cuda_number(number)])
 
 
 def _job(sig_id: str, family: str, pattern: str, meaning: str,
@@ -192,12 +200,20 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "no other process on the GPUs before the worker started", (CUDA_ERRORS,)),
     _host("cuda-launch-failure", "gpu-launch-failure", "gpu",
           cuda_error(719, r"unspecified launch failure", "cudaErrorLaunchFailure",
-                     "CUDA_ERROR_LAUNCH_FAILED"),
+                     "CUDA_ERROR_LAUNCH_FAILED", "CURAND_STATUS_LAUNCH_FAILURE"),
           "a kernel died of an exception CUDA does not name (cudaErrorLaunchFailure, 719): "
           "unlike a kernel's own faults (the job's rows) it names no cause, and it follows a "
           "GPU or driver fault (Xid 13, 43, 79; a resume from suspend) as often as a bug",
           (CUDA_ERRORS, *_gh("opendatalab/MinerU#381", "ultralytics/ultralytics#7716")),
           weak=True),
+    _host("cuda-launch-timeout", "gpu-watchdog", "gpu",
+          cuda_error(702, r"the launch timed out and was terminated", "cudaErrorLaunchTimeout",
+                     "CUDA_ERROR_LAUNCH_TIMEOUT"),
+          "a kernel ran past the GPU's watchdog and was ended (cudaErrorLaunchTimeout, 702): "
+          "the watchdog runs only on a GPU that also drives a display, the host's "
+          "configuration; a training host's GPUs have none",
+          (CUDA_ERRORS, *_gh("ComputationalRadiationPhysics/picongpu#2704",
+                             "numba/numba#9381"))),
     _host("nvrm-xid", "xid", "gpu", _xid(HOST_XIDS),
           "the kernel driver reported a hardware, memory, firmware or fabric Xid ("
           + ", ".join(map(str, HOST_XIDS)) + ")", (XID_CATALOGUE,)),
@@ -241,18 +257,16 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "them (804): the host's driver is too old for the image's CUDA",
           (CUDA_ERRORS, *_gh("PKU-YuanGroup/Video-LLaVA#22"))),
     _host("cuda-unknown-init", "cuda-unknown", "driver",
-          r"CUDA unknown error - this may be due to an incorrectly set up environment"
+          r"CUDA unknown error - this may be due to an incorrectly set up\b"
           r"|failed call to cuInit: CUDA_ERROR_UNKNOWN",
           "CUDA could not start (error 999, CUDA_ERROR_UNKNOWN): the driver's state is broken "
           "(nvidia_uvm lost, after a suspend or a driver fault); a reset or reboot cures it",
           _gh("pytorch/pytorch#88639", "gbionics/jaxsim#50")),
     _host("cuda-unknown", "cuda-unknown", "driver",
           r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\b[^\n]{0,32}?\bunknown error\b"
-          r"|\bcudaErrorUnknown\b|(?<!cuInit: )\bCUDA_ERROR_UNKNOWN\b"
-          r"|\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*\s*(?:code)?\s*[:=#]?\s*"
-          r"\(?999\)?(?![\d.])",
-          "a CUDA call failed with CUDA's unknown error (cudaErrorUnknown, 999): the driver or "
-          "the GPU, never the program's own mistake, which CUDA names",
+          r"|\bcudaErrorUnknown\b|(?<!cuInit: )\bCUDA_ERROR_UNKNOWN\b|" + cuda_number(999, 30),
+          "a CUDA call failed with CUDA's unknown error (cudaErrorUnknown, 999; 30 before CUDA "
+          "10.1): the driver or the GPU, never the program's own mistake, which CUDA names",
           (CUDA_ERRORS, *_gh("pytorch/pytorch#197073")), weak=True),
     _host("cuda-init-failed", "cuda-init", "driver",
           # These calls' reports name the error: the errors other rows name (no device, a
@@ -306,9 +320,25 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "without a reboot; cudaErrorSystemDriverMismatch, 803)",
           (CUDA_ERRORS, *_gh("illinois-scicomp/machine-shop-maintenance#60"))),
     _host("smi-no-driver", "driver", "driver",
-          r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
-          "nvidia-smi finds no working NVIDIA kernel driver (not loaded, or lost with a "
-          "kernel update)", _gh("lyulyul/shine-cluster#50")),
+          r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver"
+          r"|NVIDIA-SMI couldn'?t find libnvidia-ml\.so",
+          "nvidia-smi finds no working NVIDIA driver (the kernel module not loaded, or lost "
+          "with a kernel update; its NVML library missing)",
+          _gh("lyulyul/shine-cluster#50", "NVIDIA/nvidia-docker#1163")),
+    _host("driver-module-missing", "driver", "driver",
+          r"\bmodprobe: (?:FATAL|ERROR):[^\n]*\bnvidia\w*"
+          r"|\bCould not load UVM kernel module\b|\bcould not insert '?nvidia\w*"
+          r"|\bNVIDIA kernel module\b[^\n]*\bnot (?:loaded|found)\b",
+          "the NVIDIA kernel module (nvidia, nvidia_uvm) is not loaded and cannot be: not "
+          "built for the running kernel after an update, or its install failed",
+          _gh("GoogleCloudPlatform/compute-gpu-installation#10", "NVIDIA/nvidia-docker#481")),
+    _host("nvrm-init-adapter", "gpu-init", "gpu",
+          r"\bRmInitAdapter failed\b|\brm_init_adapter failed\b"
+          r"|\bCannot initialize GSP firmware RM\b|\bcannot initialize GSP-RM\b",
+          "the kernel driver could not bring a GPU up (RmInitAdapter): its firmware (GSP) "
+          "failed to start, the board failed, or the driver does not support it",
+          _gh("NVIDIA/open-gpu-kernel-modules#116",
+              "illinois-scicomp/machine-shop-maintenance#76")),
     _host("nvrm-no-gpu", "driver", "driver",
           r"NVRM: No NVIDIA graphics adapter probed|NVRM: The NVIDIA probe routine was not "
           r"called",

@@ -282,6 +282,16 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "darknet-5547-illegal-instruction-multi-gpu-hardware",
         "k8s-device-plugin-243-ecc-cannot-allocate-memory",
         "vllm-25937-symmetric-memory-rendezvous-multicast-hw",
+        # the third tuning batch (issue 37)
+        "accelerate-236-invalid-device-context-k40m-not-initialised",
+        "nicehash-quickminer-434-illegal-memory-access-unstable-oc",
+        "manylinux-cuda-5-libnvidia-ml-load-failed-driver-in-image",
+        "bigdata-108-nvidia-smi-no-driver-plain-docker",
+        "gorgonia-cu-2-cuinit-unknown-nvidia-uvm-not-loaded",
+        "nvidia-docker-284-nvml-insufficient-permissions-host-driver",
+        "jax-20722-cuda-backend-not-initialized-wrong-jaxlib",
+        "pytorch-112950-nvmlinit-assert-server-reboot",
+        "nvidia-docker-74-could-not-load-nvml-library",
     }
 
 

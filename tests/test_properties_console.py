@@ -160,6 +160,20 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "cu->cuInit(0) failed -> CUDA_ERROR_NOT_INITIALIZED: initialization",  # ogkm-797
         "[0]:ERROR: CUDA error: initialization error, line 299, file cuda_memtest.cpp",
     ),
+    "cuda-launch-timeout": (
+        "CUDA error: the launch timed out and was terminated",  # numba/numba#9381
+        "SystemError: CUDA_ERROR_LAUNCH_TIMEOUT",  # pyrit-124
+    ),
+    "driver-module-missing": (
+        # GoogleCloudPlatform/compute-gpu-installation#10
+        "modprobe: FATAL: Module nvidia not found in directory /lib/modules/5.13.0-1025-gcp",
+        "Error: Could not load UVM kernel module. Is nvidia-modprobe installed?",  # nv-docker-481
+    ),
+    "nvrm-init-adapter": (
+        # illinois-scicomp/machine-shop-maintenance#76
+        "NVRM: GPU 0000:81:00.0: RmInitAdapter failed! (0x25:0x40:1470)",
+        "[    3.596583] NVRM RmInitAdapter: Cannot initialize GSP firmware RM",  # ogkm-116
+    ),
     "cuda-fork": (
         # graphnet-team/graphnet#614
         "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
