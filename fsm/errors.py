@@ -10,10 +10,29 @@ Anything else is classified by the policy from its type.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from fsm import rules
 from fsm.rules import Rule
+
+#: How many exceptions of a chain are looked at, at the most (a chain can be a cycle).
+MAX_CHAIN = 32
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it (``__cause__`` and ``__context__``), nearest
+    first, each once, at most ``MAX_CHAIN``: the one walk of a cause chain, for whoever
+    looks for an HTTP status, an errno or a library's error type down it."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo and len(seen) < MAX_CHAIN:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
 
 class FlashError(Exception):

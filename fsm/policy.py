@@ -34,13 +34,11 @@ from fsm.errors import (
     StoreNotFound,
     StoreRefused,
     StoreUnavailable,
+    causes,
 )
 from fsm.rules import ANY, AUTH_STATUSES, TRANSIENT_STATUSES, Rule
 
 __all__ = ["ANY", "CATCH_ALL", "RULES", "SUCCESS", "Rule", "claim", "classify", "rule"]
-
-#: How far down ``__cause__``/``__context__`` an HTTP status is looked for.
-MAX_CHAIN = 16
 
 
 
@@ -421,15 +419,7 @@ def claims(r: Rule, state: str, exc: BaseException) -> bool:
 def http_status(exc: BaseException) -> int | None:
     """The first HTTP status found on ``exc`` or down its ``__cause__``/``__context__``
     chain: ``.response.status_code``, ``.status_code`` or ``.status``."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < MAX_CHAIN:
-        seen.add(id(current))
-        status = _status_of(current)
-        if status is not None:
-            return status
-        current = current.__cause__ if current.__cause__ is not None else current.__context__
-    return None
+    return next(filter(None, map(_status_of, causes(exc))), None)
 
 
 def _status_of(exc: BaseException) -> int | None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fsm import rules
-from fsm.errors import FatalError, FlashError, RetriableError
+from fsm.errors import FatalError, FlashError, RetriableError, causes
 
 __all__ = ["FLOOR_BYTES", "STORAGE_ERRNOS", "Usage", "came_short", "classify", "floor",
            "snapshot", "usage"]
@@ -40,7 +40,6 @@ __all__ = ["FLOOR_BYTES", "STORAGE_ERRNOS", "Usage", "came_short", "classify", "
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT})
 #: Less free than this at the start: the host came short of room (a GPU job needs more).
 FLOOR_BYTES = 256 << 20
-_MAX_CHAIN = 16
 _NO_START = "full, with no start to compare: taken as the attempt's own need"
 _CAME_FULL = "already short of room when the attempt started: the host came full"
 _FILLED = ("it had room when the attempt started, and the attempt ran out of it: a fresh "
@@ -132,14 +131,8 @@ def snapshot(dirs: Iterable[Path]) -> dict[str, Usage]:
 
 def storage_errno(exc: BaseException) -> OSError | None:
     """The first ``OSError`` of a storage errno on ``exc`` or down its cause chain."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
-            return current
-        current = current.__cause__ if current.__cause__ is not None else current.__context__
-    return None
+    return next((e for e in causes(exc)
+                 if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
 
 
 def came_short(before: Usage, floor_bytes: int) -> bool:

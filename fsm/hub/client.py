@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote
 
+from fsm.errors import causes
+
 if TYPE_CHECKING:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
@@ -346,13 +348,7 @@ def _entry_not_found(exc: BaseException) -> bool:
     to a commit that deletes a file that is not there."""
     from huggingface_hub.errors import EntryNotFoundError
 
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    while todo and len(seen) < 32:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, EntryNotFoundError):
             return True
         response = getattr(current, "response", None)
@@ -360,7 +356,6 @@ def _entry_not_found(exc: BaseException) -> bool:
         if (getattr(response, "status_code", None) == 404 and headers is not None
                 and headers.get("X-Error-Code") == "EntryNotFound"):
             return True
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
     return False
 
 

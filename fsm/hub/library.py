@@ -24,11 +24,12 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
 from fsm import deferred
+from fsm.errors import causes
 from fsm.rules import AUTH_STATUSES, TRANSIENT_STATUSES
 
 __all__ = ["TRANSPORT_SETTINGS", "Accelerator", "Failure", "FailureKind", "RemoteFailure",
@@ -289,19 +290,6 @@ class Failure:
     error_code: str | None = None  # the answer's X-Error-Code (RepoNotFound, EntryNotFound)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything in its ``__cause__``/``__context__`` chain, nearest first."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo and len(seen) < 32:
-        current = todo.pop(0)
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
-
-
 def _response_of(exc: BaseException) -> object | None:
     try:
         return getattr(exc, "response", None)
@@ -374,7 +362,7 @@ def classify(exc: BaseException) -> Failure:
     process was classified there)."""
     if isinstance(exc, RemoteFailure):
         return exc.failure
-    chain = list(_chain(exc))
+    chain = list(causes(exc))
     for current in chain:
         response = _response_of(current)
         status = getattr(response, "status_code", None)
