@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from fsm.clock import Deadline
-from fsm.marker import write_atomic
+from fsm.storage import write_atomic
 
 #: The start file's format; a file of any other version is ignored and replaced.
 START_VERSION = 1

@@ -39,6 +39,7 @@ from fsm.errors import (
 )
 from fsm.payload import Destination
 from fsm.redact import Redactor
+from fsm.storage import write_atomic
 from fsm.store.base import PRELOAD_RESULT_NAME, Fence, Store
 
 MAX_ERROR_CHARS = 2_000
@@ -192,23 +193,6 @@ def marker_problem(record: object, attempt: int) -> str | None:
     if not isinstance(record.get("error", ""), str):
         return "'error' is not text"
     return None
-
-
-def write_atomic(path: Path, text: str, *, durable: bool = False) -> None:
-    """Write ``text`` to ``path`` whole or not at all (aside, then renamed); ``durable``
-    also flushes it to disk first (the persisted result must survive a host crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 LockWait = Literal["held", "busy", "interrupted", "deadline"]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote
 
 from fsm.errors import causes
+from fsm.storage import atomic_file
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
@@ -209,16 +209,12 @@ class HubClient:
             expect = self._metadata(repo_type, repo_id, path, revision)
         if write_if_empty(expect, dest):
             return 0
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, part = _part_file(dest)
-        try:
-            with os.fdopen(fd, "wb") as file:
-                self._get(repo_type, repo_id, path, revision, file)
-            size = verify(part, expect, path)
-            os.replace(part, dest)
-            return size
-        finally:
-            part.unlink(missing_ok=True)
+        # The mode a file the process creates gets (the worker's code tree is read by
+        # whoever runs it); ".part", which the store clears after a killed agent.
+        with atomic_file(dest, mode=0o666, suffix=".part") as file:
+            self._get(repo_type, repo_id, path, revision, file)
+            file.flush()
+            return verify(Path(file.name), expect, path)
 
     def _metadata(self, repo_type: str, repo_id: str, path: str, revision: str) -> Entry:
         """What a file no listing named is checked against, from the library's ``HEAD``
@@ -385,18 +381,6 @@ def write_if_empty(entry: Entry, dest: Path) -> bool:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(b"")
     return True
-
-
-def _part_file(dest: Path) -> tuple[int, Path]:
-    """A new file beside ``dest`` for its download, open for writing, with the mode a file
-    the process creates gets (``mkstemp``'s would be 0600: the worker's code tree is read
-    by whoever runs it)."""
-    while True:
-        part = dest.with_name(f".{dest.name}.{os.urandom(6).hex()}.part")
-        try:
-            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), part
-        except FileExistsError:  # pragma: no cover - 48 random bits
-            continue
 
 
 def git_blob_id(data: bytes) -> str:

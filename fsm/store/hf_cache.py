@@ -18,9 +18,10 @@ warm stopped half-way leaves no reference to an incomplete snapshot.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from fsm.storage import write_atomic
 
 __all__ = ["ModelCache"]
 
@@ -64,13 +65,4 @@ class ModelCache:
 
     def set_main(self, commit: str) -> None:
         """``refs/main`` names ``commit``: the last write of a warm."""
-        refs = self.folder / "refs"
-        refs.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=refs, prefix=".main.")
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write(commit)
-            os.replace(temp, refs / "main")
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.folder / "refs" / "main", commit)

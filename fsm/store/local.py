@@ -40,6 +40,7 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.interrupt import InterruptFlag
+from fsm.storage import atomic_file
 from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart, removals
 from fsm.store.hf_cache import ModelCache
 
@@ -373,11 +374,5 @@ def _copy_aside(source: Path, target: Path) -> Path:
 
 
 def _atomic_copy(source: Path, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out, source.open("rb") as src:
-            shutil.copyfileobj(src, out, _CHUNK)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(target) as out, source.open("rb") as src:
+        shutil.copyfileobj(src, out, _CHUNK)
