@@ -20,8 +20,9 @@ console's verdict fatal, whatever host rows match too (one rank's CUDA OOM makes
 report NCCL errors). Among host rows the last matching line decides. A weak row decides
 only when no stronger one matches: first a retriable weak row, a fault whose words name no
 cause (an unspecified launch failure, CUDA's unknown error, an application-class Xid,
-NCCL's "unhandled cuda/system error"), which a line naming the cause beside it overrules;
-last a fatal weak row, a consequence (an NCCL watchdog's timeout).
+NCCL's "unhandled cuda error"), which a line naming the cause beside it overrules;
+last a fatal weak row, a consequence (an NCCL watchdog's timeout, NCCL's "unhandled
+system error").
 Such a row is retried although its words fit a job's bug as well: one attempt cannot tell
 them apart, the second can (a job's bug follows it to the next host, ``fault-follows-job``).
 """
@@ -168,6 +169,14 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          "(unequal batches, a rank-0-only step, a dataset scan), a consequence that decides "
          "only when no host row matches", _gh("pytorch/pytorch#141069"), blame="nccl-timeout",
          weak=True),
+    _job("nccl-system-error", "nccl-system",
+         r"unhandled system error|ncclSystemError",
+         "NCCL: a system call failed under it (a socket, shared memory, a registration): in "
+         "every thread of the corpus that settled it, 7 of 7, the job's own NCCL environment "
+         "(the interface it names, the container's IPC and /dev/shm, its SR-IOV backend), so "
+         "it fails the run; a failing NIC or fabric prints its own line beside it (NET/IB, "
+         "NET/OFI, verbs), which is a host row and decides",
+         (NCCL_ERRORS, *_gh("NVIDIA/nccl#697", "pytorch/examples#611")), weak=True),
     # --- the GPU ------------------------------------------------------------------------
     _host("gpu-ecc-uncorrectable", "gpu-ecc", "gpu",
           cuda_error(214, r"uncorrectable ECC error(?!s?\s*[:=]\s*0\b)",
@@ -300,16 +309,19 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "kernel module of different versions): the host's driver, as pynvml and "
           "nvidia-smi report it", (NVML_API, *_gh("pytorch/pytorch#88363"))),
     _host("container-gpu-setup", "container-runtime", "driver",
-          r"nvidia-container-cli: (?:initialization|detection|mount|ldcache|device) error"
-          r"(?![^\n]*\b(?:file exists|driver/library version mismatch)\b)"
-          r"|\bdriver rpc error\b|/dev/nvidia[\w-]*: no such (?:file|device)"
+          r"nvidia-container-cli: (?!requirement error)[^\n]*?\berror\b"
+          r"(?![^\n]*\bdriver/library version mismatch\b)"
+          r"|\bdriver rpc error\b|/dev/nvidia[\w-]*\"?: no such (?:file|device)"
           r"|/run/nvidia-persistenced/socket\b[^\n]*\bno such file",
           "the NVIDIA container runtime could not give the container its GPUs: the driver "
           "not loaded or too slow to answer without persistence mode, its device nodes or "
-          "libraries missing (nvidia-uvm, libnvidia-ml), NVML broken: the host's driver "
-          "setup. A mount refused because the image already holds the driver's files "
-          "('file exists') is the image's, and is not this row; a driver and library of "
-          "different versions is driver-library-mismatch's",
+          "libraries missing (nvidia-uvm, libnvidia-ml), NVML broken, its own package "
+          "regressed: the host's driver setup. A mount refused because a file exists was "
+          "the image's in one thread and the node image's toolkit in another: retried, and "
+          "an image that carries the driver's files fails again on the next host "
+          "(fault-follows-job). A requirement the driver does not meet is "
+          "cuda-driver-too-old's, a driver and library of different versions "
+          "driver-library-mismatch's",
           _gh("pytorch/pytorch#88363", "NVIDIA/nvidia-docker#288",
               "NVIDIA/nvidia-container-toolkit#202")),
     _host("driver-library-mismatch", "driver", "driver",
@@ -368,9 +380,6 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           r"NCCL WARN XML Import Channel : dev \d+ not found",
           "NCCL: the topology or graph file the node image sets (NCCL_GRAPH_FILE) names GPUs "
           "or NICs the host does not have", _gh("NVIDIA/nccl#1240")),
-    _host("nccl-system-error", "interconnect", "interconnect",
-          r"unhandled system error|ncclSystemError",
-          "NCCL: a system call, the device or the fabric failed", (NCCL_ERRORS,), weak=True),
     _host("nccl-cuda-error", "gpu-nccl-cuda", "gpu",
           r"\bunhandled cuda error\b|\bncclUnhandledCudaError\b",
           "NCCL: a CUDA call under it failed, the GPU or its driver faulted (a job's own bad "
@@ -394,7 +403,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("nccl-network", "interconnect", "interconnect",
           r"NET/(?:IB|Socket|OFI)\b(?![^\n]*\bGot completion\b)"
           r"[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
-          r"|timeout|timed out)\b|ncclRemoteError|\bibv_\w+ failed"
+          r"|timeout|timed out|unable to)\b|ncclRemoteError|\bibv_\w+ failed"
           r"|remote process exited or there was a network error",
           "NCCL: the network or InfiniBand transport failed, or a peer became unreachable "
           "(ncclRemoteError)", (NCCL_ERRORS, *_gh("NVIDIA/nccl#902", "NVIDIA/nccl#2076"))),

@@ -262,7 +262,6 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "nccl-426-ib-error-12-roce",
         "marian-251-gpu-lost-after-data",
         "sist-42-driver-mismatch-container",
-        "nccl-697-system-error-ifname",
         "comosvc-6-no-gpus-hardcoded",
         "mineru-381-launch-failure-bad-card",
         "pytorch-2567-launch-failure-fixed",
@@ -292,6 +291,11 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "jax-20722-cuda-backend-not-initialized-wrong-jaxlib",
         "pytorch-112950-nvmlinit-assert-server-reboot",
         "nvidia-docker-74-could-not-load-nvml-library",
+        # the fourth tuning batch (issue 37)
+        "nccl-2013-ibv-modify-qp-timeout-cross-nic",
+        "nccl-778-ibv-reg-dmabuf-mr-not-supported",
+        "seekr2-8-openmm-cuda-invalid-ptx-restart",
+        "amazon-dsstne-26-no-cuda-device-wrong-instance",
     }
 
 

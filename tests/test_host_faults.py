@@ -134,11 +134,6 @@ HOST_FAULTS = [
         id="driver-too-old",
     ),
     pytest.param(
-        NCCL_SYSTEM_ERROR_WORKER, "interconnect",
-        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed "
-        "or device error.", id="nccl-system-error",
-    ),
-    pytest.param(
         NCCL_IB_WORKER, "interconnect",
         "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
         "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
@@ -166,14 +161,14 @@ print("[rank0]: step 12 | loss 2.1000", flush=True)
 raise OutOfMemoryError({TORCH_OOM!r})
 """
 
-#: The other rank, once its peer died: NCCL's unhandled system error.
+#: The other rank, once its peer died: NCCL's remote error, alone a host row's words.
 NCCL_RANK = """
 import sys
 print("[rank1]: torch.distributed.DistBackendError: NCCL error in: "
-      "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error "
-      "(run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3", file=sys.stderr)
-print("[rank1]: ncclSystemError: System call (e.g. socket, malloc) or external library call "
-      "failed or device error.", file=sys.stderr)
+      "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote process exited or "
+      "there was a network error, NCCL version 2.19.3", file=sys.stderr)
+print("[rank1]: ncclRemoteError: A call failed possibly due to a network error or a remote "
+      "process exiting prematurely.", file=sys.stderr)
 sys.exit(1)
 """
 
@@ -320,6 +315,32 @@ def test_a_host_fault_on_the_console_is_retriable(
     assert line in console_of(layout)  # the evidence's line is in the stored tail
 
 
+#: A failing link's own line, before NCCL's system error.
+IB_LINK_LINE = ("gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got "
+                "completion from peer 10.0.0.5<43211> with error 12, opcode 0, len 0, vendor "
+                "err 129")
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["alone", "beside-a-link-line"])
+def test_ncclsystemerror_alone_is_the_jobs_and_a_link_line_beside_it_is_the_hosts(
+    layout: Layout, env: dict[str, str], link: bool
+) -> None:
+    """NCCL's "unhandled system error" was the job's own NCCL environment in every corpus
+    thread that settled it (issue 37): alone it fails the run. A failing link prints its own
+    line beside it, which decides: retried."""
+    before = f"    print({IB_LINK_LINE!r}, flush=True)\n" if link else ""
+    layout.write_worker(before + NCCL_SYSTEM_ERROR_WORKER)
+    layout.write_payload()
+    proc, marker = run(layout, env)
+    if link:
+        assert_failed(proc, marker, "worker-host-fault", retriable=True)
+        assert marker["host_fault"] == {"signature": "ib-completion-error",
+                                        "line": IB_LINK_LINE}
+    else:
+        assert_failed(proc, marker, "worker-failed", retriable=False)
+        assert marker["job_fault"]["signature"] == "nccl-system-error"
+
+
 def test_the_real_traceback_reaches_the_console_and_its_last_line_decides(
     layout: Layout, env: dict[str, str]
 ) -> None:
@@ -389,8 +410,9 @@ def test_a_job_fault_that_looks_like_a_gpu_failure_is_fatal(
 def test_one_rank_out_of_gpu_memory_and_another_with_nccl_errors_is_the_jobs_fault(
     layout: Layout, env: dict[str, str]
 ) -> None:
-    """Rank 0 runs out of GPU memory; rank 1 then reports NCCL's unhandled system error, the
-    console's last fault line. The OOM still decides: a fresh host fails the same way."""
+    """Rank 0 runs out of GPU memory; rank 1 then reports NCCL's remote error (a host row's
+    words alone), the console's last fault line. The OOM still decides: a fresh host fails
+    the same way."""
     layout.write_worker(f"""
         import subprocess
         subprocess.run([sys.executable, "-c", {OOM_RANK!r}])
@@ -407,7 +429,7 @@ def test_one_rank_out_of_gpu_memory_and_another_with_nccl_errors_is_the_jobs_fau
     assert marker["job_fault"]["signature"] == "cuda-oom"
     assert "host_fault" not in marker
     console = console_of(layout)
-    assert console.index("CUDA out of memory") < console.index("unhandled system error")
+    assert console.index("CUDA out of memory") < console.index("remote process exited")
     after_oom = policy.console_verdict(console.split("CUDA out of memory")[-1])
     assert after_oom is not None and after_oom.signature.retriable  # alone, a host fault
 
