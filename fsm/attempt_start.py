@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from fsm.clock import Deadline
-from fsm.storage import write_atomic
+from fsm.files import JsonProblem, json_object, write_atomic
 
 #: The start file's format; a file of any other version is ignored and replaced.
 START_VERSION = 1
@@ -106,11 +106,9 @@ def _load(path: Path, ident: dict[str, Any], boot: str | None) -> AttemptStart |
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return "not JSON"
-    if not isinstance(raw, dict):
-        return "not a JSON object"
+        raw = json_object(data)
+    except JsonProblem as exc:
+        return str(exc)
     if raw.get("version") != START_VERSION:
         return f"not version {START_VERSION}"
     recorded = raw.get("identity")

@@ -64,8 +64,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
-from fsm.fleet import MARKER_MAX_BYTES, MARKER_RE, human_age, marker_files, parse_marker
+from fsm.fleet import MARKER_RE, human_age, marker_files, parse_marker
 from fsm.lease import GRACE_S, LEASE_MAX_BYTES, LEASE_RE, lease_name, parse_lease
+from fsm.marker import MARKER_MAX_BYTES
 from fsm.redact import Redactor
 from fsm.store.base import Store
 

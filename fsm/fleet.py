@@ -46,6 +46,8 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.files import JsonProblem, json_object
+from fsm.marker import MARKER_MAX_BYTES
 from fsm.redact import Redactor
 from fsm.store.base import Store
 
@@ -133,15 +135,9 @@ def console_files(names: Iterable[str]) -> list[str]:
 def parse_marker(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(the marker, None), or (None, why it cannot be read as one)."""
     try:
-        value = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    except json.JSONDecodeError as exc:
-        return None, f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    except (RecursionError, ValueError) as exc:
-        return None, f"not usable JSON: {type(exc).__name__}"
-    if not isinstance(value, dict):
-        return None, f"not a JSON object but {type(value).__name__}"
+        value = json_object(data)
+    except JsonProblem as exc:
+        return None, str(exc)
     if not isinstance(value.get("ok"), bool):
         return None, "no boolean 'ok'"
     return value, None
@@ -434,9 +430,6 @@ def _session(
 #: ``status --recursive`` lists at most this many files under the prefix (one listing, in
 #: pages on the Hub); a prefix holding more is refused with a line saying so.
 MAX_LISTED = 200_000
-#: A marker is at most a few KiB (its ``error`` at most 2,000 characters); ``status`` reads no
-#: more of one than this, and shows a longer one as unreadable.
-MARKER_MAX_BYTES = 1 << 20
 #: The summary line names at most this many hosts.
 SUMMARY_HOSTS = 10
 

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from fsm.clock import os_timeout
+from fsm.files import JsonProblem, json_object
 
 log = structlog.get_logger("fsm.lease")
 
@@ -64,13 +65,9 @@ def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(the lease, None), or (None, why it cannot be read as one): JSON, an object with an
     integer ``attempt`` and ``seq`` and a positive finite ``ttl_s``."""
     try:
-        value = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    except (RecursionError, ValueError) as exc:
-        return None, f"not JSON ({type(exc).__name__})"
-    if not isinstance(value, dict):
-        return None, f"not a JSON object but {type(value).__name__}"
+        value = json_object(data)
+    except JsonProblem as exc:
+        return None, str(exc)
     for key in ("attempt", "seq"):
         if not isinstance(value.get(key), int) or isinstance(value.get(key), bool):
             return None, f"no integer {key!r}"

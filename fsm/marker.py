@@ -37,12 +37,16 @@ from fsm.errors import (
     StoreRefused,
     StoreUnavailable,
 )
+from fsm.files import JsonProblem, json_object, write_atomic
 from fsm.payload import Destination
 from fsm.redact import Redactor
-from fsm.storage import write_atomic
 from fsm.store.base import PRELOAD_RESULT_NAME, Fence, Store
 
 MAX_ERROR_CHARS = 2_000
+#: A marker is at most a few KiB (its ``error`` at most ``MAX_ERROR_CHARS``); a reader (the
+#: fleet view, the next attempt's verification) reads no more of one than this, and takes a
+#: longer one as unreadable.
+MARKER_MAX_BYTES = 1 << 20
 #: The persisted result's format; a file of any other version is set aside, never replayed.
 RESULT_VERSION = 1
 #: How often a runner waiting for the attempt's lock looks again.
@@ -151,11 +155,9 @@ def load_persisted(path: Path, ident: dict[str, Any]) -> Persisted | None:
 
 def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Persisted | None]:
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return "not JSON", None
-    if not isinstance(raw, dict):
-        return "not a JSON object", None
+        raw = json_object(data)
+    except JsonProblem as exc:
+        return str(exc), None
     if raw.get("version") != RESULT_VERSION or not isinstance(raw.get("identity"), dict):
         return "no attempt identity (an older format)", None
     if raw["identity"] != ident:

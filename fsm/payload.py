@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fsm.errors import PayloadError
+from fsm.files import JsonProblem, json_object, json_type
 from fsm.pip import refused_extra_pip
 from fsm.redact import LIST_KEY, Redactor
 
@@ -92,22 +93,11 @@ def read_raw(path: Path) -> dict[str, Any]:
             f"payload file {shown} is unreadable: {_one_line(exc.strerror or str(exc))}"
         ) from None
     try:
-        raw = json.loads(data.decode("utf-8"), parse_int=_parse_int)
-    except UnicodeDecodeError:
-        raise PayloadError(f"payload file {shown} is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise PayloadError(
-            f"payload file {shown} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise PayloadError(f"payload file {shown} nests too deeply to be a payload") from None
-    except ValueError as exc:  # anything else the decoder refuses: never a traceback
-        raise PayloadError(
-            f"payload file {shown} is not usable JSON: {_one_line(str(exc))}"
-        ) from None
-
-    if not isinstance(raw, dict):
-        raise PayloadError(f"payload must be a JSON object, got {_json_type(raw)}")
+        raw = json_object(data, parse_int=_parse_int)
+    except JsonProblem as exc:
+        if exc.got is not None:
+            raise PayloadError(f"payload must be a JSON object, got {exc.got}") from None
+        raise PayloadError(f"payload file {shown} is {exc}") from None
     for key, value in raw.items():
         if (digits := _long_integer_in(value)) is not None:
             raise PayloadError(
@@ -381,19 +371,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _json_type(value: object) -> str:
-    names = {
-        bool: "a boolean",
-        int: "a number",
-        float: "a floating-point number",
-        str: "a string",
-        list: "an array",
-        dict: "an object",
-        type(None): "null",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
 _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 
 
@@ -401,7 +378,7 @@ def _check(key: str, value: object, kind: type) -> Any:
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
         raise PayloadError(
-            f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {_json_type(value)}"
+            f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {json_type(value)}"
         )
     return value
 
@@ -426,7 +403,7 @@ def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PayloadError(f"payload key {key!r} must be a number, got {_json_type(value)}")
+        raise PayloadError(f"payload key {key!r} must be a number, got {json_type(value)}")
     if not math.isfinite(value):
         raise PayloadError(f"payload key {key!r} must be finite")
     return float(value)
@@ -479,12 +456,12 @@ def _env(raw: Mapping[str, Any]) -> dict[str, str]:
         return {}
     if not isinstance(value, dict):
         raise PayloadError(
-            f"payload key 'env' must be an object of strings, got {_json_type(value)}"
+            f"payload key 'env' must be an object of strings, got {json_type(value)}"
         )
     for k, v in value.items():
         if not isinstance(v, str):
             raise PayloadError(
-                f"payload key 'env' entry {k!r} must be a string, got {_json_type(v)}"
+                f"payload key 'env' entry {k!r} must be a string, got {json_type(v)}"
             )
         if "\x00" in k or "\x00" in v or "=" in k or not k:
             raise PayloadError(f"payload key 'env' entry {k!r:.60} is not a usable variable")

@@ -25,18 +25,17 @@ The class is the evidence's (docs/policy.md, "The host's storage"):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 from fsm import rules
 from fsm.errors import FatalError, FlashError, RetriableError, causes
 
-__all__ = ["FLOOR_BYTES", "STORAGE_ERRNOS", "Usage", "atomic_file", "came_short", "classify",
-           "floor", "snapshot", "usage", "write_atomic"]
+__all__ = ["FLOOR_BYTES", "STORAGE_ERRNOS", "Usage", "came_short", "classify", "floor",
+           "snapshot", "usage"]
 
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT})
 #: Less free than this at the start: the host came short of room (a GPU job needs more).
@@ -215,37 +214,3 @@ def _size(n: int) -> str:
             return f"{n / scale:.1f} {unit}"
     return f"{n} bytes"
 
-
-# --- writing a file whole or not at all -----------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path, *, durable: bool = False, mode: int = 0o600,
-                suffix: str = "") -> Iterator[BinaryIO]:
-    """A new file that becomes ``path`` whole or not at all: created beside it (its folder
-    made), as ``.<name>.<random><suffix>`` with ``mode`` (the umask applies), renamed over
-    ``path`` when the block ends, removed when the block raises. ``durable`` flushes it to
-    disk before the rename (the persisted result must survive a host crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        aside = path.with_name(f".{path.name}.{os.urandom(6).hex()}{suffix}")
-        try:
-            file = open(aside, "xb", opener=lambda p, flags: os.open(p, flags, mode))  # noqa: SIM115
-            break
-        except FileExistsError:  # pragma: no cover - 48 random bits
-            continue
-    try:
-        with file:
-            yield file
-            if durable:
-                file.flush()
-                os.fsync(file.fileno())
-        os.replace(aside, path)
-    finally:
-        aside.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, text: str, *, durable: bool = False) -> None:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`atomic_file`)."""
-    with atomic_file(path, durable=durable) as file:
-        file.write(text.encode("utf-8"))

@@ -10,11 +10,12 @@ says nothing (and the log says why).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import structlog
+
+from fsm.files import JsonProblem, json_object
 
 __all__ = ["MAX_HEARTBEAT_BYTES", "heartbeat_problem", "heartbeat_says_retriable"]
 
@@ -54,13 +55,10 @@ def heartbeat_says_retriable(path: Path, attempt: int) -> bool:
             data = f.read(MAX_HEARTBEAT_BYTES + 1)
     except OSError:
         return False
-    if len(data) > MAX_HEARTBEAT_BYTES:
-        log.warning("heartbeat.ignored", reason=f"larger than {MAX_HEARTBEAT_BYTES} bytes")
-        return False
     try:
-        beat = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        log.warning("heartbeat.ignored", reason="not UTF-8 JSON")
+        beat = json_object(data, limit=MAX_HEARTBEAT_BYTES)
+    except JsonProblem as exc:
+        log.warning("heartbeat.ignored", reason=str(exc))
         return False
     problem = heartbeat_problem(beat, attempt)
     if problem is not None:

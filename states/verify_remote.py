@@ -15,7 +15,6 @@ own before the signal is judged by its own exit.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 from pathlib import Path
@@ -31,7 +30,9 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.files import JsonProblem, json_object
 from fsm.gpu_watch import LOST_KINDS, hidden_by_env, watchable
+from fsm.marker import MARKER_MAX_BYTES
 from fsm.payload import Payload
 from fsm.policy import (
     ConsoleMatch,
@@ -311,9 +312,9 @@ def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)
-        before = json.loads(local.read_bytes()[:1_000_000].decode("utf-8"))
+        before = json_object(local.read_bytes(), limit=MARKER_MAX_BYTES)
     except (StoreNotFound, StoreUnavailable, DeadlineExceeded, Interrupted, OSError,
-            ValueError, RecursionError):
+            JsonProblem):
         # A signal meanwhile only cuts the evidence short: the worker had already ended on
         # its own, and its verdict stands (the flag stays set for Mark).
         return None

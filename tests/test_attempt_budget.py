@@ -198,7 +198,8 @@ def test_a_preload_restart_past_its_deadline_is_marked_deadline_without_download
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
-        ("{not json", "not JSON"),
+        ("{not json",
+         "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
         (json.dumps({"version": 99}), "not version 1"),
         ("OTHER_RUN", "another attempt's start (differs in run_id)"),
         ("BAD_START", "'started_at' is not a finite number"),

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import ARM, PREFIX, Layout, make_store, read_until, survivors
 from hubrun import REPO, HubRun
-from test_attempt_budget import faketime  # noqa: F401 - a fixture
+from test_attempt_budget import faketime, libfaketime_mt  # noqa: F401 - fixtures
 
 from fsm.attempts import read_attempt
 from fsm.clock import Deadline

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote
 
 from fsm.errors import causes
-from fsm.storage import atomic_file
+from fsm.files import atomic_file
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi

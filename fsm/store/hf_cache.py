@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from fsm.storage import write_atomic
+from fsm.files import write_atomic
 
 __all__ = ["ModelCache"]
 

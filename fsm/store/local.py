@@ -39,8 +39,8 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.files import atomic_file
 from fsm.interrupt import InterruptFlag
-from fsm.storage import atomic_file
 from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart, removals
 from fsm.store.hf_cache import ModelCache
 
