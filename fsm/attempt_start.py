@@ -1,7 +1,7 @@
 """The attempt's first start, persisted next to the payload: the budget belongs to the attempt.
 
 Once LoadPayload holds the attempt's lock, and before any work, it looks for
-``.flash-<arm>_attempt<N>.start.json`` next to the payload (``marker.start_path``). When
+``.flash-<arm>_attempt<N>.start.json`` next to the payload (``fsm.result.start_path``). When
 there is none, this process starts the attempt and writes it (atomically, flushed to disk):
 a version, the attempt's identity (the same one a persisted result carries), ``started_at``
 (epoch seconds), the kernel's boot id and the ``time.monotonic`` reading of that moment.

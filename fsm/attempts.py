@@ -13,7 +13,7 @@ found; the kinds it answers, and what a control plane does on each:
 
 The rules (CONTRACT section 10, restated):
 
-1. An attempt with a marker (``<arm>_attempt<N>.json``, read as ``fsm.fleet.parse_marker``
+1. An attempt with a marker (``<arm>_attempt<N>.json``, read as ``fsm.marker.parse``
    reads it) is its marker: ``ok`` true is *succeeded*; else ``retriable`` true is
    *retriable*; else *fatal*; ``rule`` is the marker's. A lease beside a marker is ignored:
    the marker's commit removes the lease, and once there is a marker it is the truth. A
@@ -63,8 +63,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fsm import marker as marker_format
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
-from fsm.fleet import MARKER_RE, human_age, marker_files, parse_marker
+from fsm.fleet import human_age
 from fsm.lease import GRACE_S, LEASE_MAX_BYTES, LEASE_RE, lease_name, parse_lease
 from fsm.marker import MARKER_MAX_BYTES
 from fsm.redact import Redactor
@@ -307,7 +308,7 @@ def _attempt_files(names: Iterable[str]) -> list[_Files]:
     """The attempts a folder's names hold a marker or a lease of, by attempt then arm."""
     names = list(names)
     files: dict[tuple[str, int], _Files] = {}
-    for m in marker_files(names):
+    for m in marker_format.listed(names):
         files[(m.arm, m.attempt)] = _Files(m.arm, m.attempt, marker=m.name)
     for name, arm, attempt in lease_files(names):
         had = files.get((arm, attempt), _Files(arm, attempt))
@@ -339,7 +340,7 @@ def _read_bounded(store: Store, path: str, limit: int) -> tuple[bytes | None, st
 def read_marker(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
     """One attempt marker, read once: (the marker, None) or (None, why not)."""
     data, problem = _read_bounded(store, path, MARKER_MAX_BYTES)
-    return (None, problem) if data is None else parse_marker(data)
+    return (None, problem) if data is None else marker_format.parse(data)
 
 
 def read_lease(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -358,7 +359,7 @@ def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
     """What ``listing`` (``store.changes(folder)``) holds of the attempt: its marker, read
     once, or else its lease, read once, with the store's time of its last change; nothing
     when it holds neither."""
-    marker_name, lease = f"{arm}_attempt{attempt}.json", lease_name(arm, attempt)
+    marker_name, lease = marker_format.name(arm, attempt), lease_name(arm, attempt)
     if marker_name in listing:
         marker, problem = read_marker(store, _path(folder, marker_name))
         return Found(arm, attempt, folder, marker=marker, marker_problem=problem)
@@ -412,8 +413,8 @@ def read_attempt(
     *unknown* view whose ``why`` carries the error, redacted by ``redactor`` (by default
     one that knows the secret-looking values of the environment and the store's token).
     A name that is no attempt's (``arm``, ``attempt``) is a ``ValueError``."""
-    marker_name = f"{arm}_attempt{attempt}.json"
-    if isinstance(attempt, bool) or not MARKER_RE.fullmatch(marker_name):
+    marker_name = marker_format.name(arm, attempt)
+    if isinstance(attempt, bool) or not marker_format.NAME_RE.fullmatch(marker_name):
         raise ValueError(f"not an attempt: arm {arm!r}, attempt {attempt!r}")
     folder = prefix.strip("/")
     now = time.time() if now is None else now

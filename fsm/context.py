@@ -24,10 +24,12 @@ from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
 from fsm.interrupt import InterruptFlag
 from fsm.lease import DEFAULT_LEASE_S, MIN_LEASE_S
-from fsm.marker import READBACK_S, AttemptLock, Persisted, Publisher
+from fsm.lock import AttemptLock
 from fsm.outlet import Outlet
 from fsm.payload import Destination, Payload
+from fsm.publish import READBACK_S, Publisher
 from fsm.redact import Redactor
+from fsm.result import Persisted
 from fsm.rules import Rule
 from fsm.store.base import Fence, Store, StoreStats
 
@@ -88,7 +90,7 @@ class End:
 
     Whatever the verification's share, it leaves the marker :data:`MARKER_TRIES_KEPT`
     whole tries at the speed the attempt's commits were seen to go (:func:`marker_try_s`)
-    and the marker's read-back (``fsm.marker.READBACK_S``): a slow Hub shortens the
+    and the marker's read-back (``fsm.publish.READBACK_S``): a slow Hub shortens the
     verification, never the marker's chance."""
 
     __slots__ = ("_deadline", "_interrupt", "began", "marker_try_s", "marking_since")

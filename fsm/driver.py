@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from fsm import log as log_config
-from fsm import marker, outcome, policy, rules, table
+from fsm import marker, outcome, policy, result, rules, table
 from fsm.context import Context, Failure
 from fsm.errors import (
     AttemptBusy,
@@ -218,7 +218,7 @@ def _salvage(ctx: Context, fault: str) -> str:
         try:
             record = outcome.record(ctx, failure)
         except Exception:  # the builder is what failed: the bare contract fields
-            record = marker.Persisted(
+            record = result.Persisted(
                 marker=marker.build(
                     ok=failure is None,
                     retriable=bool(failure and failure.retriable),
@@ -234,7 +234,7 @@ def _salvage(ctx: Context, fault: str) -> str:
         path = outcome.result_file(ctx)
         if path is not None and ctx.owns_attempt:
             try:
-                marker.persist(path, outcome.identity(ctx), record)
+                result.persist(path, outcome.identity(ctx), record)
                 ctx.publisher.result.persisted = path
             except OSError as exc:
                 log.error("result.persist_failed", path=str(path), error=exc.strerror)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsm import marker as marker_format
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -46,8 +47,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from fsm.files import JsonProblem, json_object
-from fsm.marker import MARKER_MAX_BYTES
+from fsm.marker import MARKER_MAX_BYTES, MarkerFile
 from fsm.redact import Redactor
 from fsm.store.base import Store
 
@@ -55,15 +55,10 @@ if TYPE_CHECKING:
     from fsm.attempts import AttemptView
 
 __all__ = [
-    "CONSOLE_RE", "MARKER_RE", "TAIL_LINES", "Row", "arguments_problem", "explain",
-    "human_age", "marker_files", "status", "status_table",
+    "CONSOLE_RE", "TAIL_LINES", "Row", "arguments_problem", "explain", "human_age", "status",
+    "status_table",
 ]
 
-#: An attempt marker directly in the prefix: ``<arm>_attempt<N>.json`` (the arm as the
-#: payload's ``flash_arm`` allows it), ``N`` as the runner writes it: ASCII digits without a
-#: leading zero, at most 1,000,000 (``attempt01`` is no marker of attempt 1, nor of any).
-MARKER_RE = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.json", re.ASCII)
 #: A console tail the runner uploaded: ``console_<phase>.txt``.
 CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
 #: How many of the console tail's last lines ``explain`` shows.
@@ -106,41 +101,8 @@ def _shown(value: str) -> str:
 # --- what a prefix holds --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MarkerFile:
-    name: str
-    arm: str
-    attempt: int
-
-
-def marker_files(names: Iterable[str]) -> list[MarkerFile]:
-    """The attempt markers among a folder's file names, by attempt then arm."""
-    found = []
-    for name in names:
-        match = MARKER_RE.fullmatch(name)
-        if match is None:
-            continue
-        try:
-            attempt = int(match.group(2))
-        except ValueError:  # more digits than Python converts: no attempt of ours
-            continue
-        found.append(MarkerFile(name, match.group(1), attempt))
-    return sorted(found, key=lambda m: (m.attempt, m.arm, m.name))
-
-
 def console_files(names: Iterable[str]) -> list[str]:
     return sorted(name for name in names if CONSOLE_RE.fullmatch(name))
-
-
-def parse_marker(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(the marker, None), or (None, why it cannot be read as one)."""
-    try:
-        value = json_object(data)
-    except JsonProblem as exc:
-        return None, str(exc)
-    if not isinstance(value.get("ok"), bool):
-        return None, "no boolean 'ok'"
-    return value, None
 
 
 @dataclass(frozen=True)
@@ -454,7 +416,7 @@ def status(
             wanted, leases = _latest(store, prefix)
         else:
             names = _names(store, prefix)
-            markers = marker_files(names)
+            markers = marker_format.listed(names)
             wanted = [(prefix, m, 1) for m in markers]
             marked = {(m.arm, m.attempt) for m in markers}
             leases = [(prefix, MarkerFile(name, arm, attempt), 1)
@@ -527,7 +489,7 @@ def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) 
     if len(data) > MARKER_MAX_BYTES:
         return Row(marker_file, None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker",
                    folder, attempts)
-    marker, problem = parse_marker(data)
+    marker, problem = marker_format.parse(data)
     return Row(marker_file, marker, problem, folder, attempts)
 
 
@@ -557,7 +519,7 @@ def _latest(store: Store, prefix: str) -> tuple[Wanted, Wanted]:
     wanted: Wanted = []
     leases: Wanted = []
     for folder in sorted(folders):
-        markers = marker_files(folders[folder])
+        markers = marker_format.listed(folders[folder])
         marked = {(m.arm, m.attempt) for m in markers}
         leased = [MarkerFile(name, arm, attempt)
                   for name, arm, attempt in _lease_files(folders[folder])
@@ -615,7 +577,7 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
                 continue
             changes += listing.values()
             for f, _ in files:
-                if f.name in listing or f"{f.arm}_attempt{f.attempt}.json" in listing:
+                if f.name in listing or marker_format.name(f.arm, f.attempt) in listing:
                     found.append(found_in(store, folder, listing, f.arm, f.attempt))
                 else:
                     found.append(Found(f.arm, f.attempt, folder, lease_problem=(
@@ -632,7 +594,7 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     for view in views:
         f, held = held_of[(view.prefix, view.arm, view.attempt)]
         if view.marker is not None:  # its marker landed between the two listings: shown
-            name = f"{f.arm}_attempt{f.attempt}.json"
+            name = marker_format.name(f.arm, f.attempt)
             rows.append(Row(MarkerFile(name, f.arm, f.attempt), view.marker, None,
                             view.prefix, held))
         else:
@@ -723,11 +685,11 @@ def explain(
 
     def body(store: Store, scratch: Path, emit: Print) -> int:
         names = _names(store, prefix)
-        every = marker_files(names)
+        every = marker_format.listed(names)
         candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
         if not candidates:
             held = ", ".join(m.name for m in every) or "none"
-            wanted = f"{arm}_attempt{attempt}.json" if arm else f"attempt {attempt}"
+            wanted = marker_format.name(arm, attempt) if arm else f"attempt {attempt}"
             raise _StoreFailed(
                 f"no marker of {wanted} under {_printable(prefix)}/ in {store.describe()} "
                 f"(markers there: {_printable(held, 300)})"
@@ -741,7 +703,7 @@ def explain(
         path = f"{prefix}/{chosen.name}"
         data = store.read_file(path, MARKER_MAX_BYTES)
         marker, problem = (None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker") if len(
-            data) > MARKER_MAX_BYTES else parse_marker(data)
+            data) > MARKER_MAX_BYTES else marker_format.parse(data)
         emit(f"marker  {_printable(path)}")
         if marker is None:
             emit(f"unreadable: {problem}")

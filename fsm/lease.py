@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from fsm import marker
 from fsm.clock import os_timeout
 from fsm.files import JsonProblem, json_object
 
@@ -48,7 +49,7 @@ LATE_RETRY_S = 15.0
 GRACE_S = 45.0
 
 #: An attempt's lease directly in the prefix, its arm and attempt as a marker's
-#: (``fsm.fleet.MARKER_RE``).
+#: (``fsm.marker.NAME_RE``).
 LEASE_RE = re.compile(
     r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.lease\.json",
     re.ASCII)
@@ -254,11 +255,7 @@ def later_attempt(names: frozenset[str] | set[str], arm: str, attempt: int) -> s
     """The first file among ``names`` of a later attempt of ``arm`` than ``attempt``: its
     lease or its marker (``<arm>_attempt<M>[.lease].json``, M > ``attempt``), or None."""
     for name in sorted(names):
-        match = LEASE_RE.fullmatch(name) or _MARKER_RE.fullmatch(name)
+        match = LEASE_RE.fullmatch(name) or marker.NAME_RE.fullmatch(name)
         if match is not None and match.group(1) == arm and int(match.group(2)) > attempt:
             return name
     return None
-
-
-_MARKER_RE = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.json", re.ASCII)

@@ -1,60 +1,44 @@
-"""The attempt marker: built, persisted for restart safety, and published exactly once.
+"""The attempt marker's format (CONTRACT section 4): its file name, how it is built, read
+and checked. One owner: the runner builds its marker here (:func:`build`), and whatever
+reads one (the next attempt's verification, the fleet view and ``explain``, the lease's
+reader, a persisted result) finds it by :data:`NAME_RE` or :func:`name` and reads it
+through :func:`parse` and :func:`problem`.
 
-Mark is the only state that publishes a marker on the normal path; the deadline
-watchdog is the one other caller, when the main thread is stuck. ``Publisher.claim``
-makes sure only one of them ever publishes, and both build their record with
-``fsm.outcome.record``.
-
-Only the owner writes: a runner holds the attempt's ``flock`` (:class:`AttemptLock`)
-before anything is written for the attempt. The result is persisted next to the payload
-(in production the bind-mounted ``/root/flash``, which survives the container) with the
-attempt's identity, before it is published. A runner started again for exactly that
-attempt of that run replays it instead of training again; a record of anything else is
-set aside, never replayed. Publishing is one commit of the end-of-attempt artifacts with
-the marker last, after the fence that keeps optional uploads from landing later is sealed.
+How a marker is kept (``fsm.result``) and published (``fsm.publish``) is not its format.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import tempfile
-import threading
+import re
 import time
-from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import structlog
+from fsm.files import JsonProblem, json_object
 
-from fsm import exits
-from fsm.budget import Budget, GaveUp, backoff
-from fsm.errors import (
-    DeadlineExceeded,
-    FlashError,
-    StoreAuthError,
-    StoreNotFound,
-    StoreRefused,
-    StoreUnavailable,
-)
-from fsm.files import JsonProblem, json_object, write_atomic
-from fsm.payload import Destination
-from fsm.redact import Redactor
-from fsm.store.base import PRELOAD_RESULT_NAME, Fence, Store
+if TYPE_CHECKING:
+    from fsm.payload import Destination
+    from fsm.redact import Redactor
+
+__all__ = ["MARKER_MAX_BYTES", "MAX_ERROR_CHARS", "NAME_RE", "MarkerFile", "build", "listed",
+           "name", "parse", "problem"]
 
 MAX_ERROR_CHARS = 2_000
 #: A marker is at most a few KiB (its ``error`` at most ``MAX_ERROR_CHARS``); a reader (the
 #: fleet view, the next attempt's verification) reads no more of one than this, and takes a
 #: longer one as unreadable.
 MARKER_MAX_BYTES = 1 << 20
-#: The persisted result's format; a file of any other version is set aside, never replayed.
-RESULT_VERSION = 1
-#: How often a runner waiting for the attempt's lock looks again.
-LOCK_POLL_S = 0.1
-#: The end of the marker's budget kept for reading the marker back, when a commit may have
-#: landed with its answer lost (a hung try, a 5xx): the exit status says what is true.
-READBACK_S = 1.0
-log = structlog.get_logger("fsm.marker")
+#: An attempt marker directly in the prefix: ``<arm>_attempt<N>.json`` (the arm as the
+#: payload's ``flash_arm`` allows it), ``N`` as the runner writes it: ASCII digits without a
+#: leading zero, at most 1,000,000 (``attempt01`` is no marker of attempt 1, nor of any).
+NAME_RE = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.json", re.ASCII)
+
+
+def name(arm: str, attempt: int) -> str:
+    """The file name of ``arm``'s attempt ``attempt``'s marker."""
+    return f"{arm}_attempt{attempt}.json"
 
 
 def build(
@@ -80,106 +64,7 @@ def build(
     return marker
 
 
-def identity(
-    dest: Destination, *, run_id: str | None, mode: str
-) -> dict[str, Any]:
-    """What makes a persisted result this attempt's (CONTRACT section 4): replayed only when
-    every one of these is equal."""
-    return {
-        "hf_repo": dest.hf_repo,
-        "hf_prefix": dest.hf_prefix,
-        "run_id": run_id,
-        "mode": mode,
-        "flash_arm": dest.arm,
-        "attempt": dest.attempt,
-    }
-
-
-def result_path(payload_path: Path, dest: Destination) -> Path:
-    """Where the attempt's result is persisted: next to the payload."""
-    return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.result.json"
-
-
-def start_path(payload_path: Path, dest: Destination) -> Path:
-    """Where the attempt's first start is persisted (``fsm.attempt_start``): next to the
-    payload, so that a restarted runner continues the attempt's budget."""
-    return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.start.json"
-
-
-def lock_path(payload_path: Path, dest: Destination) -> Path:
-    return payload_path.parent / f".flash-{dest.arm}_attempt{dest.attempt}.lock"
-
-
-class Persisted(NamedTuple):
-    """A finished attempt's result as persisted next to the payload: its marker and the
-    end-of-attempt artifacts that go up in the same commit."""
-
-    marker: dict[str, Any]
-    artifacts: dict[str, str]
-    #: Names under the prefix the same commit removes when present: the attempt's lease.
-    remove: tuple[str, ...] = ()
-
-
-def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
-    data = {"version": RESULT_VERSION, "identity": ident, "marker": record.marker,
-            "artifacts": record.artifacts, "remove": list(record.remove)}
-    write_atomic(path, json.dumps(data), durable=True)
-
-
-def load_persisted(path: Path, ident: dict[str, Any]) -> Persisted | None:
-    """This attempt's persisted result, or None.
-
-    A file that is there but not exactly this attempt's (another run's, another mode's, an
-    older format, a malformed marker) is never replayed: it is moved aside, kept for
-    forensics, and logged, and the attempt runs.
-    """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("result.unreadable", path=str(path), error=exc.strerror)
-        return None
-    problem, record = _check_persisted(data, ident)
-    if problem is None:
-        return record
-    aside = path.with_name(f"{path.name}.set-aside-{time.time_ns()}")
-    try:
-        os.replace(path, aside)
-    except OSError as exc:
-        log.error("result.set_aside_failed", path=str(path), reason=problem, error=exc.strerror)
-        return None
-    log.warning("result.set_aside", path=str(path), kept_as=str(aside), reason=problem)
-    return None
-
-
-def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Persisted | None]:
-    try:
-        raw = json_object(data)
-    except JsonProblem as exc:
-        return str(exc), None
-    if raw.get("version") != RESULT_VERSION or not isinstance(raw.get("identity"), dict):
-        return "no attempt identity (an older format)", None
-    if raw["identity"] != ident:
-        differ = sorted(k for k in set(ident) | set(raw["identity"])
-                        if raw["identity"].get(k) != ident.get(k))
-        return f"another attempt's result (differs in {', '.join(differ)})", None
-    record, artifacts = raw.get("marker"), raw.get("artifacts", {})
-    problem = marker_problem(record, ident["attempt"])
-    if problem is not None:
-        return f"malformed marker: {problem}", None
-    if not isinstance(artifacts, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
-    ):
-        return "malformed artifacts", None
-    remove = raw.get("remove", [])
-    if not isinstance(remove, list) or not all(isinstance(name, str) for name in remove):
-        return "malformed removals", None
-    assert isinstance(record, dict)
-    return None, Persisted(marker=record, artifacts=artifacts, remove=tuple(remove))
-
-
-def marker_problem(record: object, attempt: int) -> str | None:
+def problem(record: object, attempt: int) -> str | None:
     """Why ``record`` is not a well-formed marker of ``attempt`` (CONTRACT section 4)."""
     if not isinstance(record, dict):
         return "not an object"
@@ -197,278 +82,34 @@ def marker_problem(record: object, attempt: int) -> str | None:
     return None
 
 
-LockWait = Literal["held", "busy", "interrupted", "deadline"]
+@dataclass(frozen=True)
+class MarkerFile:
+    name: str
+    arm: str
+    attempt: int
 
 
-class AttemptLock:
-    """An exclusive ``flock`` on the attempt, held for the life of the process.
-
-    Until a runner holds it, it writes nothing for the attempt: no marker, no persisted
-    result, no upload (DESIGN, "An attempt's writes belong to its owner").
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self, timeout_s: float, budget: Budget) -> LockWait:
-        """Take the lock, waiting up to ``timeout_s`` for a previous runner to let go; a
-        signal or the deadline ends the wait at once.
-
-        A lock file that exists but cannot be opened for writing (a payload directory
-        mounted read-only since) is locked read-only: ``flock`` needs no write access. One
-        that cannot be made at all raises the ``OSError`` (a storage errno is the host's
-        storage, ``fsm.storage``): a lock that does not exist is never "held"."""
+def listed(names: Iterable[str]) -> list[MarkerFile]:
+    """The attempt markers among a folder's file names, by attempt then arm."""
+    found = []
+    for name in names:
+        match = NAME_RE.fullmatch(name)
+        if match is None:
+            continue
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                raise OSError(exc.errno, f"the attempt's lock cannot be written: {exc.strerror}",
-                              str(self.path)) from None
-        give_up = budget.clock() + timeout_s
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass
-            else:
-                self._fd = fd
-                return "held"
-            ended: LockWait | None = None
-            if budget.interrupt.is_set():
-                ended = "interrupted"
-            elif budget.expired():
-                ended = "deadline"
-            elif budget.clock() >= give_up:
-                ended = "busy"
-            if ended is not None:
-                os.close(fd)
-                return ended
-            if not said:
-                said = True
-                log.info("attempt.lock_wait", lock=str(self.path), timeout_s=timeout_s)
-            # flock has no timeout: poll it, in the budget's short, signal-watching naps
-            budget.wait(min(LOCK_POLL_S, max(0.0, give_up - budget.clock())))
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-        self._fd = None
+            attempt = int(match.group(2))
+        except ValueError:  # more digits than Python converts: no attempt of ours
+            continue
+        found.append(MarkerFile(name, match.group(1), attempt))
+    return sorted(found, key=lambda m: (m.attempt, m.arm, m.name))
 
 
-class Published:
-    """How publishing went: the marker landed, or why not; where the result is kept;
-    and, when the store refused it for good, what has to change before any rerun can
-    publish it (``refused``, one line)."""
-
-    def __init__(self) -> None:
-        self.landed = False
-        self.error = ""
-        self.persisted: Path | None = None
-        #: Why the result could not be persisted next to the payload (one line), if so.
-        self.persist_error: str | None = None
-        self.refused: str | None = None
-        #: Whether a try may have landed the marker and the read-back could not tell.
-        self.unconfirmed = False
-
-    def unpublished(self) -> tuple[int, str]:
-        """The exit status and the words of a marker that did not land: only what is
-        true of the persisted result and of what a rerun of the payload would do."""
-        if self.refused is not None:
-            kept = (f"the result is kept at {self.persisted}, and a rerun publishes it once "
-                    "that is fixed" if self.persisted else
-                    "the result could not be kept next to the payload either")
-            return exits.REFUSED.code, (
-                f"marker NOT published: the store refuses it for good ({self.error}); no "
-                f"rerun of this payload can publish it until this is fixed: {self.refused}; "
-                f"{kept}")
-        if self.persisted is not None:
-            said = ("marker NOT confirmed published (a try may have landed it and the store "
-                    "did not answer when it was read back: "
-                    if self.unconfirmed else "marker NOT published (")
-            return exits.UNPUBLISHED.code, (
-                f"{said}{self.error}); the result is persisted at "
-                f"{self.persisted} and running the same payload again publishes it")
-        return exits.UNPERSISTED.code, (
-            f"marker NOT published ({self.error}), and the result could not be persisted "
-            "next to the payload either: running the same payload again runs the attempt "
-            "again")
-
-
-class Publisher:
-    """Publishes the attempt's one marker: persist, then one commit of the end-of-attempt
-    artifacts with the marker last. Mark and the deadline watchdog both go through here;
-    ``claim`` lets only the first of them publish."""
-
-    def __init__(self) -> None:
-        self._claim = threading.Lock()
-        self._claimed = False
-        self.done = threading.Event()
-        self.result = Published()
-        #: What was (or is being) published, by whichever caller claimed first.
-        self.record: Persisted | None = None
-
-    def claim(self) -> bool:
-        """True for the first caller only; everyone else must not publish."""
-        with self._claim:
-            if self._claimed:
-                return False
-            self._claimed = True
-            return True
-
-    def publish(
-        self,
-        record: Persisted,
-        *,
-        dest: Destination,
-        store: Store | None,
-        result_file: Path | None,
-        ident: dict[str, Any],
-        scratch_dir: Path,
-        budget: Budget,
-        fence: Fence | None = None,
-        tries: int = 5,
-        base_delay_s: float = 1.0,
-        max_delay_s: float = 30.0,
-        readback: Store | None = None,
-    ) -> Published:
-        """Persist the result at once, then commit the artifacts and the marker. Every try
-        carries the same files, so a try abandoned at its time bound that lands late only
-        repeats what landed; sealing ``fence`` first means no optional write of the attempt
-        (a periodic console tail) lands after the marker.
-
-        ``store``'s calls end :data:`READBACK_S` before ``budget`` does; ``readback`` (a
-        handle bounded by the whole of it) then reads the marker back when the tries did
-        not get it landed but one of them may have (its answer lost): a marker found there
-        as it was sent is published, whatever the tries said."""
-        result = self.result
-        self.record = record
-        try:
-            if result_file is not None:
-                try:
-                    persist(result_file, ident, record)
-                    result.persisted = result_file
-                except OSError as exc:
-                    log.warning("result.persist_failed", path=str(result_file),
-                                error=exc.strerror)
-                    result.persist_error = (f"the result could not be persisted in "
-                                            f"{result_file.parent} ({exc.strerror})")
-            if fence is not None:
-                fence.seal()
-            if store is None:
-                result.error = "the marker's store could not be opened"
-                return result
-            files = _local_copies(record, dest, scratch_dir)
-            result.landed, result.error, result.refused = _commit(
-                store, files, dest, budget.reserving(READBACK_S) if readback else budget,
-                tries, base_delay_s, max_delay_s,
-                delete=[dest.path(name) for name in record.remove])
-            if not result.landed and result.refused is None and readback is not None:
-                target = dest.path(dest.marker_name)
-                found = _landed(readback, target, files[target])
-                result.landed, result.unconfirmed = found is True, found is None
-            return result
-        finally:
-            self.done.set()
-
-
-def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> dict[str, Path]:
-    """The files of the final commit, written locally (the marker last): the scratch
-    directory, else the system's temporary directory (an unwritable scratch directory
-    must not cost the marker)."""
-    files: dict[str, Path] = {}
-    items = [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]
-    for name, text in items:
-        local = scratch_dir / name
-        try:
-            write_atomic(local, text)
-        except OSError as exc:
-            log.warning("marker.local_copy_failed", path=str(local), error=exc.strerror)
-            local = Path(tempfile.gettempdir()) / f".flash-{os.getpid()}-{name}"
-            write_atomic(local, text)
-        files[dest.path(name)] = local
-    return files
-
-
-def _commit(
-    store: Store,
-    files: dict[str, Path],
-    dest: Destination,
-    budget: Budget,
-    tries: int,
-    base_delay_s: float,
-    max_delay_s: float,
-    *,
-    delete: list[str],
-) -> tuple[bool, str, str | None]:
-    """Commit the files (removing ``delete`` where present), retried; (landed, why not,
-    what to fix when refused for good)."""
-    target = dest.path(dest.marker_name)
-
-    # What may be left out when the repo's .gitignore matches it: the console tail and the
-    # stacks. The marker and the preload's result may not (StoreRefused names the file).
-    optional = [path for path in files if path != target
-                and path.rsplit("/", 1)[-1] != PRELOAD_RESULT_NAME]
-
-    def once(_attempt: int) -> None:
-        store.commit(files, message=f"Attempt marker {dest.marker_name}", optional=optional,
-                     delete=delete)
-
-    def delay(attempt: int, exc: Exception) -> float | None:
-        if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):
-            return None  # another try cannot help
-        if isinstance(exc, FlashError | OSError | ValueError):
-            wait = budget.capped_backoff(backoff(attempt, base_s=base_delay_s,
-                                                 max_s=max_delay_s))
-            # A throttled store names its wait: honoured, as far as the budget allows
-            # (a wait that would pass the marker's deadline is not started).
-            asked = exc.retry_after if isinstance(exc, StoreUnavailable) else None
-            return max(wait, asked) if asked is not None else wait
-        return None
-
+def parse(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(the marker, None), or (None, why it cannot be read as one)."""
     try:
-        budget.retry(once, tries=tries, delay=delay, what=f"marker {target}")
-    except GaveUp as gave_up:
-        error = str(gave_up.last) or type(gave_up.last).__name__
-        refused = _refused_for_good(gave_up.last, dest)
-        log.error("marker.upload_failed", path=target, error=error, tries=gave_up.tries,
-                  ended_by=gave_up.why, refused_for_good=refused is not None)
-        return False, error, refused
-    log.info("marker.published", path=target, files=len(files))
-    return True, "", None
-
-
-def _landed(store: Store, target: str, local: Path) -> bool | None:
-    """Whether the marker is in the store as it was sent (read back: a try whose answer
-    was lost may have landed it); None when the store did not say."""
-    sent = local.read_bytes()
-    try:
-        found = store.read_file(target, len(sent))
-    except StoreNotFound:
-        found = b""
-    except Exception as exc:  # the store did not say: neither can the runner
-        log.warning("marker.readback_failed", path=target, exc_type=type(exc).__name__)
-        return None
-    landed = found == sent
-    log.info("marker.readback", path=target, landed=landed)
-    return landed
-
-
-def _refused_for_good(exc: BaseException, dest: Destination) -> str | None:
-    """What has to change when the store's answer is one no rerun can change, or None
-    (a store that failed, hung or throttled may take the marker next time)."""
-    if isinstance(exc, StoreRefused):
-        return exc.fix
-    if isinstance(exc, StoreAuthError):
-        return (f"the store refuses the token (HTTP 401/403): give HF_TOKEN a token that may "
-                f"write to {dest.hf_repo}")
-    if isinstance(exc, StoreNotFound):
-        return f"the repo {dest.hf_repo} is not on the store: create it, or fix hf_repo"
-    return None
+        value = json_object(data, limit=MARKER_MAX_BYTES)
+    except JsonProblem as exc:
+        return None, str(exc)
+    if not isinstance(value.get("ok"), bool):
+        return None, "no boolean 'ok'"
+    return value, None

@@ -15,11 +15,12 @@ import structlog
 
 from fsm import interrupt as interrupt_mod
 from fsm import log as log_config
-from fsm import marker, outlet, policy, rules, table, termination
+from fsm import marker, outlet, policy, result, rules, table, termination
 from fsm.budget import Budget
 from fsm.context import END_MIN_S, Context, Failure
 from fsm.host import FACTS_WAIT_S
-from fsm.marker import Persisted
+from fsm.publish import READBACK_S, Published
+from fsm.result import Persisted
 from fsm.store import retry_delays
 from fsm.store.base import Store
 
@@ -185,14 +186,14 @@ def result_file(ctx: Context) -> Path | None:
     and an unusable payload is not an attempt's result (fixed and restarted, it runs)."""
     if ctx.dest is None or ctx.replayed is not None or ctx.payload is None:
         return None
-    return marker.result_path(ctx.settings.payload_path, ctx.dest)
+    return result.result_path(ctx.settings.payload_path, ctx.dest)
 
 
 def identity(ctx: Context) -> dict[str, Any]:
     """The attempt's identity, persisted with its result (CONTRACT section 4)."""
     assert ctx.dest is not None
     p = ctx.payload
-    return marker.identity(ctx.dest, run_id=p.run_id if p else None, mode=p.mode if p else "")
+    return result.identity(ctx.dest, run_id=p.run_id if p else None, mode=p.mode if p else "")
 
 
 #: The deadline watchdog's own time to publish the marker of a stuck attempt: the least
@@ -200,7 +201,7 @@ def identity(ctx: Context) -> dict[str, Any]:
 WATCHDOG_MARK_S = END_MIN_S
 
 
-def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) -> marker.Published:
+def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) -> Published:
     """Persist ``record`` and publish it within ``budget`` (Mark's and the watchdog's way:
     split into tries; a signal bounds it, it does not stop it). The waits between the
     marker's tries follow the store's own retry settings (``FLASH_STORE_RETRY_BASE_S``,
@@ -209,8 +210,8 @@ def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) 
     environ = ctx.store_env()
     readback: Store | None = None
     try:
-        # The tries end marker.READBACK_S before the budget: the read-back keeps that.
-        store: Store | None = ctx.store_for(budget.reserving(marker.READBACK_S))
+        # The tries end READBACK_S before the budget: the read-back keeps that.
+        store: Store | None = ctx.store_for(budget.reserving(READBACK_S))
         readback = ctx.store_for(budget)
         base_s, max_s = retry_delays(environ)
     except Exception as exc:  # an unusable store setting: the result stays persisted

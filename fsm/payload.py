@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fsm import marker
 from fsm.errors import PayloadError
 from fsm.files import JsonProblem, json_object, json_type
 from fsm.pip import refused_extra_pip
@@ -50,7 +51,7 @@ class Destination:
 
     @property
     def marker_name(self) -> str:
-        return f"{self.arm}_attempt{self.attempt}.json"
+        return marker.name(self.arm, self.attempt)
 
     def path(self, name: str) -> str:
         """The repo path of artifact ``name`` under this run's prefix."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import structlog
 
-from fsm import exits, marker, outcome, rules
+from fsm import exits, outcome, rules
 from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.context import (
@@ -35,6 +35,7 @@ from fsm.context import (
     Failure,
     marker_try_s,
 )
+from fsm.publish import Published
 
 EXIT_DEADLINE = exits.DEADLINE.code
 MAX_REASON_CHARS = 2_000
@@ -116,7 +117,7 @@ class Watchdog:
             self._say(reason)
         self._exit(status)
 
-    def _publish(self, ctx: Context, where: str) -> marker.Published:
+    def _publish(self, ctx: Context, where: str) -> Published:
         assert ctx.dest is not None
         rule = rules.DEADLINE
         failure = Failure(

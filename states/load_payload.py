@@ -32,12 +32,13 @@ from typing import Any
 
 import structlog
 
-from fsm import attempt_start, marker, payload, storage, table
+from fsm import attempt_start, payload, result, storage, table
 from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError
 from fsm.host import HostProbe
+from fsm.lock import AttemptLock
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -77,8 +78,8 @@ def load_payload(ctx: Context) -> str:
             raise problem
         assert parsed is not None
         ctx.tuning = Tuning.from_env({**ctx.environ, **parsed.env})
-        ident = marker.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
-        recorded = marker.load_persisted(marker.result_path(ctx.settings.payload_path, dest), ident)
+        ident = result.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
+        recorded = result.load_persisted(result.result_path(ctx.settings.payload_path, dest), ident)
         spent: str | None = None
         if recorded is not None:
             # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
@@ -124,7 +125,7 @@ def _own_budget(
     payload by the runner that started it, else this runner's, persisted now), and say why
     the attempt must end at once when a restart finds its budget spent."""
     boot = attempt_start.boot_id()
-    path = marker.start_path(ctx.settings.payload_path, dest)
+    path = result.start_path(ctx.settings.payload_path, dest)
     start, continued = attempt_start.begin(path, ident, ctx.started_at, boot)
     at = p.deadline_at if p.deadline_at is not None else start.started_at + p.max_wall_s
     deadline = start.deadline(at, boot)
@@ -156,7 +157,7 @@ def _utc(epoch: float) -> str:
 
 def _take_lock(ctx: Context, dest: payload.Destination) -> None:
     """Hold the attempt's lock or leave: after a signal only a free lock is taken."""
-    lock = marker.AttemptLock(marker.lock_path(ctx.settings.payload_path, dest))
+    lock = AttemptLock(result.lock_path(ctx.settings.payload_path, dest))
     wait = 0.0 if ctx.interrupt.is_set() else LOCK_WAIT_S
     try:
         got = lock.acquire(wait, ctx.budget)

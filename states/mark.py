@@ -14,7 +14,7 @@ import time
 
 import structlog
 
-from fsm import marker, outcome
+from fsm import outcome, result
 from fsm.clock import os_timeout
 from fsm.context import END_GRACE_S, Context
 
@@ -33,7 +33,7 @@ def mark(ctx: Context) -> str:
     if ctx.replayed is not None:
         record = ctx.replayed
         # Where it was found is where it stays: a replay that fails leaves it there.
-        publisher.result.persisted = marker.result_path(ctx.settings.payload_path, ctx.dest)
+        publisher.result.persisted = result.result_path(ctx.settings.payload_path, ctx.dest)
         log.info("marker.replay", ok=record.marker.get("ok"), rule=record.marker.get("rule"))
     else:
         outcome.attach_tail(ctx, ctx.failure)

@@ -19,7 +19,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from fsm import gpus, rules, storage, table
+from fsm import gpus, marker, rules, storage, table
 from fsm.console import console_path
 from fsm.context import Context
 from fsm.errors import (
@@ -308,7 +308,7 @@ def _previous_attempt(ctx: Context, p: Payload, host: str) -> tuple[int, Previou
 
 
 def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
-    name = f"{p.dest.arm}_attempt{attempt}.json"
+    name = marker.name(p.dest.arm, attempt)
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)

@@ -39,7 +39,7 @@ from conftest import ARM, CANARY, PREFIX, REPO, Layout
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from fsm import log, marker, policy, table
+from fsm import log, policy, publish, result, table
 from fsm.budget import Budget
 from fsm.errors import (
     DeadlineExceeded,
@@ -56,7 +56,7 @@ from fsm.store.local import LocalStore
 MARKER = f"{ARM}_attempt0.json"
 MARKER_PATH = f"{PREFIX}/{MARKER}"
 CONSOLE_PATH = f"{PREFIX}/console_sft.txt"
-#: The persisted result next to the payload (fsm.marker.result_path).
+#: The persisted result next to the payload (fsm.result.result_path).
 RESULT = f".flash-{ARM}_attempt0.result.json"
 IDENTITY = {"hf_repo": REPO, "hf_prefix": PREFIX, "run_id": "run-1", "mode": "train",
             "flash_arm": ARM, "attempt": 0}
@@ -489,9 +489,9 @@ def _environ() -> dict[str, str]:
 #: fails three times costs milliseconds, not seconds (the tries and what they carry are
 #: the real publisher's; the watchdog passes its own backoff and keeps it).
 _quick_retries = mock.patch.object(
-    marker.Publisher,
+    publish.Publisher,
     "publish",
-    functools.partialmethod(marker.Publisher.publish, base_delay_s=0.01),
+    functools.partialmethod(publish.Publisher.publish, base_delay_s=0.01),
 )
 
 
@@ -549,7 +549,7 @@ def _persisted(layout: Layout) -> dict[str, Any]:
     path = layout.payload_path.parent / RESULT
     assert path.is_file(), "the outcome is persisted next to the payload"
     record = json.loads(path.read_text())
-    assert record["version"] == marker.RESULT_VERSION
+    assert record["version"] == result.RESULT_VERSION
     assert record["identity"] == IDENTITY
     return record  # type: ignore[no-any-return]
 
