@@ -46,6 +46,7 @@ __all__ = [
     "await_exit",
     "become_subreaper",
     "descendants",
+    "group_members",
     "lower_own_oom_score",
     "new_token",
     "oom_first",
@@ -110,6 +111,13 @@ def _table() -> dict[int, Proc]:
         if name.isdigit() and (proc := _stat(int(name))) is not None:
             procs[proc.pid] = proc
     return procs
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc: the leader
+    first (when it is alive), then the others by pid. Empty when /proc cannot be read."""
+    members = sorted(p.pid for p in _table().values() if p.pgrp == pgid and p.alive)
+    return ([pgid] if pgid in members else []) + [pid for pid in members if pid != pgid]
 
 
 def _has_token(pid: int, needle: bytes) -> bool:

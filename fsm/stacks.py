@@ -63,7 +63,6 @@ __all__ = [
     "artifact_name",
     "capture",
     "find_py_spy",
-    "group_members",
 ]
 
 BUDGET_S: Final = 20.0
@@ -167,15 +166,6 @@ def find_py_spy(env: Mapping[str, str] | None = None) -> str | None:
     return shutil.which("py-spy", path=path)
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``, from /proc: the leader
-    first (when it is alive), then the others by pid. Empty when /proc cannot be read."""
-    from fsm.supervise import _group_members  # loaded already whenever a worker runs
-
-    members = sorted(_group_members(pgid))
-    return ([pgid] if pgid in members else []) + [pid for pid in members if pid != pgid]
-
-
 def capture(
     pids: Sequence[int],
     *,
@@ -189,7 +179,7 @@ def capture(
     parallel: int | None = None,
 ) -> Stacks:
     """The stacks of every process in ``pids`` (the live members of the worker's group:
-    :func:`group_members`), ``leader`` (the worker's own process) first.
+    :func:`fsm.procs.group_members`), ``leader`` (the worker's own process) first.
 
     ``py_spy``: the executable (a path), None for the /proc fallback only, or :data:`FIND`
     (:func:`find_py_spy`). ``native``: try ``--native`` first (C frames too; the default).

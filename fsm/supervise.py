@@ -359,7 +359,7 @@ def _wait_and_stop(
 
     # Whatever is left of the group goes now. The leader is not reaped yet (at worst a
     # zombie), so the group id still names this worker's group.
-    survivors = _group_members(run.pid)
+    survivors = procs.group_members(run.pid)
     if survivors:
         log.warning(f"{run.name}.killing", pgid=run.pid, pids=survivors)
     _killpg(run.pid, signal.SIGKILL)
@@ -871,26 +871,6 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of group ``pgid``, from /proc; empty when unknowable."""
-    members = []
-    try:
-        names = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold anything, so split after its ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(name))
-    return members
-
-
 def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
     """Wait (bounded) until no live process is left in group ``pgid``; returns the rest.
 
@@ -899,15 +879,15 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
     """
     fds: list[int] = []
     try:
-        for pid in _group_members(pgid):
+        for pid in procs.group_members(pgid):
             try:
                 fds.append(os.pidfd_open(pid))
             except ProcessLookupError:
                 continue
             except OSError:
-                return _group_members(pgid)
+                return procs.group_members(pgid)
         procs.await_exit(fds, until_mono)
-        return _group_members(pgid) if fds else []
+        return procs.group_members(pgid) if fds else []
     finally:
         _close_fds(*fds)
 

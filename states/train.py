@@ -151,7 +151,7 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
     stacks of every process of its group, bounded (at most 20 s, and at the deadline what
     the stop leaves), ended early by a signal to the runner (the host is going away). They
     go up with the marker as ``stacks_<phase>.txt``; the marker's ``stacks`` names the file."""
-    from fsm import stacks  # only when a stop needs its evidence
+    from fsm import procs, stacks  # only when a stop needs its evidence
 
     pgid = ctx.worker_pgid
     budget = min(stacks.BUDGET_S, ctx.stop_deadline.remaining() - STOP_KEEP_S)
@@ -167,7 +167,7 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
         else setting if setting is not None else stacks.FIND)
     code_dir = ctx.settings.code_root / "code"
     call = Background(lambda: stacks.capture(
-        stacks.group_members(pgid), leader=pgid, code_dir=code_dir, redact=ctx.redactor.text,
+        procs.group_members(pgid), leader=pgid, code_dir=code_dir, redact=ctx.redactor.text,
         budget_s=budget, py_spy=sampler), "flash-stacks")
     # In slices (a signal's handler runs between them): a SIGTERM cuts the capture short.
     while not call.wait(0.1):

@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from conftest import Layout, read_until
 
+from fsm.procs import group_members
 from fsm.redact import Redactor
-from fsm.stacks import Stacks, artifact_name, capture, find_py_spy, group_members
+from fsm.stacks import Stacks, artifact_name, capture, find_py_spy
 
 PY_SPY = find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
