@@ -29,7 +29,7 @@ ARG CONSTRAINTS=constraints/runtime.txt
 #
 # The `fast` extra brings uv (pinned in CONSTRAINTS): its wheel puts the `uv` binary next to
 # `python3`, where the runner looks first, and a payload's `extra_pip` is then installed with
-# `uv pip install --python <python3>` (README, "Extra packages"; FLASH_INSTALLER=pip opts out).
+# `uv pip install --python <python3>` (docs/running.md; FLASH_INSTALLER=pip opts out).
 # `uv --version` fails the build if the binary did not land on PATH. The extra brings py-spy
 # the same way (pinned too): it takes the worker's stacks before a stall or deadline stop
 # (fsm/stacks.py), and `py-spy --version` fails the build if its binary did not land either.

@@ -151,7 +151,7 @@ class UvSpelling(NamedTuple):
     #: uv's arguments, ``{}`` standing for the option's value; empty for ``--upgrade`` and
     #: ``--upgrade-strategy`` (translated together); None: uv has no such option
     args: tuple[str, ...] | None
-    #: what the README's table says of it (a test keeps the two in step)
+    #: what docs/running.md's table says of it (a test keeps the two in step)
     note: str
 
 

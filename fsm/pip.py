@@ -126,8 +126,8 @@ class PipOption(NamedTuple):
     value: ValueKind | None
 
 
-#: The only pip options ``extra_pip`` may hold (README, "extra_pip"). A value is given as
-#: the next entry (``["--index-url", URL]``) or, for the long spelling, attached
+#: The only pip options ``extra_pip`` may hold (docs/running.md, "Extra packages"). A value
+#: is given as the next entry (``["--index-url", URL]``) or, for the long spelling, attached
 #: (``"--index-url=URL"``). Every other option is refused, above all those that make pip
 #: read a file of the host (``-r``, ``-c``) or install somewhere else (``--target``).
 EXTRA_PIP_OPTIONS: tuple[PipOption, ...] = (

@@ -16,8 +16,8 @@ A rule claims a failure when
   (``exc.response.status_code``, ``exc.status_code`` or ``exc.status``) is one of the
   rule's statuses: an untyped HTTP error is classified by its status in any state.
 
-``flash-bootstrap policy`` prints this table; the README's failure section is generated
-from it (``python -m fsm policy``) and a test proves it current.
+``flash-bootstrap policy`` prints this table; ``docs/policy.md`` carries it, generated
+(``python -m fsm.diagram --doc docs/policy.md``), and a test proves it current.
 """
 
 from __future__ import annotations
@@ -486,7 +486,8 @@ def _cell(text: str) -> str:
 
 
 def render_table() -> str:
-    """The policy as Markdown (printed by ``flash-bootstrap policy``, pasted in the README).
+    """The policy as Markdown (printed by ``flash-bootstrap policy``, generated into
+    ``docs/policy.md``).
 
     First match wins, top to bottom; a typed error naming a rule is decided by that rule.
     """
@@ -509,8 +510,9 @@ def render_table() -> str:
         f"Success (rule `{SUCCESS.id}`): {SUCCESS.what}.",
         "",
         "Installer output signatures of a network failure (`pip-network`): pip's when pip ran,",
-        "uv's when uv did (`FLASH_INSTALLER`, README \"Extra packages\"); a failed install whose",
-        "output shows none of them is `pip-failed`. pip (console and verbose log):",
+        "uv's when uv did (`FLASH_INSTALLER`, docs/running.md, \"Extra packages\"); a failed",
+        "install whose output shows none of them is `pip-failed`. pip (console and verbose",
+        "log):",
         "",
         "| signature | meaning |",
         "|---|---|",

@@ -217,7 +217,7 @@ def test_an_http_endpoint_that_redirects_to_https_is_followed_by_the_api_calls(
     listing and the commit (preupload and commit POSTs) follow it, trusting the CA the
     environment names (``SSL_CERT_FILE`` for 2.x's truststore, ``REQUESTS_CA_BUNDLE`` for
     0.x's requests). (A file's resolve is not followed across origins by either line:
-    give such an endpoint as its ``https://`` URL; README, "The store".)"""
+    give such an endpoint as its ``https://`` URL; docs/running.md, "Options".)"""
     server, cert = tls_hub
     server.create_repo("org/data")
     env = {**os.environ, "SSL_CERT_FILE": str(cert), "REQUESTS_CA_BUNDLE": str(cert),

@@ -625,9 +625,9 @@ def test_what_uv_cannot_take_is_refused_with_a_reason(entries: list[str], option
 
 
 def test_the_readmes_uv_column_is_uv_spellings() -> None:
-    """The README's table of allowed options says, row by row, what uv is given."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### Extra packages (`extra_pip`)", 1)[1].split("\n#", 1)[0]
+    """docs/running.md's table of allowed options says, row by row, what uv is given."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "running.md").read_text()
+    section = readme.split("## Extra packages (`extra_pip`)", 1)[1].split("\n#", 1)[0]
     rows = [line.strip().strip("|").split("|") for line in section.splitlines()
             if line.startswith("| `-")]
     assert [row[-1].strip() for row in rows] == [
