@@ -31,7 +31,6 @@ from fsm.files import JsonProblem, json_object, write_atomic
 
 #: The start file's format; a file of any other version is ignored and replaced.
 START_VERSION = 1
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 log = structlog.get_logger("fsm.attempt_start")
 
 
@@ -59,15 +58,6 @@ class AttemptStart(NamedTuple):
         if self.same_boot(boot_id):
             return time.monotonic() - self.monotonic
         return time.time() - self.started_at
-
-
-def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
-    """The kernel's boot id (one per boot, shared by every container of the host), or None."""
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, ValueError):
-        return None
-    return text or None
 
 
 def begin(

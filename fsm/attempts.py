@@ -65,7 +65,6 @@ from typing import Any, Literal
 
 from fsm import marker as marker_format
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
-from fsm.fleet import human_age
 from fsm.lease import GRACE_S, LEASE_MAX_BYTES, LEASE_RE, lease_name, parse_lease
 from fsm.marker import MARKER_MAX_BYTES
 from fsm.redact import Redactor
@@ -73,7 +72,8 @@ from fsm.store.base import Store
 
 __all__ = [
     "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "decide", "found_in",
-    "judge", "lease_files", "read_attempt", "read_attempts", "read_lease", "read_marker",
+    "human_age", "judge", "lease_files", "read_attempt", "read_attempts", "read_lease",
+    "read_marker",
 ]
 
 Kind = Literal["running", "succeeded", "retriable", "fatal", "lost", "unknown"]
@@ -83,6 +83,23 @@ KINDS: tuple[Kind, ...] = ("running", "succeeded", "retriable", "fatal", "lost",
 NEITHER = "no lease or marker yet: setup, or not started"
 #: The why of an expired lease when most leases of the reading expired together.
 TOGETHER = "most leases expired together: the store's outage, not the hosts'"
+
+
+def human_age(seconds: float | None) -> str:
+    """``45s``, ``3m12s``, ``2h05m``, ``4d``; ``-`` when unknown; a marker from the future
+    (a clock ahead of ours) gets a minus sign."""
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return "-" + human_age(-seconds)
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86_400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86_400}d"
 
 
 @dataclass(frozen=True)

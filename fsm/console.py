@@ -84,10 +84,9 @@ def start_lease(ctx: Context, state: str) -> LeaseKeeper | None:
         return None
     dest = ctx.require_payload().dest
     name = lease_name(dest.arm, dest.attempt)
-    from fsm.outcome import hostname
 
     identity = {"run_id": ctx.evidence.get("run_id"), "state": state,
-                "host": {"id": ctx.host_id(), "hostname": hostname(ctx)}}
+                "host": {"id": ctx.host_id(), "hostname": ctx.hostname()}}
     signs = (console_path(ctx), progress_path(ctx))
 
     def describe() -> dict[str, Any]:

@@ -420,6 +420,14 @@ class Context:
             raise host_fault(probe.hostname, verdict, snap)
         self.host_start = snap
 
+    def hostname(self) -> str:
+        """This machine's name: the probe's, else the kernel's."""
+        if self.host is not None:
+            return self.host.hostname
+        import socket
+
+        return socket.gethostname()
+
     def host_id(self) -> str:
         """What names this machine (``host.id``, CONTRACT section 9): from the GPUs' answer
         before the worker when there was one, else from what the probe has (the boot id

@@ -20,7 +20,7 @@ import argparse
 import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -359,9 +359,31 @@ def write_all(directory: Path | str) -> list[Path]:
     return changed
 
 
+def _mermaid_block() -> str:
+    return "```mermaid\n" + mermaid() + "```\n"
+
+
+def _policy_table() -> str:
+    from fsm.policy import render_table
+
+    return render_table()
+
+
+def _exits_table() -> str:
+    from fsm.exits import render_table
+
+    return render_table()
+
+
+#: The generated blocks a page may hold (``fsm.policy_doc``), by name, and what renders each.
+BLOCKS: dict[str, Callable[[], str]] = {
+    "policy": _policy_table, "exits": _exits_table, "diagram": _mermaid_block,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fsm.diagram --write diagrams [--doc README.md --doc docs/policy.md ...]``."""
-    from fsm.policy_doc import BLOCKS, refresh_doc
+    from fsm.policy_doc import refresh_doc
 
     parser = argparse.ArgumentParser(
         prog="python -m fsm.diagram", description="Regenerate the committed renderings."
@@ -376,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("nothing to do: give --write DIR and/or --doc FILE")
     try:
         changed = write_all(args.write) if args.write is not None else []
-        changed += [doc for doc in args.docs if refresh_doc(doc)]
+        changed += [doc for doc in args.docs if refresh_doc(doc, BLOCKS)]
     except (DiagramUnavailable, OSError, ValueError) as exc:
         print(f"python -m fsm.diagram: {exc}")
         return 2

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsm import marker as marker_format
+from fsm.attempts import human_age
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -240,23 +241,6 @@ RECURSIVE_COLUMNS: tuple[Column, ...] = (
     Column("host", "HOST", lambda r, now: r.host),
     *COLUMNS[9:],
 )
-
-
-def human_age(seconds: float | None) -> str:
-    """``45s``, ``3m12s``, ``2h05m``, ``4d``; ``-`` when unknown; a marker from the future
-    (a clock ahead of ours) gets a minus sign."""
-    if seconds is None:
-        return "-"
-    if seconds < 0:
-        return "-" + human_age(-seconds)
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86_400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86_400}d"
 
 
 HEADER = tuple(c.header for c in COLUMNS if c.header is not None)

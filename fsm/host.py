@@ -190,6 +190,19 @@ def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
                      host_id(hostname, listed))
 
 
+#: The kernel's boot id: one per boot, shared by every container of the host.
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+    """The kernel's boot id (one per boot, shared by every container of the host), or None."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, ValueError):
+        return None
+    return text or None
+
+
 def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
     """What names the machine (CONTRACT section 9): its GPUs' UUIDs, sorted, when
     ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
@@ -197,8 +210,6 @@ def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
     uuids = sorted(gpu.uuid for gpu in listed if gpu.uuid)
     if uuids:
         return ",".join(uuids)
-    from fsm.attempt_start import boot_id  # the marker's end only: start-up does not pay
-
     return f"boot:{boot_id() or 'unknown'}@{hostname}"
 
 

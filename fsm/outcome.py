@@ -62,7 +62,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         # Every failure names its cause and its machine (CONTRACT section 9).
         evidence["fault"] = _fault(ctx, failure)
         if host is None:
-            host = {"id": ctx.host_id(), "hostname": hostname(ctx)}
+            host = {"id": ctx.host_id(), "hostname": ctx.hostname()}
     if host is not None:
         evidence["host"] = host
     if watchdog:
@@ -87,14 +87,6 @@ def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
     if isinstance(judged, dict) and judged.get("rule") == failure.rule.id:
         return judged
     return policy.fault_of(failure.rule).evidence()
-
-
-def hostname(ctx: Context) -> str:
-    if ctx.host is not None:
-        return ctx.host.hostname
-    import socket
-
-    return socket.gethostname()
 
 
 #: How long the marker waits for the log's lines offered so far (a reader that keeps up

@@ -1,21 +1,21 @@
 """The generated blocks of the Markdown pages: the policy table, the exit statuses, the
 machine drawn in Mermaid.
 
-A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end -->``:
-``policy`` holds ``fsm.policy.render_table()``, ``exits`` holds ``fsm.exits.render_table()``,
-``diagram`` the table drawn by ``fsm.diagram.mermaid()`` in a fenced block.
-:func:`refresh_doc` rewrites every such block a page has; ``python -m fsm.diagram --doc
-README.md --doc docs/policy.md --doc docs/contract.md --doc deploy/README.md`` calls it,
-and the tests fail when a committed copy is stale.
+A page marks a generated block with ``<!-- name:begin -->`` and ``<!-- name:end -->``;
+:func:`refresh_doc` rewrites every such block a page has, from the renderers it is given
+(``fsm.diagram.BLOCKS``: ``policy``, ``exits`` and ``diagram``). ``python -m fsm.diagram
+--doc README.md --doc docs/policy.md --doc docs/contract.md --doc deploy/README.md`` calls
+it, and the tests fail when a committed copy is stale. This module imports nothing of the
+runner's: what a block holds is its caller's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["BLOCKS", "generated_block", "refresh_doc", "refresh_policy_doc", "replace_block"]
+__all__ = ["Renderers", "generated_block", "refresh_doc", "replace_block"]
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -39,47 +39,22 @@ def replace_block(text: str, name: str, body: str) -> str:
     return _block(name).sub(lambda m: m["begin"] + body.strip("\n") + "\n" + m["end"], text, 1)
 
 
-def _policy_table() -> str:
-    from fsm.policy import render_table
-
-    return render_table()
+#: What renders a generated block, by the block's name.
+Renderers = Mapping[str, Callable[[], str]]
 
 
-def _exits_table() -> str:
-    from fsm.exits import render_table
-
-    return render_table()
-
-
-def _diagram() -> str:
-    from fsm.diagram import mermaid
-
-    return "```mermaid\n" + mermaid() + "```\n"
-
-
-#: The generated blocks a page may hold, by name, and what renders each.
-BLOCKS: dict[str, Callable[[], str]] = {
-    "policy": _policy_table, "exits": _exits_table, "diagram": _diagram,
-}
-
-
-def refresh_doc(path: Path | str) -> bool:
-    """Regenerate every block of :data:`BLOCKS` that ``path`` holds; True when the file
+def refresh_doc(path: Path | str, blocks: Renderers) -> bool:
+    """Regenerate every block of ``blocks`` that ``path`` holds; True when the file
     changed (ValueError when it holds none)."""
     doc = Path(path)
     text = doc.read_text(encoding="utf-8")
-    names = [name for name in BLOCKS if generated_block(text, name) is not None]
+    names = [name for name in blocks if generated_block(text, name) is not None]
     if not names:
-        raise ValueError(f"{doc} holds no generated block ({', '.join(BLOCKS)})")
+        raise ValueError(f"{doc} holds no generated block ({', '.join(blocks)})")
     new = text
     for name in names:
-        new = replace_block(new, name, BLOCKS[name]())
+        new = replace_block(new, name, blocks[name]())
     if new != text:
         doc.write_text(new, encoding="utf-8")
         return True
     return False
-
-
-def refresh_policy_doc(path: Path | str) -> bool:
-    """Regenerate the generated blocks of ``path`` (the name ``--policy-doc`` keeps)."""
-    return refresh_doc(path)

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from fsm import attempt_start, payload, result, storage, table
+from fsm import attempt_start, host, payload, result, storage, table
 from fsm import log as log_config
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
@@ -124,7 +124,7 @@ def _own_budget(
     """Fix the attempt's deadline from the attempt's first start (persisted next to the
     payload by the runner that started it, else this runner's, persisted now), and say why
     the attempt must end at once when a restart finds its budget spent."""
-    boot = attempt_start.boot_id()
+    boot = host.boot_id()
     path = result.start_path(ctx.settings.payload_path, dest)
     start, continued = attempt_start.begin(path, ident, ctx.started_at, boot)
     at = p.deadline_at if p.deadline_at is not None else start.started_at + p.max_wall_s
