@@ -32,7 +32,7 @@ def console_name(ctx: Context) -> str:
 def console_path(ctx: Context) -> Path:
     """The worker's console: once the worker ran, as the runner holds it open (whatever the
     worker did to its scratch dir), else where it is written."""
-    result = ctx.worker_result
+    result = ctx.worker.exit
     if result is not None and result.console_held is not None:
         return result.console_held
     return ctx.scratch / console_name(ctx)

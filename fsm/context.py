@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from fsm.gpus import Snapshot, StartVerdict
     from fsm.host import HostProbe
     from fsm.lease import LeaseKeeper
+    from fsm.policy import Fault
     from fsm.prefetch import Branch
     from fsm.supervise import WorkerExit
 
@@ -293,6 +294,105 @@ def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFaul
     return HostFault(message, rule=rule, evidence=evidence)
 
 
+@dataclass
+class Stall:
+    """Where a stalled worker was (the marker's ``stall``, CONTRACT section 7)."""
+
+    silent_s: float
+    last_line: str
+    where: str | None
+    where_in_code: str | None
+    #: The previous attempt that stalled on the same line, when VerifyRemote found one.
+    previous: dict[str, Any] | None = None
+
+    @property
+    def place(self) -> str | None:
+        """The worker's own innermost frame, ``function (path:line)``, when known (a
+        library's wait is where every hang of a kind ends up), else the innermost one: the
+        same line of the same file is the same hang."""
+        return self.where_in_code or self.where or None
+
+    def evidence(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"silent_s": self.silent_s, "last_line": self.last_line,
+                               "where": self.where, "where_in_code": self.where_in_code}
+        if self.previous is not None:
+            out["previous"] = self.previous
+        return out
+
+
+@dataclass
+class GpuChange:
+    """What the GPUs reported changed since the start (the marker's ``gpu_change``)."""
+
+    when: str
+    findings: list[dict[str, Any]]
+    text: str
+
+    def kinds(self) -> set[str]:
+        return {f["kind"] for f in self.findings if isinstance(f.get("kind"), str)}
+
+    def evidence(self) -> dict[str, Any]:
+        return {"when": self.when, "findings": self.findings, "text": self.text}
+
+
+@dataclass
+class StacksNote:
+    """What became of the worker's stacks (the marker's ``stacks``): the artifact they went
+    into, what they were taken for and where the worker was, or why none were taken."""
+
+    file: str | None = None
+    why_not: str | None = None
+    taken_for: str | None = None
+    where_in_code: str | None = None
+    #: The capture's own evidence (``fsm.stacks.Stacks.evidence``).
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def evidence(self) -> dict[str, Any]:
+        if self.file is None:
+            return {"taken": False, "why": self.why_not}
+        return {"file": self.file, "for": self.taken_for, "where_in_code": self.where_in_code,
+                **self.detail}
+
+
+@dataclass
+class WorkerRun:
+    """What Train learned about the worker, as typed facts: VerifyRemote reads them, and the
+    marker shows them (:meth:`evidence`)."""
+
+    #: How it ended; None until it has.
+    exit: WorkerExit | None = None
+    #: Whether the kernel's OOM killer ended a process of the container while it ran (None:
+    #: the cgroup's count could not be read).
+    oom_killed: bool | None = None
+    stall: Stall | None = None
+    stacks: StacksNote | None = None
+    gpu_change: GpuChange | None = None
+    #: The host watch's own evidence while the worker ran.
+    gpu_watch: dict[str, Any] | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        import signal
+
+        out: dict[str, Any] = {}
+        if self.exit is not None:
+            worker: dict[str, Any] = {
+                "exit_code": self.exit.returncode,
+                "signal": signal.Signals(self.exit.signal).name if self.exit.signal else None,
+                "reason": self.exit.reason,
+                "seconds": round(self.exit.duration_s, 3),
+            }
+            if self.oom_killed is not None:
+                worker["oom_killed"] = self.oom_killed
+            out["worker"] = worker
+        for key, fact in (("stall", self.stall), ("stacks", self.stacks),
+                          ("gpu_change", self.gpu_change)):
+            if fact is not None:
+                out[key] = fact.evidence()
+        if self.gpu_watch is not None:
+            out["gpu_watch"] = self.gpu_watch
+        return out
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why the attempt failed: what Mark publishes."""
@@ -332,7 +432,12 @@ class Context:
     payload: Payload | None = None
     store: Store | None = None
     worker_env: dict[str, str] | None = None
-    worker_result: WorkerExit | None = None
+    #: What Train learned about the worker (typed; the marker's evidence of it).
+    worker: WorkerRun = field(default_factory=WorkerRun)
+    #: VerifyRemote's judgement of the worker's fault (the marker's ``fault``).
+    judged_fault: Fault | None = None
+    #: The marker as published (Mark), or as replayed.
+    published_marker: dict[str, Any] | None = None
     #: ``nvidia-smi``'s answer, asked for once the attempt is owned (LoadPayload)
     host: HostProbe | None = None
     #: The GPUs' health before the worker started (``fsm.gpus``): what later snapshots
@@ -359,6 +464,8 @@ class Context:
     #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
     end_artifacts: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
+    #: The marker's evidence the states put in, every key of it published as it is (the
+    #: worker's facts are :attr:`worker`'s, typed).
     evidence: dict[str, Any] = field(default_factory=dict)
     #: The end of the attempt once it began (:meth:`begin_end`).
     end: End | None = None

@@ -243,5 +243,5 @@ def _salvage(ctx: Context, fault: str) -> str:
     if record is None:  # no destination: nothing to persist, the failure decides
         retriable = bool(ctx.failure and ctx.failure.retriable)
         return outcome.event_for({"ok": False, "retriable": retriable})
-    ctx.evidence["marker"] = record.marker
+    ctx.published_marker = record.marker
     return outcome.event_for(record.marker)

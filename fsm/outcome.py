@@ -35,14 +35,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         # where the attempt's fate was decided: the failing state, or the last one of work
         "state": failure.state if failure else (working[-1] if working else None),
         "path": [*ctx.path],
-        "rule": failure.rule.id if failure else ctx.evidence.get("rule", rules.SUCCESS.id),
+        "rule": failure.rule.id if failure else rules.SUCCESS.id,
         "run_id": ctx.evidence.get("run_id"),
     }
-    for key in ("worker", "preload", "lease", "host_fault", "job_fault", "stall", "stacks",
-                "gpu_change", "gpu_health", "gpu_watch", "disk", "shm", "storage",
-                "previous_attempt"):
-        if key in ctx.evidence:
-            evidence[key] = ctx.evidence[key]
+    # Every key the states put in, as they put it, and the worker's facts, typed.
+    evidence.update(ctx.evidence)
+    evidence.update(ctx.worker.evidence())
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
     ignored = interrupt_mod.ignored_evidence()
     if ignored:
@@ -83,9 +81,9 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
 def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
     """The ``fault`` of a failed marker: what VerifyRemote judged of the worker when its
     rule is the failure's, else the failure's rule alone (``policy.fault_of``)."""
-    judged = ctx.evidence.get("fault")
-    if isinstance(judged, dict) and judged.get("rule") == failure.rule.id:
-        return judged
+    judged = ctx.judged_fault
+    if judged is not None and judged.rule == failure.rule.id:
+        return judged.evidence()
     return policy.fault_of(failure.rule).evidence()
 
 
@@ -114,7 +112,7 @@ def attach_tail(ctx: Context, failure: Failure | None) -> None:
     from fsm.console import console_name, console_path
     from fsm.supervise import TAIL_BYTES
 
-    if ctx.worker_result is None or not (failure is not None or ctx.tuning.upload_console):
+    if ctx.worker.exit is None or not (failure is not None or ctx.tuning.upload_console):
         return
     if failure is not None and failure.rule is rules.SUPERSEDED:
         return  # the prefix's console is the later attempt's now
@@ -139,8 +137,8 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
     it was not published, and where the result is kept), the seconds spent in each state,
     and the one-line reason the process ends with. Then the termination message: the same
     verdict, for the container engine (``fsm.termination``)."""
-    record = ctx.evidence.get("marker")
-    if not isinstance(record, dict) and ctx.publisher.record is not None:
+    record = ctx.published_marker
+    if record is None and ctx.publisher.record is not None:
         record = ctx.publisher.record.marker
     fields: dict[str, Any] = {"end_state": terminal, "exit_code": exit_code}
     if isinstance(record, dict):

@@ -51,8 +51,7 @@ class Outcome:
 
     @property
     def marker(self) -> dict[str, Any] | None:
-        record = self.context.evidence.get("marker")
-        return record if isinstance(record, dict) else None
+        return self.context.published_marker
 
 
 def store_factory(settings: Settings) -> StoreFactory:
@@ -144,7 +143,7 @@ def _stderr_line(line: str) -> None:
 
 
 def _outcome(ctx: Context, terminal: str) -> Outcome:
-    record = ctx.evidence.get("marker") or {}
+    record = ctx.published_marker or {}
     rule = _rule_of(ctx, record, terminal)
     attempt = ctx.dest.attempt if ctx.dest else "?"
     published = ctx.publisher.result

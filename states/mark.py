@@ -43,6 +43,6 @@ def mark(ctx: Context) -> str:
     else:  # the watchdog is publishing its record: give it the bound it has
         publisher.done.wait(os_timeout(outcome.WATCHDOG_MARK_S + END_GRACE_S))
     published = publisher.record or record
-    ctx.evidence["marker"] = published.marker
+    ctx.published_marker = published.marker
     return outcome.event_for(published.marker)
 

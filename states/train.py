@@ -27,13 +27,12 @@ VerifyRemote: what is in the prefix now belongs to the later attempt.
 from __future__ import annotations
 
 import contextlib
-import signal
 from functools import partial
 
 from fsm import table
 from fsm.budget import Background
 from fsm.console import PeriodicTail, console_path, progress_path, start_lease, superseded
-from fsm.context import SIGNAL_STOP_S, Context
+from fsm.context import SIGNAL_STOP_S, Context, GpuChange, StacksNote, Stall
 from fsm.errors import DeadlineExceeded
 from fsm.gpu_watch import GpuWatch, watchable
 from fsm.host import memory_events_path, oom_kills
@@ -107,19 +106,13 @@ def train(ctx: Context) -> str:
         lease.stop(timeout_s=ctx.stop_deadline.bound(TAIL_CLOSE_S))
         ctx.evidence["lease"] = lease.evidence()
     if host_watch is not None:
-        ctx.evidence["gpu_watch"] = host_watch.evidence()
-    ctx.evidence["worker"] = {
-        "exit_code": result.returncode,
-        "signal": signal.Signals(result.signal).name if result.signal else None,
-        "reason": result.reason,
-        "seconds": round(result.duration_s, 3),
-    }
+        ctx.worker.gpu_watch = host_watch.evidence()
+    ctx.worker.exit = result
     oom_after = oom_kills(oom_file)
     if oom_before is not None and oom_after is not None:
         # The kernel's OOM killer ended a process of this container while the worker ran.
-        ctx.evidence["worker"]["oom_killed"] = oom_after > oom_before
-    ctx.worker_result = result
-    kept = _stacks_file(ctx)
+        ctx.worker.oom_killed = oom_after > oom_before
+    kept = ctx.worker.stacks.file if ctx.worker.stacks is not None else None
     if result.reason == "superseded":
         assert lease is not None and lease.superseded is not None
         raise superseded(lease.superseded)
@@ -129,19 +122,19 @@ def train(ctx: Context) -> str:
             + (f"; its stacks, taken first, are in {kept}" if kept else "")
         )
     if result.reason == "stalled":
-        stacks = ctx.evidence.get("stacks", {})
-        ctx.evidence["stall"] = {
-            "silent_s": round(result.silent_s or 0.0, 1),
-            "last_line": _last_line(ctx),
-            "where": stacks.get("where"),
-            "where_in_code": stacks.get("where_in_code"),
-        }
+        taken = ctx.worker.stacks
+        ctx.worker.stall = Stall(
+            silent_s=round(result.silent_s or 0.0, 1),
+            last_line=_last_line(ctx),
+            where=taken.detail.get("where") if taken is not None else None,
+            where_in_code=taken.where_in_code if taken is not None else None,
+        )
         return table.WORKER_STALLED
     if result.reason == "host":
         assert host_watch is not None and host_watch.verdict is not None
-        ctx.evidence["gpu_change"] = {"when": "while the worker ran",
-                                      "findings": host_watch.verdict.evidence(),
-                                      "text": host_watch.verdict.describe()}
+        ctx.worker.gpu_change = GpuChange("while the worker ran",
+                                          host_watch.verdict.evidence(),
+                                          host_watch.verdict.describe())
         return table.HOST_FAILED
     return table.WORKER_EXITED
 
@@ -159,7 +152,7 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
                else "no time left before the stop" if budget <= 0
                else "the worker's process group is gone" if pgid is None else None)
     if why_not is not None or pgid is None:
-        ctx.evidence["stacks"] = {"taken": False, "why": why_not}
+        ctx.worker.stacks = StacksNote(why_not=why_not)
         return
     setting = ctx.tuning.py_spy
     sampler: str | stacks._Find | None = (
@@ -172,18 +165,13 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
     # In slices (a signal's handler runs between them): a SIGTERM cuts the capture short.
     while not call.wait(0.1):
         if ctx.interrupt.is_set():
-            ctx.evidence["stacks"] = {"taken": False, "why": "a signal came while taking them"}
+            ctx.worker.stacks = StacksNote(why_not="a signal came while taking them")
             return
     taken = call.result()
     name = stacks.artifact_name(ctx.require_payload().phase or "worker")
     ctx.end_artifacts[name] = taken.text
-    ctx.evidence["stacks"] = {"file": name, "for": why, "where_in_code": taken.where_in_code,
-                              **taken.evidence()}
-
-
-def _stacks_file(ctx: Context) -> str | None:
-    stacks = ctx.evidence.get("stacks")
-    return stacks.get("file") if isinstance(stacks, dict) else None
+    ctx.worker.stacks = StacksNote(file=name, taken_for=why, where_in_code=taken.where_in_code,
+                                   detail=taken.evidence())
 
 
 def _last_line(ctx: Context) -> str:

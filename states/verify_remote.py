@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fsm import gpus, marker, rules, storage, table
 from fsm.console import console_path
-from fsm.context import Context
+from fsm.context import Context, GpuChange
 from fsm.errors import (
     DeadlineExceeded,
     FatalError,
@@ -74,10 +74,9 @@ def verify_remote(ctx: Context) -> str:
                 rule=rules.VERIFY_UNREADABLE,
             ) from exc
     if all(present.values()):
-        ctx.evidence["rule"] = rules.SUCCESS.id
         return table.COMPLETION_CONFIRMED
 
-    result = ctx.worker_result
+    result = ctx.worker.exit
     on_its_own = result is not None and result.reason == "exited"
     # A stall was called before any signal came: it stands, as a worker's own exit does.
     stalled = result is not None and result.reason == "stalled"
@@ -88,12 +87,11 @@ def verify_remote(ctx: Context) -> str:
     missing = ", ".join(name for name, ok in present.items() if not ok)
     if host_failed:
         raise _host_failed(ctx, p, missing)
-    worker = ctx.evidence.get("worker", {})
     facts = WorkerFacts(
         stalled=stalled,
         heartbeat_retriable=heartbeat_retriable,
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
-        oom_killed=worker.get("oom_killed") is True,
+        oom_killed=ctx.worker.oom_killed is True,
         console=_console_tail(ctx),
         env_hides_gpus=hidden_by_env(ctx.host_start, p.env.get("CUDA_VISIBLE_DEVICES")),
         disk_short_at_start=any(storage.came_short(fs, storage.floor(ctx.merged_env()))
@@ -124,14 +122,15 @@ def _reason(
     if rule is rules.FAULT_FOLLOWS_JOB:
         before = ctx.evidence.get("previous_attempt", {})
         what = (f"{match.signature.meaning} ({match.signature.id}): {match.line}"
-                if match is not None else f"the same failure ({ctx.evidence['fault']['family']})")
+                if match is not None
+                else f"the same failure ({ctx.judged_fault.family if ctx.judged_fault else '-'})")
         return (f"the fault followed the job: attempt {before.get('attempt')} failed the same "
                 f"way on another host, so it is the job's, not a host's: {what}; worker "
                 f"{exited} without {missing}")
-    change = ctx.evidence.get("gpu_change")
-    if rule is rules.WORKER_HOST_FAULT and match is None and isinstance(change, dict):
+    change = ctx.worker.gpu_change
+    if rule is rules.WORKER_HOST_FAULT and match is None and change is not None:
         return (f"host fault, retry on a fresh host: the GPUs changed since the start: "
-                f"{change.get('text')}; worker {exited} without {missing}")
+                f"{change.text}; worker {exited} without {missing}")
     if rule is rules.WORKER_HEARTBEAT_RETRIABLE:
         return (f"worker {exited} without {missing} in the store; its heartbeat for attempt "
                 f"{p.dest.attempt} says retriable")
@@ -184,13 +183,14 @@ def _space_reason(
 def _host_failed(ctx: Context, p: Payload, missing: str) -> RetriableError:
     """The host watch stopped the worker: a GPU out of reach or gone is ``host-gpu-lost``,
     new uncorrectable ECC errors alone ``host-gpu-unhealthy``."""
-    change = ctx.evidence.get("gpu_change", {})
-    kinds = {f.get("kind") for f in change.get("findings", [])}
+    change = ctx.worker.gpu_change
+    kinds = change.kinds() if change is not None else set()
     rule = rules.HOST_GPU_LOST if kinds & LOST_KINDS or not kinds else rules.HOST_GPU_UNHEALTHY
-    kept = ctx.evidence.get("stacks", {}).get("file")
+    kept = ctx.worker.stacks.file if ctx.worker.stacks is not None else None
     return RetriableError(
         f"the host's GPUs failed under the worker, retry on a fresh host: "
-        f"{change.get('text', 'the GPUs changed')}; the worker was stopped without {missing}"
+        f"{change.text if change is not None else 'the GPUs changed'}; the worker was "
+        f"stopped without {missing}"
         + (f"; its stacks, taken first, are in {kept}" if kept else ""),
         rule=rule, stands_after_signal=True,
     )
@@ -212,8 +212,8 @@ def _gpus_since_start(ctx: Context) -> dict[str, bool]:
     if not verdict:
         fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)
         return {"gpus_fine": fine}
-    ctx.evidence["gpu_change"] = {"when": "after the worker ended",
-                                  "findings": verdict.evidence(), "text": verdict.describe()}
+    ctx.worker.gpu_change = GpuChange("after the worker ended", verdict.evidence(),
+                                      verdict.describe())
     return {"gpus_changed": True}
 
 
@@ -240,14 +240,14 @@ def _space(fs: storage.Usage) -> dict[str, object]:
 
 
 def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
-    stall = ctx.evidence.get("stall", {})
-    where = stall.get("where_in_code") or stall.get("where") or "a place the stacks do not show"
-    text = (f"worker made no progress for {stall.get('silent_s', 0):g}s (FLASH_STALL_S; no "
-            f"console output, no touch of FLASH_PROGRESS_FILE) and was stopped without "
+    stall = ctx.worker.stall
+    where = (stall.place if stall is not None else None) or "a place the stacks do not show"
+    text = (f"worker made no progress for {stall.silent_s if stall else 0:g}s (FLASH_STALL_S; "
+            f"no console output, no touch of FLASH_PROGRESS_FILE) and was stopped without "
             f"{missing}; it was in {where}")
-    if stall.get("last_line"):
-        text += f"; its last line: {stall['last_line']}"
-    kept = ctx.evidence.get("stacks", {}).get("file")
+    if stall is not None and stall.last_line:
+        text += f"; its last line: {stall.last_line}"
+    kept = ctx.worker.stacks.file if ctx.worker.stacks is not None else None
     if kept:
         text += f"; the stacks of its processes are in {kept}"
     if rule is rules.WORKER_STALLED_AGAIN:
@@ -256,24 +256,14 @@ def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
     return text
 
 
-def _place(stall: object) -> str | None:
-    """Where a stall was (CONTRACT section 7): the worker's own innermost frame, as
-    ``function (path:line)``, when known (a library's wait, such as threading's, is where
-    every hang of a kind ends up), else the innermost one. The same line of the same file
-    is the same hang; another line of the same loop is another."""
-    if not isinstance(stall, dict):
-        return None
-    where = stall.get("where_in_code") or stall.get("where")
-    return where if isinstance(where, str) and where else None
-
-
 def _across_attempts(
     ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, facts: WorkerFacts
 ) -> Rule:
     """This attempt's rule with the previous attempt as evidence (CONTRACT section 9), and
     the marker's ``fault``. The previous marker is read only when it could change the
     verdict: a retriable fault only the console or the worker witnessed."""
-    place = _place(ctx.evidence.get("stall")) if rule is rules.WORKER_STALLED else None
+    stall = ctx.worker.stall
+    place = stall.place if stall is not None and rule is rules.WORKER_STALLED else None
     changed = rule is rules.WORKER_HOST_FAULT and match is None and facts.gpus_changed
     fault = fault_of(rule, match, gpus_changed=changed, place=place)
     if rule.retriable and fault.confirmed_by in ("console", "worker") and (
@@ -284,11 +274,11 @@ def _across_attempts(
         if decided is not rule and before is not None:
             ctx.evidence["previous_attempt"] = {
                 "attempt": attempt, "host": before.host_id, "fingerprint": fault.fingerprint}
-            if place is not None:
-                ctx.evidence["stall"]["previous"] = {"attempt": attempt, "where": place}
+            if place is not None and stall is not None:
+                stall.previous = {"attempt": attempt, "where": place}
             rule = decided
             fault = fault._replace(rule=rule.id)
-    ctx.evidence["fault"] = fault.evidence()
+    ctx.judged_fault = fault
     return rule
 
 
@@ -332,7 +322,7 @@ def _console_tail(ctx: Context) -> str:
 
 
 def _killed_by_sigkill(ctx: Context) -> bool:
-    result = ctx.worker_result
+    result = ctx.worker.exit
     return result is not None and result.signal == signal.SIGKILL
 
 
@@ -359,7 +349,7 @@ def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
 
 
 def _exit_text(ctx: Context) -> str:
-    result = ctx.worker_result
+    result = ctx.worker.exit
     if result is None:
         return "ended"
     if result.signal:
