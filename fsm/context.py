@@ -294,6 +294,11 @@ def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFaul
     return HostFault(message, rule=rule, evidence=evidence)
 
 
+#: How the worker is started, after the runner's own interpreter (CONTRACT section 5):
+#: ResolveSpec measures it, Train runs it.
+WORKER_ARGV: tuple[str, ...] = ("-m", "flash.engine.worker")
+
+
 @dataclass
 class Stall:
     """Where a stalled worker was (the marker's ``stall``, CONTRACT section 7)."""
@@ -459,8 +464,13 @@ class Context:
     replayed: Persisted | None = None
     #: The payload's env as read (even from an invalid payload): it decides the store.
     raw_env: Mapping[str, str] = field(default_factory=dict)
-    #: Downloads started ahead of the state that joins them (``fsm.prefetch``), by name.
+    #: Downloads started ahead of the state that joins them (``fsm.prefetch``), by the
+    #: joining state.
     prefetch: dict[str, Branch[Any]] = field(default_factory=dict)
+    #: What a state downloads ahead of itself, by state (``states.AHEAD``): given the
+    #: context, the work to start, or None when there is nothing to download.
+    ahead: Mapping[str, Callable[[Context], Callable[[Store], object] | None]] = field(
+        default_factory=dict)
     #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
     end_artifacts: dict[str, str] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
@@ -649,6 +659,19 @@ class Context:
 
         flag = self.setup_stop.follower()
         self.prefetch[name] = Branch(name, partial(work, self.branch_store(flag)), flag)
+
+    def start_ahead(self, state: str) -> None:
+        """Start the downloads the table says ``state`` starts ahead of later states
+        (``table.PREFETCH``), each as the branch of the state that joins it, with what that
+        state's module says it downloads (``ahead``, from ``states.AHEAD``): once, and only
+        where there is something to download."""
+        from fsm import table
+
+        for joiner in table.PREFETCH.get(state, ()):
+            plan = self.ahead.get(joiner)
+            work = plan(self) if plan is not None and joiner not in self.prefetch else None
+            if work is not None:
+                self.start_prefetch(joiner, work)
 
     def cancel_prefetch(self) -> None:
         """Stop every prefetch branch (a state failed: nothing after it will join them)."""

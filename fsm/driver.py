@@ -73,7 +73,7 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
         ctx.path.append(state)
         log_config.enter_state(state)  # every event carries it, and its time is counted
         started = time.monotonic()
-        if state == table.MARK:
+        if state == table.PUBLISHES:
             event = _mark(ctx, handlers.get(state))
         else:
             event = _step(ctx, state, handlers.get(state))
@@ -100,7 +100,7 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             raise LookupError(f"no handler for state {state}")
         if ctx.interrupt.is_set() and state not in table.RUN_AFTER_SIGNAL:
             raise Interrupted(ctx.interrupt.signum or 15)
-        if ctx.work_deadline.expired() and state != table.LOAD_PAYLOAD:
+        if ctx.work_deadline.expired() and state not in table.RUN_AFTER_DEADLINE:
             raise DeadlineExceeded(f"run wall deadline exceeded before {state} could start")
         if ctx.halt is not None:
             raise ctx.halt

@@ -92,8 +92,10 @@ def run_attempt(
     command line hands in the one it armed before its imports). ``handlers`` replaces the
     states' handlers (tests of the driver's totality hand in broken ones).
     """
+    from states import AHEAD  # the states' modules import the heavier machinery
+
     if handlers is None:
-        from states import HANDLERS  # the handlers import the heavier machinery
+        from states import HANDLERS
 
         handlers = HANDLERS
 
@@ -112,12 +114,14 @@ def run_attempt(
         out=out,
         python=python,
         started_at=time.time(),
+        ahead=AHEAD,
     )
     log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
     from fsm import storage  # the filesystems at the start: a full one is judged against them
 
-    ctx.storage_start = storage.snapshot(
-        [settings.payload_path.parent, settings.code_root, settings.scratch_dir])
+    folders = {"payload": settings.payload_path.parent, "code": settings.code_root,
+               "scratch": settings.scratch_dir}
+    ctx.storage_start = storage.snapshot([folders[name] for name in table.WRITTEN_AT_START])
     watchdog = Watchdog(ctx, exit=hard_exit, say=say or _stderr_line)
     with _signals(ctx, handle_signals):
         watchdog.start()

@@ -105,6 +105,51 @@ TRANSITIONS: Final[tuple[tuple[str, str, str], ...]] = PROGRESS + FAILURES
 #: leave by the events above; this only decides whether the handler is called.
 RUN_AFTER_SIGNAL: Final[tuple[str, ...]] = (LOAD_PAYLOAD, VERIFY_REMOTE)
 
+# --- per-state facts: what is no transition but belongs to one state ------------------
+
+#: The one state that publishes the marker. The driver runs it on a path of its own: no
+#: signal, deadline or halt check before it, and a failure inside it is the runner's
+#: defect (``internal-error``), never one of the four failure exits.
+PUBLISHES: Final = MARK
+
+#: States whose handler runs even when the attempt's deadline passed before they began:
+#: LoadPayload, which learns where the marker goes and whether the budget is spent (a
+#: restart after it marks the attempt ``deadline`` at once). Every other working state
+#: but Mark takes ``deadline_exceeded`` without starting.
+RUN_AFTER_DEADLINE: Final[tuple[str, ...]] = (LOAD_PAYLOAD,)
+
+#: Downloads a state starts ahead of the states that join them, overlapping its own work
+#: (``fsm.prefetch``), named by the joining state. LoadPayload starts the code's and a
+#: spilled spec's when the run has extras to install (the install runs meanwhile);
+#: FetchCode starts the spilled spec's beside its own download. The joining state's
+#: module says what it downloads ahead (``states.AHEAD``); a failure is raised where it
+#: is joined, so the earliest failing state's rule decides, as in a serial run.
+PREFETCH: Final[dict[str, tuple[str, ...]]] = {
+    LOAD_PAYLOAD: (FETCH_CODE, RESOLVE_SPEC),
+    FETCH_CODE: (RESOLVE_SPEC,),
+}
+
+#: The folders each state writes (besides the interpreter's site-packages, which the
+#: extras go into). The room on each is measured before any state writes
+#: (``fsm.storage``: the runner measures ``payload``, ``code`` and ``scratch`` at its
+#: start, LoadPayload ``cache`` once the payload names it), so that a full disk is judged
+#: against the room it had. ``payload``: next to the payload (the lock, the start, the
+#: result); ``scratch``: the scratch dir (the console, the installer's output, a spilled
+#: spec, the marker's local copy); ``code``: the code root; ``cache``: the model cache
+#: (``HF_HOME``) a preload warms and a worker reads.
+WRITES: Final[dict[str, tuple[str, ...]]] = {
+    LOAD_PAYLOAD: ("payload",),
+    INSTALL_EXTRAS: ("scratch",),
+    FETCH_CODE: ("code",),
+    RESOLVE_SPEC: ("scratch",),
+    TRAIN: ("scratch", "code", "cache"),
+    VERIFY_REMOTE: ("scratch",),
+    PRELOAD: ("cache",),
+    MARK: ("payload", "scratch"),
+}
+#: The folders of :data:`WRITES` the runner knows before the payload is read.
+WRITTEN_AT_START: Final[tuple[str, ...]] = ("payload", "code", "scratch")
+
 #: The terminal state Mark leads to for each outcome it publishes.
 OUTCOME_EVENT: Final[dict[str, str]] = {
     SUCCEEDED: MARKED_SUCCEEDED,

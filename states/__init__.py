@@ -1,7 +1,9 @@
 """The handlers of the working states: each ``(ctx) -> event``, one module per state.
 
 The handler of state ``FooBar`` is the function ``foo_bar`` of module ``states.foo_bar``:
-a new state of the table needs its module and nothing here. A state whose module is
+a new state of the table needs its module and nothing here. A state that a download of its
+own may start ahead of it (``table.PREFETCH``) says what it downloads in that module's
+``ahead(ctx)``; states never import each other. A state whose module is
 missing is left out of ``HANDLERS``; the driver says so at start-up and ends an attempt
 that reaches it with an ``internal-error`` marker.
 """
@@ -10,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import cast
 
 from fsm import table
 from fsm.context import Context
+from fsm.store.base import Store
 
 Handler = Callable[[Context], str]
 
@@ -24,8 +27,13 @@ def module_name(state: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", state).lower()
 
 
-def _handlers() -> dict[str, Handler]:
+#: What a state downloads ahead of itself (``table.PREFETCH``): the work, or None.
+Ahead = Callable[[Context], Callable[[Store], object] | None]
+
+
+def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
     found: dict[str, Handler] = {}
+    ahead: dict[str, Ahead] = {}
     for state in table.WORKING:
         name = module_name(state)
         try:
@@ -37,9 +45,14 @@ def _handlers() -> dict[str, Handler]:
         handler = getattr(module, name, None)
         if callable(handler):
             found[state] = cast(Handler, handler)
-    return found
+        plan = getattr(module, "ahead", None)
+        if callable(plan):
+            ahead[state] = cast(Ahead, plan)
+    return found, ahead
 
 
-HANDLERS: Mapping[str, Handler] = _handlers()
+#: The handler of each working state; and, of a state that a download of its own may be
+#: started ahead of it (``table.PREFETCH``), its module's ``ahead(ctx)``.
+HANDLERS, AHEAD = _handlers()
 
-__all__ = ["HANDLERS", "module_name"]
+__all__ = ["AHEAD", "HANDLERS", "module_name"]

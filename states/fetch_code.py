@@ -1,13 +1,16 @@
 """FetchCode: bring the worker's source tree (``code/**``) from the store to the code root.
 
-When the run has extras, LoadPayload started this download already (``fsm.prefetch``):
-the state then joins it, and its failure is raised (and classified) here. Otherwise it
-starts a spilled spec's download (ResolveSpec joins it) and fetches the code itself.
+When the run has extras, LoadPayload started this download already (``table.PREFETCH``,
+through :func:`ahead`): the state then joins it, and its failure is raised (and
+classified) here. Otherwise it starts a spilled spec's download (ResolveSpec joins it)
+and fetches the code itself.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
+from functools import partial
 
 import structlog
 
@@ -21,15 +24,18 @@ log = structlog.get_logger("states.fetch_code")
 
 
 def fetch_code(ctx: Context) -> str:
-    branch = ctx.prefetch.pop("code", None)
+    branch = ctx.prefetch.pop(table.FETCH_CODE, None)
     if branch is not None:
         branch.join()  # started by LoadPayload, under the extras install
     else:
-        from states import resolve_spec
-
-        resolve_spec.prefetch_spec(ctx)  # a spilled spec downloads beside the code
+        ctx.start_ahead(table.FETCH_CODE)  # a spilled spec downloads beside the code
         fetch(ctx, ctx.require_store())
     return table.CODE_FETCHED
+
+
+def ahead(ctx: Context) -> Callable[[Store], int]:
+    """The code tree, downloaded ahead of this state (``table.PREFETCH``)."""
+    return partial(fetch, ctx)
 
 
 def fetch(ctx: Context, store: Store) -> int:

@@ -26,7 +26,6 @@ still end in a retriable marker once the destination is known.
 from __future__ import annotations
 
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +103,9 @@ def load_payload(ctx: Context) -> str:
         ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
     if parsed.mode == "preload":
         return table.PRELOAD_REQUESTED
-    if parsed.extra_pip:
-        _start_downloads(ctx, parsed)
+    if parsed.extra_pip:  # the code and a spilled spec download under the install
+        ctx.start_ahead(table.LOAD_PAYLOAD)
     return table.TRAIN_REQUESTED
-
-
-def _start_downloads(ctx: Context, p: payload.Payload) -> None:
-    """The code (and a spilled spec) start downloading now, under the extras install;
-    FetchCode and ResolveSpec join them (``fsm.prefetch``)."""
-    from states import fetch_code, resolve_spec
-
-    ctx.start_prefetch("code", partial(fetch_code.fetch, ctx))
-    resolve_spec.prefetch_spec(ctx)
 
 
 def _own_budget(

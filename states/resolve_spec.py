@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from fsm import rules, table
 from fsm.console import progress_path
-from fsm.context import Context
+from fsm.context import WORKER_ARGV, Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
 from fsm.store.base import Store
-from states.train import WORKER_ARGV
 
 #: Larger specs (bytes of UTF-8) go to the worker as a file (CONTRACT section 5).
 INLINE_SPEC_MAX_BYTES = 96_000
@@ -152,19 +151,18 @@ def _spec(ctx: Context, p: Payload) -> str:
             "the payload carries no job spec: job_spec_json is empty and job_spec_in_hf is not set",
             rule=rules.SPEC_ABSENT,
         )
-    branch = ctx.prefetch.pop("spec", None)
+    branch = ctx.prefetch.pop(table.RESOLVE_SPEC, None)
     if branch is not None:
         text: str = branch.join()  # started by LoadPayload or FetchCode
         return text
     return download_spec(ctx, ctx.require_store())
 
 
-def prefetch_spec(ctx: Context) -> None:
-    """A spilled spec's download started ahead of this state (by LoadPayload or FetchCode),
-    beside the code's: :func:`_spec` joins it."""
+def ahead(ctx: Context) -> Callable[[Store], str] | None:
+    """A spilled spec's download, started ahead of this state (``table.PREFETCH``: by
+    LoadPayload or FetchCode, beside the code's); None when the spec is inline."""
     p = ctx.require_payload()
-    if p.job_spec_in_hf and not p.job_spec_json and "spec" not in ctx.prefetch:
-        ctx.start_prefetch("spec", partial(download_spec, ctx))
+    return partial(download_spec, ctx) if p.job_spec_in_hf and not p.job_spec_json else None
 
 
 def download_spec(ctx: Context, store: Store) -> str:

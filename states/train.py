@@ -32,7 +32,7 @@ from functools import partial
 from fsm import table
 from fsm.budget import Background
 from fsm.console import PeriodicTail, console_path, progress_path, start_lease, superseded
-from fsm.context import SIGNAL_STOP_S, Context, GpuChange, StacksNote, Stall
+from fsm.context import SIGNAL_STOP_S, WORKER_ARGV, Context, GpuChange, StacksNote, Stall
 from fsm.errors import DeadlineExceeded
 from fsm.gpu_watch import GpuWatch, watchable
 from fsm.host import memory_events_path, oom_kills
@@ -43,7 +43,6 @@ from fsm.supervise import StopReason, Watch, supervise
 #: (it can never land after the marker), so there is no reason to wait longer.
 TAIL_CLOSE_S = 1.0
 
-WORKER_ARGV = ("-m", "flash.engine.worker")
 #: Of the time left before the worker must be gone, what stays for its SIGTERM's grace
 #: when the stacks are taken at the deadline (the capture gets the rest, at most 20 s).
 STOP_KEEP_S = 2.0

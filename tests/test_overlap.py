@@ -155,7 +155,7 @@ def test_a_failed_install_cancels_the_code_download_before_any_file(
     )
     assert outcome.marker is not None and outcome.marker["state"] == "InstallExtras"
     assert outcome.marker["rule"] == "pip-network"
-    branch = outcome.context.prefetch["code"]
+    branch = outcome.context.prefetch["FetchCode"]
     assert branch.flag.is_set()  # cancelled when InstallExtras failed
     assert branch.done.wait(30), "the cancelled branch never ended"
     assert not [r for r in hub_server.requests if "/resolve/" in r.path and "/code/" in r.path]

@@ -80,3 +80,38 @@ def test_every_path_ends_in_a_terminal_state_within_the_longest_happy_path() -> 
 def test_events_are_unique_per_source_state() -> None:
     pairs = [(e, s) for e, s, _ in table.TRANSITIONS]
     assert len(pairs) == len(set(pairs))
+
+
+# --- the per-state facts (issue 39): each names states of the table ------------------------
+
+
+def _progress_order() -> list[str]:
+    """The working states in the order the table's progress reaches them."""
+    order, todo = [], deque([table.INITIAL])
+    while todo:
+        state = todo.popleft()
+        if state in order or state not in table.WORKING:
+            continue
+        order.append(state)
+        todo.extend(dest for _, src, dest in table.PROGRESS if src == state)
+    return order
+
+
+def test_a_prefetch_starts_only_downloads_of_later_states_and_each_has_its_ahead() -> None:
+    from states import AHEAD
+
+    order = _progress_order()
+    for starter, joiners in table.PREFETCH.items():
+        assert starter in table.WORKING
+        for joiner in joiners:
+            assert order.index(joiner) > order.index(starter), (starter, joiner)
+            assert joiner in AHEAD, f"states.{joiner}: no ahead(ctx) for table.PREFETCH"
+    assert set(AHEAD) <= {j for joiners in table.PREFETCH.values() for j in joiners}
+
+
+def test_every_working_state_says_which_folders_it_writes_and_each_is_measured() -> None:
+    assert set(table.WRITES) == set(table.WORKING)
+    written = {folder for folders in table.WRITES.values() for folder in folders}
+    # the runner measures these at its start; LoadPayload measures the cache
+    assert written == {*table.WRITTEN_AT_START, "cache"}
+    assert table.PUBLISHES == table.MARK and table.RUN_AFTER_DEADLINE == (table.LOAD_PAYLOAD,)
