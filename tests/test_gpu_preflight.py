@@ -47,7 +47,7 @@ def _run(layout: Layout, smi: FakeNvidiaSmi, **payload: Any
 
 #: The states an answer of the GPUs can end the attempt in: setup overlaps it, and Train
 #: waits for it before the worker.
-BEFORE_WORKER = ("LoadPayload", "InstallExtras", "FetchCode", "ResolveSpec", "Train")
+BEFORE_WORKER = tuple(TRAIN_PATH[: TRAIN_PATH.index("Train") + 1])
 
 
 def _assert_ended_before_setup(layout: Layout, marker: dict[str, Any], rule: str) -> None:

@@ -599,7 +599,7 @@ def test_a_driver_warning_on_stderr_does_not_hide_the_gpus(
 
 #: Where an attempt can end when the GPUs' answer ends it: setup overlaps the answer, and
 #: Train waits for it before the worker (CONTRACT section 8).
-BEFORE_WORKER = ("LoadPayload", "InstallExtras", "FetchCode", "ResolveSpec", "Train")
+BEFORE_WORKER = tuple(TRAIN_PATH[: TRAIN_PATH.index("Train") + 1])
 
 
 def assert_ended_before_worker(layout: Layout, proc: subprocess.CompletedProcess[bytes],

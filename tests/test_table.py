@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from conftest import TRAIN_PATH
+
 from fsm import table
 
 
@@ -72,9 +74,9 @@ def test_every_path_ends_in_a_terminal_state_within_the_longest_happy_path() -> 
             longest[state] = 1 + max(depth(n) for n in table.successors(state))
         return longest[state]
 
-    # LoadPayload -> InstallExtras -> FetchCode -> ResolveSpec -> Train -> VerifyRemote
-    # -> Mark -> terminal
-    assert depth(table.INITIAL) == 7
+    # the train path: LoadPayload -> InstallExtras -> FetchCode -> ResolveSpec -> Train ->
+    # VerifyRemote -> Mark -> terminal
+    assert depth(table.INITIAL) == len(TRAIN_PATH) - 1
 
 
 def test_events_are_unique_per_source_state() -> None:
