@@ -13,21 +13,18 @@ without waiting for them.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import structlog
 
-from fsm.clock import Deadline, os_timeout
+from fsm.clock import SLICE_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag
 
 _T = TypeVar("_T")
 log = structlog.get_logger("fsm.budget")
 
-#: How long one nap lasts at most while a wait watches the interrupt flag.
-SLICE_S = 0.05
 
 
 class GaveUp(Exception):
@@ -193,38 +190,3 @@ class Budget:
                     why = "interrupted" if self.stopped() else "deadline"
                     raise GaveUp(exc, attempt, why) from exc
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
-
-
-class Background(Generic[_T]):
-    """``fn()`` running in a daemon thread: a call the waiting thread may abandon (a
-    daemon thread cannot keep the process alive). ``done`` is set when it ended."""
-
-    def __init__(self, fn: Callable[[], _T], name: str) -> None:
-        self._result: list[_T] = []
-        self._error: list[BaseException] = []
-        self.done = threading.Event()
-        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
-
-    def _run(self, fn: Callable[[], _T]) -> None:
-        try:
-            self._result.append(fn())
-        except BaseException as exc:  # handed to the waiting thread
-            self._error.append(exc)
-        finally:
-            self.done.set()
-
-    def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for the call to end; True when it did. In short slices:
-        between them the main thread runs the handler of a signal that another thread
-        caught (``fsm.interrupt``), which one long wait would hold back until its end."""
-        end = time.monotonic() + seconds
-        while not self.done.wait(os_timeout(min(SLICE_S, end - time.monotonic()))):
-            if time.monotonic() >= end:
-                return False
-        return True
-
-    def result(self) -> _T:
-        """The call's result, or its exception raised here (call once ``done`` is set)."""
-        if self._error:
-            raise self._error[0]
-        return self._result[0]

@@ -18,6 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+#: How long one nap lasts at most while a wait watches the interrupt flag (between naps
+#: the main thread runs the handler of a signal another thread caught).
+SLICE_S = 0.05
+
 #: The largest backward step of the wall clock that the attempt deadline absorbs.
 CLOCK_STEP_TOLERANCE_S = 60.0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from fsm.budget import MIN_TRY_S, Background, Budget
+from fsm.budget import MIN_TRY_S, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
 from fsm.interrupt import InterruptFlag
@@ -27,6 +27,7 @@ from fsm.lease import DEFAULT_LEASE_S, MIN_LEASE_S
 from fsm.lock import AttemptLock
 from fsm.outlet import Outlet
 from fsm.payload import Destination, Payload
+from fsm.prefetch import Background
 from fsm.publish import READBACK_S, Publisher
 from fsm.redact import Redactor
 from fsm.result import Persisted

@@ -1,4 +1,6 @@
-"""Downloads started ahead of the state that needs them, overlapping other work.
+"""Calls in the background: :class:`Background`, a call a waiting thread may abandon, and
+:class:`Branch`, a download started ahead of the state that needs it, overlapping other
+work. (The agent process imports this module too: no logging, no store.)
 
 When a run has extras to install, LoadPayload starts the code download (and the spilled
 spec's) as branches, each in a thread of its own with a store handle of its own, and
@@ -20,10 +22,11 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from fsm.clock import os_timeout
+from fsm.clock import SLICE_S, os_timeout
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 
@@ -33,26 +36,49 @@ _T = TypeVar("_T")
 _JOIN_SLICE_S = 3600.0
 
 
-class Branch(Generic[_T]):
+class Background(Generic[_T]):
+    """``fn()`` running in a daemon thread: a call the waiting thread may abandon (a
+    daemon thread cannot keep the process alive). ``done`` is set when it ended."""
+
+    def __init__(self, fn: Callable[[], _T], name: str) -> None:
+        self._result: list[_T] = []
+        self._error: list[BaseException] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], _T]) -> None:
+        try:
+            self._result.append(fn())
+        except BaseException as exc:  # handed to the waiting thread
+            self._error.append(exc)
+        finally:
+            self.done.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the call to end; True when it did. In short slices:
+        between them the main thread runs the handler of a signal that another thread
+        caught (``fsm.interrupt``), which one long wait would hold back until its end."""
+        end = time.monotonic() + seconds
+        while not self.done.wait(os_timeout(min(SLICE_S, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                return False
+        return True
+
+    def result(self) -> _T:
+        """The call's result, or its exception raised here (call once ``done`` is set)."""
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
+
+
+class Branch(Background[_T]):
     """``work()`` running in a daemon thread; ``flag`` cancels it (the process's own
     interrupt flag triggers it too, see :meth:`follow`)."""
 
     def __init__(self, name: str, work: Callable[[], _T], flag: InterruptFlag) -> None:
         self.name = name
         self.flag = flag
-        self.done = threading.Event()
-        self._result: list[_T] = []
-        self._error: list[BaseException] = []
-        threading.Thread(target=self._run, args=(work,), name=f"prefetch-{name}",
-                         daemon=True).start()
-
-    def _run(self, work: Callable[[], _T]) -> None:
-        try:
-            self._result.append(work())
-        except BaseException as exc:  # handed to the joining state, which classifies it
-            self._error.append(exc)
-        finally:
-            self.done.set()
+        super().__init__(work, f"prefetch-{name}")
 
     def cancel(self) -> None:
         """Stop the branch at its next file or try (idempotent)."""
@@ -69,6 +95,4 @@ class Branch(Generic[_T]):
         except (Interrupted, KeyboardInterrupt):
             self.cancel()
             raise
-        if self._error:
-            raise self._error[0]
-        return self._result[0]
+        return self.result()

@@ -30,13 +30,13 @@ import contextlib
 from functools import partial
 
 from fsm import table
-from fsm.budget import Background
 from fsm.console import PeriodicTail, console_path, progress_path, start_lease, superseded
 from fsm.context import SIGNAL_STOP_S, WORKER_ARGV, Context, GpuChange, StacksNote, Stall
 from fsm.errors import DeadlineExceeded
 from fsm.gpu_watch import GpuWatch, watchable
 from fsm.host import memory_events_path, oom_kills
 from fsm.log import Progress
+from fsm.prefetch import Background
 from fsm.supervise import StopReason, Watch, supervise
 
 #: How long the end of training waits for a periodic tail upload in flight; it is fenced

@@ -22,7 +22,6 @@ import importlib.util
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Literal
 
 from fsm import deferred
 from fsm.errors import causes
+from fsm.prefetch import Background
 from fsm.rules import AUTH_STATUSES, TRANSIENT_STATUSES
 
 __all__ = ["TRANSPORT_SETTINGS", "Accelerator", "Failure", "FailureKind", "RemoteFailure",
@@ -133,38 +133,24 @@ def load_library() -> None:
         from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
 
         _online(constants)
-        session = _Session() if (hub_major() or 0) >= 1 else None
+        session = Background(_make_session, "hub-session") if (hub_major() or 0) >= 1 else None
         from huggingface_hub import HfApi, hf_hub_download
 
         del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
         disable_progress_bars()  # the agent's stderr reaches the runner's JSON lines
         if session is not None:
-            session.join()
+            session.done.wait()
+            session.result()  # its failure is the import's, as if it had been made in line
 
 
-class _Session(threading.Thread):
+def _make_session() -> None:
     """The library's one shared HTTP client (1.x/2.x; 0.x keeps one per thread), made
     beside the rest of the import: building it reads the system's certificate store
     (OpenSSL parsing every CA, some 50 ms, with the GIL released), which then overlaps
-    importing ``hf_api``. Its failure is the import's, as if it had been made in line."""
+    importing ``hf_api``."""
+    from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
 
-    def __init__(self) -> None:
-        super().__init__(name="hub-session", daemon=True)
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
-
-            get_session()
-        except BaseException as exc:  # raised again by join()
-            self.error = exc
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
+    get_session()
 
 
 def _online(constants: object) -> None:

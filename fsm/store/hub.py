@@ -69,7 +69,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from fsm.budget import Background, Budget, GaveUp, backoff
+from fsm.budget import Budget, GaveUp, backoff
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -86,6 +86,7 @@ from fsm.hub.client import Entry, Ignored, write_if_empty
 from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.log import Progress
+from fsm.prefetch import Background
 from fsm.store.base import Fence, StoreStats, WarmOutcome, removals
 from fsm.store.hf_cache import ModelCache
 
