@@ -295,6 +295,33 @@ def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFaul
     return HostFault(message, rule=rule, evidence=evidence)
 
 
+@dataclass
+class Timeline:
+    """The states the attempt passed through, in order (the marker's ``path``), and the
+    seconds it spent in each (the last log line's ``seconds``): the one record of both."""
+
+    path: list[str] = field(default_factory=list)
+    _spent: dict[str, float] = field(default_factory=dict)
+    _entered: float = 0.0
+
+    def enter(self, state: str) -> float:
+        """The attempt is in ``state`` from now; returns now (monotonic)."""
+        now = time.monotonic()
+        if self.path:
+            left = self.path[-1]
+            self._spent[left] = self._spent.get(left, 0.0) + now - self._entered
+        self.path.append(state)
+        self._entered = now
+        return now
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds spent in each state so far, the current one included."""
+        spent = dict(self._spent)
+        if self.path:
+            spent[self.path[-1]] = spent.get(self.path[-1], 0.0) + time.monotonic() - self._entered
+        return {state: round(seconds, 3) for state, seconds in spent.items()}
+
+
 #: How the worker is started, after the runner's own interpreter (CONTRACT section 5):
 #: ResolveSpec measures it, Train runs it.
 WORKER_ARGV: tuple[str, ...] = ("-m", "flash.engine.worker")
@@ -474,7 +501,8 @@ class Context:
         default_factory=dict)
     #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
     end_artifacts: dict[str, str] = field(default_factory=dict)
-    path: list[str] = field(default_factory=list)
+    #: The states passed through, and the time spent in each.
+    timeline: Timeline = field(default_factory=Timeline)
     #: The marker's evidence the states put in, every key of it published as it is (the
     #: worker's facts are :attr:`worker`'s, typed).
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -537,6 +565,11 @@ class Context:
         if verdict.kind is not None:
             raise host_fault(probe.hostname, verdict, snap)
         self.host_start = snap
+
+    @property
+    def path(self) -> list[str]:
+        """The states the attempt passed through, in order (:attr:`timeline`)."""
+        return self.timeline.path
 
     def hostname(self) -> str:
         """This machine's name: the probe's, else the kernel's."""

@@ -70,9 +70,8 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
         log.error("driver.table_mismatch", problems=problems, rule=rules.INTERNAL_ERROR.id)
     while not machine.is_terminal:
         state = machine.state
-        ctx.path.append(state)
-        log_config.enter_state(state)  # every event carries it, and its time is counted
-        started = time.monotonic()
+        started = ctx.timeline.enter(state)
+        log_config.bind(state=state)  # every event carries it
         if state == table.PUBLISHES:
             event = _mark(ctx, handlers.get(state))
         else:
@@ -89,8 +88,8 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
             **{"from": state, "_event": event, "to": machine.state},
             seconds=round(time.monotonic() - started, 4),
         )
-    ctx.path.append(machine.state)
-    log_config.enter_state(machine.state)
+    ctx.timeline.enter(machine.state)
+    log_config.bind(state=machine.state)
     return machine.state
 
 

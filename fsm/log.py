@@ -12,7 +12,7 @@ There is no module-level redactor: the processor in structlog's chain is the one
 and each attempt puts its own there.
 
 Every event carries the attempt's identity (``run_id``, ``attempt``, ``state``), bound
-once where it is learned (:func:`bind`, :func:`enter_state`) rather than passed by hand.
+once where it is learned (:func:`bind`) rather than passed by hand.
 One process runs one attempt, so the identity is the process's: the threads a library or
 a monitor starts carry it too (``contextvars`` would not reach them).
 
@@ -49,10 +49,8 @@ __all__ = [
     "attach",
     "bind",
     "configure",
-    "enter_state",
     "quiet_libraries",
     "silence",
-    "state_seconds",
 ]
 
 #: The environment variable that forces a rendering: ``json`` or ``console``.
@@ -70,8 +68,6 @@ _CLEAR_LINE = "\r\x1b[K"
 _identity: dict[str, Any] = {}
 # The attempt's timeline: seconds in each state it left, and (at most one entry) the
 # state it is in and since when (monotonic).
-_timeline: dict[str, float] = {}
-_current: list[tuple[str, float]] = []
 _lines: _Lines | None = None  # where readable lines go (console rendering only)
 
 
@@ -166,10 +162,8 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
 
 def attach(redactor: Redactor) -> None:
     """Make ``redactor`` (the attempt's) the one every log event passes through from now,
-    and forget the identity and timeline of an attempt before (a new attempt starts)."""
+    and forget the identity of an attempt before (a new attempt starts)."""
     _identity.clear()
-    _timeline.clear()
-    _current.clear()
     processors = list(structlog.get_config()["processors"])
     found = [i for i, p in enumerate(processors) if isinstance(p, RedactEvent)]
     if found:
@@ -186,25 +180,6 @@ def bind(**fields: Any) -> None:
     for key in sorted(merged, key=_identity_rank):
         if merged[key] is not None:
             _identity[key] = merged[key]
-
-
-def enter_state(state: str) -> None:
-    """The attempt is in ``state`` from now: events carry it, and its time is counted."""
-    now = time.monotonic()
-    if _current:
-        left, since = _current.pop()
-        _timeline[left] = _timeline.get(left, 0.0) + now - since
-    _current.append((state, now))
-    bind(state=state)
-
-
-def state_seconds() -> dict[str, float]:
-    """Seconds the attempt spent in each state so far, the current one included."""
-    spent = dict(_timeline)
-    if _current:
-        state, since = _current[-1]
-        spent[state] = spent.get(state, 0.0) + time.monotonic() - since
-    return {state: round(seconds, 3) for state, seconds in spent.items()}
 
 
 def _drop(_logger: Any, _method: str, _event: MutableMapping[str, Any]) -> Any:

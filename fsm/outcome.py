@@ -14,7 +14,6 @@ from typing import Any
 import structlog
 
 from fsm import interrupt as interrupt_mod
-from fsm import log as log_config
 from fsm import marker, outlet, policy, result, rules, table, termination
 from fsm.budget import Budget
 from fsm.context import END_MIN_S, Context, Failure
@@ -155,7 +154,7 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
         fields["marker_unpublished"] = published.error or reason
         if published.persisted is not None:
             fields["persisted"] = str(published.persisted)
-    fields["seconds"] = log_config.state_seconds()
+    fields["seconds"] = ctx.timeline.seconds()
     log.info("attempt.outcome", **fields, reason=reason)
     # The same verdict where Kubernetes shows it (fsm.termination): after the last event,
     # since it can never fail and never says anything.
