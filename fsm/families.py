@@ -223,6 +223,15 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "configuration; a training host's GPUs have none",
           (CUDA_ERRORS, *_gh("ComputationalRadiationPhysics/picongpu#2704",
                              "numba/numba#9381"))),
+    _host("cuda-invalid-ptx", "gpu-jit", "gpu",
+          cuda_error(218, r"a PTX JIT compilation failed", "cudaErrorInvalidPtx",
+                     "CUDA_ERROR_INVALID_PTX"),
+          "the driver could not compile the program's PTX for this GPU (cudaErrorInvalidPtx, "
+          "218): a faulty GPU or a driver in a bad state in every thread of the corpus that "
+          "settled it (a restart, another node); PTX newer than the driver says so in its own "
+          "words (222, the job's), and a job's PTX that fails again on the next host is ended "
+          "by fault-follows-job",
+          (CUDA_ERRORS, *_gh("openmm/openmm#3474", "seekrcentral/seekr2#8")), weak=True),
     _host("nvrm-xid", "xid", "gpu", _xid(HOST_XIDS),
           "the kernel driver reported a hardware, memory, firmware or fabric Xid ("
           + ", ".join(map(str, HOST_XIDS)) + ")", (XID_CATALOGUE,)),

@@ -294,7 +294,6 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         # the fourth tuning batch (issue 37)
         "nccl-2013-ibv-modify-qp-timeout-cross-nic",
         "nccl-778-ibv-reg-dmabuf-mr-not-supported",
-        "seekr2-8-openmm-cuda-invalid-ptx-restart",
         "amazon-dsstne-26-no-cuda-device-wrong-instance",
     }
 

@@ -160,6 +160,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "cu->cuInit(0) failed -> CUDA_ERROR_NOT_INITIALIZED: initialization",  # ogkm-797
         "[0]:ERROR: CUDA error: initialization error, line 299, file cuda_memtest.cpp",
     ),
+    "cuda-invalid-ptx": (
+        # openmm/openmm#3474 (GPU0 of that node faulty)
+        "CUDA platform error: Error loading CUDA module: CUDA_ERROR_INVALID_PTX (218)",
+    ),
     "cuda-launch-timeout": (
         "CUDA error: the launch timed out and was terminated",  # numba/numba#9381
         "SystemError: CUDA_ERROR_LAUNCH_TIMEOUT",  # pyrit-124
