@@ -8,6 +8,7 @@ never decides where the machine goes next (handlers return events for that).
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
+from fsm import table
 from fsm.budget import MIN_TRY_S, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
@@ -295,6 +297,11 @@ def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFaul
     return HostFault(message, rule=rule, evidence=evidence)
 
 
+#: What a state downloads ahead of itself (``table.PREFETCH``, ``states.AHEAD``): given
+#: the context, the work to start, or None when there is nothing to download.
+Ahead = Callable[["Context"], Callable[[Store], object] | None]
+
+
 @dataclass
 class Timeline:
     """The states the attempt passed through, in order (the marker's ``path``), and the
@@ -404,8 +411,6 @@ class WorkerRun:
     gpu_watch: dict[str, Any] | None = None
 
     def evidence(self) -> dict[str, Any]:
-        import signal
-
         out: dict[str, Any] = {}
         if self.exit is not None:
             worker: dict[str, Any] = {
@@ -497,8 +502,7 @@ class Context:
     prefetch: dict[str, Branch[Any]] = field(default_factory=dict)
     #: What a state downloads ahead of itself, by state (``states.AHEAD``): given the
     #: context, the work to start, or None when there is nothing to download.
-    ahead: Mapping[str, Callable[[Context], Callable[[Store], object] | None]] = field(
-        default_factory=dict)
+    ahead: Mapping[str, Ahead] = field(default_factory=dict)
     #: Artifacts that go up in the marker's commit (name -> text), e.g. preload_result.json.
     end_artifacts: dict[str, str] = field(default_factory=dict)
     #: The states passed through, and the time spent in each.
@@ -699,8 +703,6 @@ class Context:
         (``table.PREFETCH``), each as the branch of the state that joins it, with what that
         state's module says it downloads (``ahead``, from ``states.AHEAD``): once, and only
         where there is something to download."""
-        from fsm import table
-
         for joiner in table.PREFETCH.get(state, ()):
             plan = self.ahead.get(joiner)
             work = plan(self) if plan is not None and joiner not in self.prefetch else None

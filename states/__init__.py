@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import cast
 
 from fsm import table
-from fsm.context import Context
-from fsm.store.base import Store
+from fsm.context import Ahead, Context
 
 Handler = Callable[[Context], str]
 
@@ -25,10 +24,6 @@ Handler = Callable[[Context], str]
 def module_name(state: str) -> str:
     """``VerifyRemote`` -> ``verify_remote``: the module and the function of its handler."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", state).lower()
-
-
-#: What a state downloads ahead of itself (``table.PREFETCH``): the work, or None.
-Ahead = Callable[[Context], Callable[[Store], object] | None]
 
 
 def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
