@@ -8,7 +8,8 @@ found; the kinds it answers, and what a control plane does on each:
 * ``succeeded``, ``retriable``, ``fatal``: the attempt's marker says so (done; retry on a
   fresh host; fail the run);
 * ``running``: the attempt's lease is younger than its ``ttl_s`` (wait);
-* ``lost``: the lease expired and the repo took commits since (start the next attempt);
+* ``lost``: the lease expired and the repo took commits since, and while it was due
+  (start the next attempt);
 * ``unknown``: none of these can be said, and ``why`` says which fact is missing (wait).
 
 The rules (CONTRACT section 10, restated):
@@ -24,17 +25,26 @@ The rules (CONTRACT section 10, restated):
    change (the Hub's last commit of the file, a local file's modification time; never the
    host's ``renewed_at``), and it expires at ``E = changed + ttl_s``. ``now <= E``:
    *running*.
-3. An expired lease (``now > E``) is *lost*, since ``E``, only when both:
+3. An expired lease (``now > E``) is *lost*, since ``E``, only when all three hold:
 
-   a. the store took a commit after ``E`` that shows the channel worked while this lease
-      did not renew: a change time ``t`` known to the reading (any file's in the reading's
-      listings, other attempts' files included, and the repo's newest commit at or before
+   a. the store took a commit after ``E`` (CONTRACT section 10): a change time known to
+      the reading (any file's in the reading's listings, other attempts' files included,
+      or the repo's newest commit, ``head_time()``);
+   b. the store took a commit while this lease's renewal was late, early enough that a
+      live runner's renewal would have landed since: a change time ``t`` with
+      ``D + LANDING_S <= t <= now - GRACE_S``, where ``D = changed + ttl_s / 3`` is when
+      the renewal fell due (the listings' times, or the repo's newest commit at or before
       ``now - GRACE_S``, ``head_time(until=...)``: read from its history, so a repo that
-      never stops taking commits still shows the one that matters)
-      with ``E < t <= now - GRACE_S``. A commit counts only ``GRACE_S`` after it landed: a
-      live runner whose renewal was refused retries within ``LATE_RETRY_S``, so a store
-      that takes commits again takes its renewal within that grace;
-   b. the reading does not show most leases expired together: when it holds two or more
+      never stops taking commits still shows the one that matters). A live runner tries
+      its renewal at ``D`` and, refused, again within ``LATE_RETRY_S``; a try lands within
+      ``LANDING_S``. So a store open at ``t`` (and, as stores do, for ``GRACE_S`` after it
+      opened) has taken the renewal by ``t + GRACE_S``: its try at ``D`` if the store was
+      open from before it (``t`` is ``LANDING_S`` past it), a retry if the store opened
+      later. With the default period the witness is older than ``E``, and a dead runner
+      reads lost at the first commit after ``E``; at periods under 37.5 s
+      (``LANDING_S + GRACE_S > 2 x period``) it is ``D + LANDING_S + GRACE_S``, up to 15 s
+      after ``E``;
+   c. the reading does not show most leases expired together: when it holds two or more
       readable leases of attempts without markers and more than half of them have
       expired, every expired one is *unknown*. That is the store's outage (a throttled
       repo), not the hosts': Kubernetes' node controller stops evicting when most nodes of
@@ -45,8 +55,9 @@ The rules (CONTRACT section 10, restated):
    A store that cannot be read makes :func:`read_attempt` answer *unknown* with the error
    (redacted), never raise; :func:`read_attempts` raises it (the caller decides).
 5. Cost of a reading: one ``changes()`` listing per prefix, one read of each marker and of
-   each lease of an attempt without a marker, and ``head_time(until)`` at most once, only when
-   an expired lease is not already shown lost or unknown by the listings.
+   each lease of an attempt without a marker, and ``head_time()`` and ``head_time(until)``
+   at most once each, only when an expired lease is not already shown lost or unknown by
+   the listings.
 
 ``now`` is the reader's clock, taken before the first listing (so every age is at most
 what it is when the listing answers); a caller may pass a later one to ask about the
@@ -65,7 +76,15 @@ from typing import Any, Literal
 
 from fsm import marker as marker_format
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
-from fsm.lease import GRACE_S, LEASE_MAX_BYTES, LEASE_RE, lease_name, parse_lease
+from fsm.lease import (
+    GRACE_S,
+    LANDING_S,
+    LEASE_MAX_BYTES,
+    LEASE_RE,
+    TTL_PERIODS,
+    lease_name,
+    parse_lease,
+)
 from fsm.marker import MARKER_MAX_BYTES
 from fsm.redact import Redactor
 from fsm.store.base import Store
@@ -164,23 +183,29 @@ class Found:
 
 def judge(
     found: Iterable[Found], *, changes: Iterable[float] = (), head_time: float | None,
-    now: float,
+    last_commit: float | None = None, now: float,
 ) -> list[AttemptView]:
     """What each attempt of one reading is at ``now`` (the rules of the module), in the
     order found. ``changes``: the change times (store clock) of the files the reading
     listed; the leases' own times are added. ``head_time``: the repo's newest commit at or
-    before ``now - GRACE_S``, or None when unknown (a later one is no evidence). Pure and
-    deterministic."""
-    return _judge(list(found), changes, head_time, now)[0]
+    before ``now - GRACE_S``; ``last_commit``: its newest commit; either None when not
+    asked or unknown. Pure and deterministic."""
+    return _judge(list(found), changes, head_time, last_commit, now)[0]
+
+
+#: What a reading may still ask the store for (:func:`decide`): the repo's newest commit
+#: (rule 3a), its newest commit at or before ``now - GRACE_S`` (rule 3b).
+Wants = frozenset[Literal["last_commit", "head_time"]]
 
 
 def _judge(
-    found: list[Found], changes: Iterable[float], head_time: float | None, now: float,
-) -> tuple[list[AttemptView], bool]:
-    """The views, and whether ``head_time`` (None here) could turn an unknown into lost."""
+    found: list[Found], changes: Iterable[float], head_time: float | None,
+    last_commit: float | None, now: float,
+) -> tuple[list[AttemptView], Wants]:
+    """The views, and what the store could still tell that might turn an unknown lost."""
     views: list[AttemptView | None] = []
     readable = 0  # leases of attempts without markers whose expiry is known
-    expiries: list[tuple[int, float]] = []  # (index in views, when the lease expired)
+    expiries: list[tuple[int, float, float]] = []  # (index in views, expiry, renewal due)
     for f in found:
         if f.has_marker:
             views.append(_marker_view(f))
@@ -204,24 +229,25 @@ def _judge(
                                                    "last change", now))
             continue
         readable += 1
-        ttl = lease["ttl_s"]
-        expires = changed + float(ttl)
+        ttl = float(lease["ttl_s"])
+        expires = changed + ttl
         if now <= expires:
             views.append(_lease_view(
                 f, "running", f"the lease changed {human_age(now - changed)} ago, within its "
-                              f"ttl_s {float(ttl):g}", now))
+                              f"ttl_s {ttl:g}", now))
             continue
         views.append(None)  # decided below, against the whole reading
-        expiries.append((len(views) - 1, expires))
+        expiries.append((len(views) - 1, expires, changed + ttl / TTL_PERIODS))
 
     expired = len(expiries)
     together = readable >= 2 and 2 * expired > readable
-    known = sorted({t for t in changes if math.isfinite(t)} | {
+    heads = {t for t in (head_time, last_commit) if t is not None and math.isfinite(t)}
+    known = sorted({t for t in changes if math.isfinite(t)} | heads | {
         f.lease_changed for f in found
         if f.lease_changed is not None and math.isfinite(f.lease_changed)})
     latest = now - GRACE_S
-    wants_head = False
-    for index, expires in expiries:
+    wants: set[Literal["last_commit", "head_time"]] = set()
+    for index, expires, due in expiries:
         f = found[index]
         ago = human_age(now - expires)
         if together:
@@ -230,29 +256,35 @@ def _judge(
                               f"expired; this one {ago} ago)", now)
             continue
         after = _first_after(known, expires)
-        head = head_time if head_time is not None and math.isfinite(head_time) else None
-        if after is not None and after <= latest:
+        # A commit a live runner, retrying since its renewal fell due, would have followed
+        # with its own by now: one landed after that try could land, GRACE_S ago or more.
+        witness = _last_within(known, due + LANDING_S, latest)
+        if after is not None and witness is not None:
             views[index] = _lease_view(
-                f, "lost", f"the lease expired {ago} ago and the repo took commits since "
-                           f"(one {human_age(now - after)} ago): the host went silent",
+                f, "lost", f"the lease expired {ago} ago, and the repo took commits since "
+                           f"(one {human_age(now - after)} ago) and while its renewal was "
+                           f"late (one {human_age(now - witness)} ago): the host went silent",
                 now, since=expires)
-        elif head is not None and expires < head <= latest:
-            views[index] = _lease_view(
-                f, "lost", f"the lease expired {ago} ago and the repo took a commit since "
-                           f"(its last, {human_age(now - head)} ago): the host went silent",
-                now, since=expires)
+            continue
+        if after is None:
+            if last_commit is None:
+                wants.add("last_commit")
+            why = (f"the lease expired {ago} ago and no commit has landed in the repo since: "
+                   "the store may be throttled or down")
         else:
-            wants_head = wants_head or head_time is None
-            if after is not None:
-                why = (f"the lease expired {ago} ago; the repo took a commit since only "
-                       f"{human_age(now - after)} ago, within the grace of {GRACE_S:g}s "
-                       "in which a live runner's late renewal lands")
-            else:
-                why = (f"the lease expired {ago} ago and no commit has landed in the repo "
-                       f"since, but for any in the last {GRACE_S:g}s (the grace in which a live "
-                       "runner's late renewal lands): the store may be throttled or down")
-            views[index] = _lease_view(f, "unknown", why, now)
-    return [v for v in views if v is not None], wants_head
+            if head_time is None:
+                wants.add("head_time")
+            why = (f"the lease expired {ago} ago; the repo took a commit since "
+                   f"({human_age(now - after)} ago), but none yet that a live runner's late "
+                   f"renewal would have followed within the grace of {GRACE_S:g}s")
+        views[index] = _lease_view(f, "unknown", why, now)
+    return [v for v in views if v is not None], frozenset(wants)
+
+
+def _last_within(times: Sequence[float], low: float, high: float) -> float | None:
+    """The last of the sorted ``times`` in ``[low, high]``."""
+    at = bisect.bisect_right(times, high)
+    return times[at - 1] if at and times[at - 1] >= low else None
 
 
 def _first_after(times: Sequence[float], moment: float) -> float | None:
@@ -389,15 +421,21 @@ def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
 
 def decide(store: Store, found: Sequence[Found], changes: Iterable[float],
            now: float) -> list[AttemptView]:
-    """:func:`judge` of one reading, asking the store once for its newest commit at or
-    before ``now - GRACE_S`` (``head_time(until=...)``) only when an expired lease is
-    neither lost nor unknown by the listings alone."""
+    """:func:`judge` of one reading, asking the store for its newest commit
+    (``head_time()``) and its newest at or before ``now - GRACE_S``
+    (``head_time(until=...)``) at most once each, only when an expired lease is neither
+    lost nor unknown by the listings alone."""
     changes = list(changes)
-    views, wants_head = _judge(list(found), changes, None, now)
-    if wants_head:
+    views, wants = _judge(list(found), changes, None, None, now)
+    if not wants:
+        return views
+    last = store.head_time() if "last_commit" in wants else None
+    head = last if last is not None and last <= now - GRACE_S else None
+    views, wants = _judge(list(found), changes, head, last, now)
+    if "head_time" in wants and (last is None or last > now - GRACE_S):
         head = store.head_time(until=now - GRACE_S)
         if head is not None:
-            views = judge(found, changes=changes, head_time=head, now=now)
+            views = judge(found, changes=changes, head_time=head, last_commit=last, now=now)
     return views
 
 

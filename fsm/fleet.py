@@ -10,7 +10,7 @@ calls (:func:`fsm.store.open_store`: bounded, retried, classified), on either st
   :mod:`fsm.attempts`: ``running``, ``lost`` or ``unknown``, the lease's state, its age by
   the store's clock and its host; lost and unknown ones get a line under the table (since
   when, or why). Only then does it list the prefix with its change times (``changes``)
-  and read each such lease once (and the repo's ``head_time`` at most once);
+  and read each such lease once (and the repo's ``head_time`` at most twice);
 * ``explain`` shows one attempt: its marker, the policy row that decided it, the last
   lines of the console tail uploaded under the prefix, and its path on the machine.
 
@@ -535,10 +535,11 @@ LEASE_NOT_READ = "not judged: --timeout reached"
 def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     """The attempts with a lease and no marker, judged as one reading (:mod:`fsm.attempts`):
     one ``changes()`` listing of each folder holding such a lease (the tree's listing
-    carries no times), each lease read once, and the repo's ``head_time(until)`` at most once,
-    only when an expired lease needs it. A folder the store refuses to list (a link out of
-    its root) makes its leases unknown; once ``--timeout`` is reached, every lease is
-    unknown (:data:`LEASE_NOT_READ`); any other store failure is raised (exit 1)."""
+    carries no times), each lease read once, and the repo's ``head_time()`` and
+    ``head_time(until)`` at most once each, only when an expired lease needs it. A folder
+    the store refuses to list (a link out of its root) makes its leases unknown; once
+    ``--timeout`` is reached, every lease is unknown (:data:`LEASE_NOT_READ`); any other
+    store failure is raised (exit 1)."""
     if not leases:
         return []
     from fsm.attempts import Found, decide, found_in

@@ -41,12 +41,13 @@ TTL_PERIODS = 3
 #: this many seconds (jittered down to half), whatever the console tail's backoff: a late
 #: lease is renewed as soon as the store takes commits again.
 LATE_RETRY_S = 15.0
-#: The reader's grace: a commit that shows the store took commits again after a lease
-#: expired counts as evidence against that lease only this long after it landed: time
-#: for the live runner's next try (LATE_RETRY_S) and one commit's round trip (up to
-#: 30 s). Without it, the first runner to land after a 429 window would make the others
-#: read lost.
-GRACE_S = 45.0
+#: The longest a renewal takes to land once tried: one commit's round trip.
+LANDING_S = 30.0
+#: The reader's grace: a commit that shows the store taking commits counts as evidence
+#: against a live runner's silence only this long after it landed: time for the runner's
+#: next try (LATE_RETRY_S) and its landing (LANDING_S). Without it, the first runner to
+#: land after a 429 window would make the others read lost.
+GRACE_S = LATE_RETRY_S + LANDING_S
 
 #: An attempt's lease directly in the prefix, its arm and attempt as a marker's
 #: (``fsm.marker.NAME_RE``).

@@ -23,7 +23,7 @@ import pytest
 from fsm.attempts import NEITHER, TOGETHER, AttemptView, Found, judge, read_attempt, read_attempts
 from fsm.clock import Deadline
 from fsm.errors import FatalError, StoreUnavailable
-from fsm.lease import GRACE_S, lease_name
+from fsm.lease import GRACE_S, LANDING_S, lease_name
 from fsm.redact import Redactor
 from fsm.store import open_store
 from fsm.store.base import Store
@@ -168,7 +168,7 @@ def test_no_commit_since_the_lease_expired_is_unknown() -> None:
     view = one(leased(changed=EXPIRED), changes=(EXPIRED, EXPIRES - 1, EXPIRES),
                head_time=EXPIRES)
     assert view.kind == "unknown" and view.since is None
-    assert "no commit has landed in the repo since, but for any" in view.why
+    assert "no commit has landed in the repo since: the store may be" in view.why
     assert view.lease_age_s == 2000.0 and view.state == "Train"
 
 
@@ -182,10 +182,29 @@ def test_a_commit_counts_only_after_the_grace() -> None:
     assert one(leased(changed=EXPIRED), head_time=t, now=NOW + 0.5).kind == "lost"
 
 
-def test_a_commit_before_the_lease_expired_is_no_evidence_though_one_after_the_grace_is() -> None:
-    view = one(leased(changed=EXPIRED), changes=(EXPIRES - 0.001, NOW - 1))
-    assert view.kind == "unknown"
-    assert one(leased(changed=EXPIRED), changes=(EXPIRES + 0.001,)).kind == "lost"
+DUE = EXPIRED + TTL / 3  # when the lease's renewal fell due
+
+
+def test_a_dead_runner_reads_lost_at_the_first_commit_after_its_lease_expired() -> None:
+    """With a commit in the repo while the renewal was late (LANDING_S after it fell due,
+    GRACE_S before the reading), one commit after the expiry is all it takes: no grace
+    after the expiry (issue 40's latency, ttl_s + one read)."""
+    after = EXPIRES + 0.001
+    assert one(leased(changed=EXPIRED), changes=(DUE + LANDING_S, after),
+               now=after).kind == "lost"
+    # the same witness, but nothing after the expiry: the contract's "commits since"
+    view = one(leased(changed=EXPIRED), changes=(DUE + LANDING_S, EXPIRES), now=after)
+    assert view.kind == "unknown" and "no commit has landed in the repo since" in view.why
+
+
+def test_a_commit_too_soon_after_the_renewal_fell_due_is_no_witness() -> None:
+    """A live runner tried its renewal when it fell due; a commit of another run within
+    LANDING_S of that try does not show the try could land."""
+    early = DUE + LANDING_S - 0.001
+    view = one(leased(changed=EXPIRED), changes=(early, EXPIRES + 1), now=EXPIRES + 2)
+    assert view.kind == "unknown" and "none yet that a live runner" in view.why
+    assert one(leased(changed=EXPIRED), changes=(early + 0.001, EXPIRES + 1),
+               now=EXPIRES + 2).kind == "lost"
 
 
 @pytest.mark.parametrize(("running", "expired", "kind"), [
@@ -256,7 +275,7 @@ class Counting:
         return self.store.changes(folder)
 
     def head_time(self, until: float | None = None) -> float | None:
-        self.calls.append(("head_time", ""))
+        self.calls.append(("head_time", "" if until is None else "until"))
         return self.store.head_time(until)
 
     def read_file(self, path: str, max_bytes: int) -> bytes:
@@ -322,7 +341,8 @@ def test_read_attempts_judges_markers_and_leases_by_the_files_times(tree: Tree) 
 
 def test_head_time_is_asked_once_only_when_an_expired_lease_needs_it(tree: Tree) -> None:
     """The listings show no commit since the expiry; the repo's last commit (elsewhere)
-    does: lost, after one head_time() for the whole reading."""
+    does: lost, after one head_time() for the whole reading (that commit, older than the
+    grace, is also the newest at or before it: no history read)."""
     now = time.time()
     tree.lease("r1", "a", 1, now - 2000)  # expired at now - 1100
     tree.lease("r2", "a", 1, now - 1500, ttl=3600.0)  # running; changed before that
@@ -335,7 +355,22 @@ def test_head_time_is_asked_once_only_when_an_expired_lease_needs_it(tree: Tree)
     # nothing expired: never asked
     counting = tree.counting()
     read_attempts(counting, ["r1", "r2"], now=now - 1500)  # type: ignore[arg-type]
-    assert ("head_time", "") not in counting.calls
+    assert not [c for c in counting.calls if c[0] == "head_time"]
+
+
+def test_a_busy_repo_is_asked_its_last_commit_and_its_history_once_each(tree: Tree) -> None:
+    """A repo that took a commit seconds ago (within the grace): its last commit says the
+    store took commits since the expiry, and the newest at or before ``now - GRACE_S``
+    (the history) is the witness that the runner was silent while its renewal was late."""
+    now = time.time()
+    tree.lease("r1", "a", 1, now - 2000)  # expired at now - 1100
+    tree.put("elsewhere/old.txt", "x", now - 600)
+    tree.put("elsewhere/new.txt", "x", now - 5)
+    counting = tree.counting()
+    (view,) = read_attempts(counting, ["r1"], now=now)  # type: ignore[arg-type]
+    assert view.kind == "lost" and "one 10m00s ago" in view.why, view
+    assert [c for c in counting.calls if c[0] == "head_time"] == [
+        ("head_time", ""), ("head_time", "until")]
 
 
 def test_the_readers_clock_may_be_a_later_one(tree: Tree) -> None:
@@ -367,7 +402,7 @@ def test_a_fleet_of_20_runs_all_expired_with_no_commit_since_is_all_unknown(tree
     # and one run alone (no "most" to speak of): unknown because nothing landed since
     alone = read_attempt(tree.store, folders[3], "a", 1, now=now)
     assert alone.kind == "unknown"
-    assert "no commit has landed in the repo since, but for any" in alone.why
+    assert "no commit has landed in the repo since" in alone.why
 
 
 def test_read_attempt_answers_each_kind(tree: Tree) -> None:
