@@ -32,7 +32,7 @@ ARG CONSTRAINTS=constraints/runtime.txt
 # `uv pip install --python <python3>` (docs/running.md; FLASH_INSTALLER=pip opts out).
 # `uv --version` fails the build if the binary did not land on PATH. The extra brings py-spy
 # the same way (pinned too): it takes the worker's stacks before a stall or deadline stop
-# (fsm/stacks.py), and `py-spy --version` fails the build if its binary did not land either.
+# (fsm/worker/stacks.py), and `py-spy --version` fails the build if its binary did not land either.
 # (It attaches with ptrace: root in the container, which Docker's default seccomp profile
 # allows on kernels >= 4.8; without it each process gets the /proc fallback.)
 RUN --mount=type=bind,target=/tmp/flash-bootstrap-src,rw \
@@ -52,7 +52,7 @@ WORKDIR /root/flash
 
 # The runner is PID 1: the kernel gives PID 1 no default signal actions, so a SIGTERM
 # without a handler would be ignored. `flash-bootstrap run` installs its own SIGTERM/SIGINT
-# handlers (fsm/runner.py) and leaves a retriable marker; when it exits, the kernel kills
+# handlers (fsm/attempt/runner.py) and leaves a retriable marker; when it exits, the kernel kills
 # whatever is left in the container's PID namespace. No init (tini) is needed: the evidence
 # is in tests/test_container.py and docs/container.md.
 STOPSIGNAL SIGTERM

@@ -28,7 +28,7 @@ import structlog
 
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
-from fsm.supervise import supervise
+from fsm.worker.supervise import supervise
 
 WORKER = """
 import sys

@@ -8,7 +8,7 @@ projects depending on one another (three releases each, version ranges to resolv
 10 to 300 modules apiece, about 13 MB unpacked) and one 50 MB wheel, served by the test
 suite's PEP 503 index (``tests/pypi_server.py``) on 127.0.0.1, optionally behind its
 latency and bandwidth emulation. Each timed run installs the set into a fresh virtual
-environment's interpreter through the runner's own code (``fsm.installer.install`` with
+environment's interpreter through the runner's own code (``fsm.extras.installer.install`` with
 ``FLASH_INSTALLER=pip`` or ``uv``: supervised, classified, as InstallExtras runs it), the
 installer isolated from this machine's configuration. Cold: an empty cache. Warm: a cache
 filled by one untimed install of the same set. pip and uv alternate within each round
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from pypi_server import PypiServer, build_wheel  # noqa: E402
 
 from fsm.clock import Deadline  # noqa: E402
-from fsm.installer import find_uv, install  # noqa: E402
+from fsm.extras.installer import find_uv, install  # noqa: E402
 from fsm.interrupt import InterruptFlag  # noqa: E402
 from fsm.testing.hubserver import Network  # noqa: E402
 

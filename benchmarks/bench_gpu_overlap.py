@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fsm import gpus
+from fsm.host import gpus
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 WORKER = "import time\nfirst = time.time()\nimport os\n" \

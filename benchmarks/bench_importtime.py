@@ -27,11 +27,11 @@ from bench_gpu_overlap import local_tree, runner_argv
 #: module named (in the order ``fsm/launch.py`` imports them).
 RUNNER_PHASES = (
     ("interpreter and site", "site"),
-    ("the signal flag and the outlets", "fsm.outlet"),
-    ("asking the GPUs", "fsm.gpu_queries"),
-    ("the agent's fork", "fsm.hub_import"),
+    ("the signal flag and the outlets", "fsm.output.outlet"),
+    ("asking the GPUs", "fsm.host.queries"),
+    ("the agent's fork", "fsm.hub.spawn"),
     ("structlog", "structlog"),
-    ("the GPUs' reader", "fsm.host"),
+    ("the GPUs' reader", "fsm.host.probe"),
     ("the command line and the machine", None),
 )
 WORKER = "import time\n"

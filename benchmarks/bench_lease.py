@@ -32,9 +32,9 @@ import threading
 import time
 from pathlib import Path
 
+from fsm.attempt.lease import TTL_PERIODS, lease_name
 from fsm.attempts import read_attempt
 from fsm.clock import Deadline
-from fsm.lease import TTL_PERIODS, lease_name
 from fsm.store.hub import HubStore
 from fsm.testing import LocalHubServer
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
-from fsm.supervise import supervise
+from fsm.worker.supervise import supervise
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 tmp, total, run = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "run"
 if run:

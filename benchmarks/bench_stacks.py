@@ -1,4 +1,5 @@
-"""How long the stacks of a worker group take: fsm.stacks.capture on N blocked Python processes.
+"""How long the stacks of a worker group take: fsm.worker.stacks.capture on N blocked Python
+processes.
 
 A leader (Python) starts N-1 Python children in its process group, each blocked in a read
 after importing ``--imports`` (comma-separated modules, e.g. ``numpy``: a larger process for
@@ -22,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fsm.stacks import capture, find_py_spy, group_members
+from fsm.worker.stacks import capture, find_py_spy, group_members
 
 CHILD = "import os, sys{imports}; print('up', flush=True); os.read(0, 1)"
 LEADER = """

@@ -46,9 +46,9 @@ from typing import Any
 
 import structlog
 
-from fsm import supervise as current
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
+from fsm.worker import supervise as current
 
 LINE = 175  # bytes a line, newline included
 LOUD = """
@@ -101,9 +101,9 @@ def _cpu_s(who: int = resource.RUSAGE_SELF) -> float:
 
 
 def _baseline(rev: str) -> ModuleType:
-    """fsm/supervise.py as it is at git revision ``rev``, imported as a module of its own."""
+    """fsm/worker/supervise.py as it is at git revision ``rev``, imported as a module of its own."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:fsm/supervise.py"],
+    source = subprocess.run(["git", "-C", str(root), "show", f"{rev}:fsm/worker/supervise.py"],
                             check=True, capture_output=True).stdout
     path = Path(tempfile.mkdtemp(prefix="bench-stall-")) / f"supervise_{rev}.py"
     path.write_bytes(source)

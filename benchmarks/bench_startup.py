@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fsm.gpus import QUERIES
+from fsm.host.gpus import QUERIES
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 WORKER = """

@@ -14,17 +14,17 @@ found; the kinds it answers, and what a control plane does on each:
 
 The rules (CONTRACT section 10, restated):
 
-1. An attempt with a marker (``<arm>_attempt<N>.json``, read as ``fsm.marker.parse``
+1. An attempt with a marker (``<arm>_attempt<N>.json``, read as ``fsm.attempt.marker.parse``
    reads it) is its marker: ``ok`` true is *succeeded*; else ``retriable`` true is
    *retriable*; else *fatal*; ``rule`` is the marker's. A lease beside a marker is ignored:
    the marker's commit removes the lease, and once there is a marker it is the truth. A
    marker that cannot be read is *unknown*, and ``why`` names the problem.
-2. No marker, a lease (``fsm.lease.LEASE_RE``, read with ``fsm.lease.parse_lease``): one
-   that cannot be read (or names another attempt than its file) is *unknown*. Its age is
-   ``now - changed``, where ``changed`` is the store's own time of the lease file's last
-   change (the Hub's last commit of the file, a local file's modification time; never the
-   host's ``renewed_at``), and it expires at ``E = changed + ttl_s``. ``now <= E``:
-   *running*.
+2. No marker, a lease (``fsm.attempt.lease.LEASE_RE``, read with
+   ``fsm.attempt.lease.parse_lease``): one that cannot be read (or names another attempt
+   than its file) is *unknown*. Its age is ``now - changed``, where ``changed`` is the
+   store's own time of the lease file's last change (the Hub's last commit of the file, a
+   local file's modification time; never the host's ``renewed_at``), and it expires at ``E =
+   changed + ttl_s``. ``now <= E``: *running*.
 3. An expired lease (``now > E``) is *lost*, since ``E``, only when all three hold:
 
    a. the store took a commit after ``E`` (CONTRACT section 10): a change time known to
@@ -74,9 +74,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fsm import marker as marker_format
-from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
-from fsm.lease import (
+from fsm.attempt import marker as marker_format
+from fsm.attempt.lease import (
     GRACE_S,
     LANDING_S,
     LEASE_MAX_BYTES,
@@ -85,8 +84,9 @@ from fsm.lease import (
     lease_name,
     parse_lease,
 )
-from fsm.marker import MARKER_MAX_BYTES
-from fsm.redact import Redactor
+from fsm.attempt.marker import MARKER_MAX_BYTES
+from fsm.errors import DeadlineExceeded, FatalError, FlashError, StoreAuthError, StoreNotFound
+from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
 __all__ = [

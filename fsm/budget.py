@@ -183,7 +183,7 @@ class Budget:
                     raise GaveUp(exc, attempt, "refused") from exc
                 if wait >= self.remaining():
                     raise GaveUp(exc, attempt, "deadline") from exc
-                # "try", not "attempt": every event carries the attempt's number (fsm.log)
+                # "try", not "attempt": every event carries the attempt's number (fsm.output.log)
                 log.warning("retry", what=what, delay_s=round(wait, 3),
                             exc_type=type(exc).__name__, **{"try": attempt})
                 if not self.wait(wait):

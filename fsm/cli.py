@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fsm import exits, interrupt, outlet
+from fsm import exits, interrupt
+from fsm.output import outlet
 
 PROG = "flash-bootstrap"
 EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)
-#: The demo's scenarios (fsm.demo.SCENARIOS; a test keeps the two in step). Named here so
+#: The demo's scenarios (fsm.ops.demo.SCENARIOS; a test keeps the two in step). Named here so
 #: that ``run`` does not pay for importing the demo.
 DEMO_SCENARIOS = (
     "crash", "crash-after-done", "deadline", "gpu-fault", "heartbeat-retriable", "preload",
@@ -141,12 +142,12 @@ def entrypoint() -> NoReturn:
 def _defect(exc: BaseException) -> int:
     """A defect: still one line, still leave. (An attempt's own defects end inside
     run_attempt, where its secrets are known; none are here.) ``run`` still leaves its
-    termination message (fsm.termination)."""
+    termination message (fsm.worker.termination)."""
     reason = f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
     _last_say(reason)
     if sys.argv[1:2] == ["run"]:
-        from fsm import termination
-        from fsm.redact import Redactor
+        from fsm.output.redact import Redactor
+        from fsm.worker import termination
 
         with contextlib.suppress(Exception):
             termination.write(os.environ, Redactor([os.environ.get("HF_TOKEN") or ""]),
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "validate":
             return _validate(Path(args.payload))
         if command == "demo":
-            from fsm.demo import run_demo
+            from fsm.ops.demo import run_demo
 
             return run_demo(args.scenario, keep=Path(args.keep) if args.keep else None)
         if command == "diagram":
@@ -229,7 +230,7 @@ def _say(line: str) -> None:
 
 def _last_say(line: str) -> None:
     """The process's last line: no log event may follow it."""
-    from fsm import log
+    from fsm.output import log
 
     log.silence()
     _say(line)
@@ -241,15 +242,16 @@ def _run(args: argparse.Namespace) -> int:
         if problem:
             _say(problem)
             return 2
-    from fsm import hub_import, log
+    from fsm.attempt.runner import run_attempt
     from fsm.context import Settings
-    from fsm.runner import run_attempt
+    from fsm.hub import spawn as hub_spawn
+    from fsm.output import log
 
     environ = dict(os.environ)  # as given: the worker's environment is built from it
     outlet.install()  # from here on the runner's own output can neither raise nor block it
     log.configure()
     log.quiet_libraries()  # this process's own: no library bars or text among the events
-    hub_import.report()
+    hub_spawn.report()
     settings = Settings.resolve(
         environ,
         payload=args.payload,
@@ -259,7 +261,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say,
                           hard_exit=outlet.leave)
-    hub_import.finish()
+    hub_spawn.finish()
     _last_say(outcome.reason)
     return outcome.exit_code
 
@@ -275,8 +277,8 @@ def _store_url_problem(url: str) -> str | None:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    """status and explain: what the runners left under one prefix (fsm.fleet)."""
-    from fsm import fleet
+    """status and explain: what the runners left under one prefix (fsm.ops.fleet)."""
+    from fsm.ops import fleet
 
     problem = fleet.arguments_problem(args.repo, args.prefix, getattr(args, "arm", None))
     url = args.store if args.store is not None else os.environ.get("FLASH_STORE") or None
@@ -285,7 +287,7 @@ def _fleet(args: argparse.Namespace) -> int:
         if problem and args.store is None:
             problem = f"FLASH_STORE={url!r}: " + problem.removeprefix(f"--store {url!r}: ")
     if problem:
-        from fsm.redact import Redactor  # a URL's credentials, or the token, are not echoed
+        from fsm.output.redact import Redactor  # a URL's credentials, or the token, are not echoed
 
         _say(Redactor([os.environ.get("HF_TOKEN") or ""]).text(problem))
         return 2
@@ -319,7 +321,7 @@ def _validate(path: Path) -> int:
 
 
 def _diagram(args: argparse.Namespace) -> int:
-    from fsm import diagram
+    from fsm.ops import diagram
 
     marker = None
     if args.marker:

@@ -21,28 +21,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 
 from fsm import table
+from fsm.attempt.lease import DEFAULT_LEASE_S, MIN_LEASE_S
+from fsm.attempt.lock import AttemptLock
+from fsm.attempt.publish import READBACK_S, Publisher
+from fsm.attempt.result import Persisted
 from fsm.budget import MIN_TRY_S, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
 from fsm.interrupt import InterruptFlag
-from fsm.lease import DEFAULT_LEASE_S, MIN_LEASE_S
-from fsm.lock import AttemptLock
-from fsm.outlet import Outlet
+from fsm.output.outlet import Outlet
+from fsm.output.redact import Redactor
 from fsm.payload import Destination, Payload
 from fsm.prefetch import Background
-from fsm.publish import READBACK_S, Publisher
-from fsm.redact import Redactor
-from fsm.result import Persisted
 from fsm.rules import Rule
 from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
-    from fsm.gpus import Snapshot, StartVerdict
-    from fsm.host import HostProbe
-    from fsm.lease import LeaseKeeper
+    from fsm.attempt.lease import LeaseKeeper
+    from fsm.host.gpus import Snapshot, StartVerdict
+    from fsm.host.probe import HostProbe
     from fsm.policy import Fault
     from fsm.prefetch import Branch
-    from fsm.supervise import WorkerExit
+    from fsm.worker.supervise import WorkerExit
 
 #: Opens a store handle: (destination, budget, environment, the attempt's counters).
 StoreFactory = Callable[[Destination, Budget, Mapping[str, str], StoreStats], Store]
@@ -94,7 +94,7 @@ class End:
 
     Whatever the verification's share, it leaves the marker :data:`MARKER_TRIES_KEPT`
     whole tries at the speed the attempt's commits were seen to go (:func:`marker_try_s`)
-    and the marker's read-back (``fsm.publish.READBACK_S``): a slow Hub shortens the
+    and the marker's read-back (``fsm.attempt.publish.READBACK_S``): a slow Hub shortens the
     verification, never the marker's chance."""
 
     __slots__ = ("_deadline", "_interrupt", "began", "marker_try_s", "marking_since")
@@ -193,7 +193,7 @@ DEFAULT_STALL_S = 1800.0
 DEFAULT_HOST_WATCH_S = 30.0
 #: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
 MIN_WATCH_S = 5.0
-#: FLASH_GPU_QUERY_S's default and floor (CONTRACT section 8): ``fsm.gpus``'s.
+#: FLASH_GPU_QUERY_S's default and floor (CONTRACT section 8): ``fsm.host.gpus``'s.
 DEFAULT_GPU_QUERY_S = 60.0
 MIN_GPU_QUERY_S = 5.0
 
@@ -384,7 +384,7 @@ class StacksNote:
     why_not: str | None = None
     taken_for: str | None = None
     where_in_code: str | None = None
-    #: The capture's own evidence (``fsm.stacks.Stacks.evidence``).
+    #: The capture's own evidence (``fsm.worker.stacks.Stacks.evidence``).
     detail: dict[str, Any] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, Any]:
@@ -462,7 +462,7 @@ class Context:
     store_stats: StoreStats = field(default_factory=StoreStats)
     # --- learned as the run goes -----------------------------------------------------
     #: The attempt's first start (epoch): this process's until LoadPayload reads the
-    #: persisted one (``fsm.attempt_start``); the exit reserve is derived from it.
+    #: persisted one (``fsm.attempt.start``); the exit reserve is derived from it.
     started_at: float = 0.0
     deadline: Deadline = field(default_factory=lambda: Deadline.after(86_400.0))
     tuning: Tuning = field(default_factory=Tuning)
@@ -478,7 +478,7 @@ class Context:
     published_marker: dict[str, Any] | None = None
     #: ``nvidia-smi``'s answer, asked for once the attempt is owned (LoadPayload)
     host: HostProbe | None = None
-    #: The GPUs' health before the worker started (``fsm.gpus``): what later snapshots
+    #: The GPUs' health before the worker started (``fsm.host.gpus``): what later snapshots
     #: are compared with.
     host_start: Snapshot | None = None
     #: What ends the running state at once, set from another thread (the driver raises
@@ -514,7 +514,7 @@ class Context:
     end: End | None = None
     _tail_store: Store | None = None
     _verify_store: Store | None = None
-    #: The filesystems under the runner's directories at its start (``fsm.storage``), by
+    #: The filesystems under the runner's directories at its start (``fsm.host.storage``), by
     #: mount point: a full disk is judged against them.
     storage_start: dict[str, Any] = field(default_factory=dict)
     #: While False, a signal only sets the flag (the handler watches it itself).
@@ -524,7 +524,7 @@ class Context:
         self.setup_stop = self.interrupt.follower()
 
     def watch_host(self, expected: int | None) -> None:
-        """From now until the worker starts, a fault the GPUs report (``fsm.host``) ends
+        """From now until the worker starts, a fault the GPUs report (``fsm.host.probe``) ends
         setup the moment it comes: it is kept as :attr:`host_fault`, and
         :attr:`setup_stop` stops the install and the downloads under way."""
         probe = self.host
@@ -587,7 +587,7 @@ class Context:
         """What names this machine (``host.id``, CONTRACT section 9): from the GPUs' answer
         before the worker when there was one, else from what the probe has (the boot id
         and the hostname where nvidia-smi lists no GPU)."""
-        from fsm.host import facts_of, host_id
+        from fsm.host.probe import facts_of, host_id
 
         probe = self.host
         if probe is None:

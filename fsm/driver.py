@@ -18,8 +18,8 @@ from pathlib import Path
 
 import structlog
 
-from fsm import log as log_config
-from fsm import marker, outcome, policy, result, rules, table
+from fsm import policy, rules, table
+from fsm.attempt import marker, outcome, result
 from fsm.context import Context, Failure
 from fsm.errors import (
     AttemptBusy,
@@ -30,6 +30,7 @@ from fsm.errors import (
     Interrupted,
 )
 from fsm.machine import RunMachine
+from fsm.output import log as log_config
 
 Handler = Callable[[Context], str]
 
@@ -58,7 +59,7 @@ def handler_problems(handlers: Mapping[str, Handler]) -> list[str]:
     return missing + stray
 
 
-# structlog names its message key "event"; the renderer (fsm.log) moves the message to
+# structlog names its message key "event"; the renderer (fsm.output.log) moves the message to
 # "msg" and this "_event" to "event", so a state.changed line reads {msg, from, event, to}.
 
 
@@ -83,7 +84,7 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
                     f"(allowed: {', '.join(machine.allowed())})",
                 )
         machine.fire(event)
-        log.info(  # run_id and attempt are bound (fsm.log.bind) once LoadPayload knows them
+        log.info(  # run_id and attempt are bound (fsm.output.log.bind) once LoadPayload knows them
             "state.changed",
             **{"from": state, "_event": event, "to": machine.state},
             seconds=round(time.monotonic() - started, 4),
@@ -108,7 +109,7 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             event = handler(ctx)
         finally:
             ctx.raise_on_interrupt = False
-        # A fault the GPUs reported while setup ran (fsm.host, from the probe's thread)
+        # A fault the GPUs reported while setup ran (fsm.host.probe, from its thread)
         # ends the state it came in, whether or not the state's work saw it.
         if ctx.halt is not None:
             raise ctx.halt
@@ -138,9 +139,9 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
 
 
 def _storage(ctx: Context, state: str, exc: BaseException) -> BaseException:
-    """``exc``, or the typed failure of the host's storage it is (``fsm.storage``): a full
+    """``exc``, or the typed failure of the host's storage it is (``fsm.host.storage``): a full
     or read-only filesystem under one of the runner's own writes, named with its evidence."""
-    from fsm import storage
+    from fsm.host import storage
 
     found = storage.classify(exc, state=state, candidates=storage_dirs(ctx, state),
                              start=ctx.storage_start, environ=ctx.merged_env())

@@ -64,7 +64,7 @@ class RetriableError(FlashError):
 
 
 class HostFault(RetriableError):
-    """A fault the host's own GPUs reported before the worker started (``fsm.host``):
+    """A fault the host's own GPUs reported before the worker started (``fsm.host.probe``):
     ``evidence`` (the findings and the snapshot) goes into the marker."""
 
     def __init__(self, message: str, *, rule: Rule, evidence: dict[str, Any]) -> None:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fsm import marker
+from fsm.attempt import marker
 from fsm.errors import PayloadError
+from fsm.extras.pip import refused_extra_pip
 from fsm.files import JsonProblem, json_object, json_type
-from fsm.pip import refused_extra_pip
-from fsm.redact import LIST_KEY, Redactor
+from fsm.output.redact import LIST_KEY, Redactor
 
 #: ``phase`` and ``flash_arm`` name files.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -425,7 +425,7 @@ QUOTED_ENTRY_CHARS = 80
 
 def _extra_pip(raw: Mapping[str, Any]) -> tuple[str, ...]:
     """``extra_pip``: packages to install, never a way to make pip read the host
-    (``fsm.pip.refused_extra_pip`` decides; issue 11)."""
+    (``fsm.extras.pip.refused_extra_pip`` decides; issue 11)."""
     entries = _str_list(raw, "extra_pip")
     refused = refused_extra_pip(entries)
     if refused is not None:

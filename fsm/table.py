@@ -2,7 +2,7 @@
 
 Everything that decides what may follow what lives in this file. It imports only the
 standard library and performs no I/O; ``fsm.machine`` executes it with ``transitions``,
-``fsm.diagram`` draws it, and the tests walk it as a graph.
+``fsm.ops.diagram`` draws it, and the tests walk it as a graph.
 
 Events are facts, named for what happened (``code_fetched``), never for what to do next.
 """
@@ -131,7 +131,7 @@ PREFETCH: Final[dict[str, tuple[str, ...]]] = {
 
 #: The folders each state writes (besides the interpreter's site-packages, which the
 #: extras go into). The room on each is measured before any state writes
-#: (``fsm.storage``: the runner measures ``payload``, ``code`` and ``scratch`` at its
+#: (``fsm.host.storage``: the runner measures ``payload``, ``code`` and ``scratch`` at its
 #: start, LoadPayload ``cache`` once the payload names it), so that a full disk is judged
 #: against the room it had. ``payload``: next to the payload (the lock, the start, the
 #: result); ``scratch``: the scratch dir (the console, the installer's output, a spilled

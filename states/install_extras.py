@@ -1,7 +1,7 @@
 """InstallExtras: install the run's ``extra_pip`` requirements before anything else.
 
 The payload's ``extra_pip`` was checked against the allow-list when it was parsed
-(``fsm.pip.refused_extra_pip``). ``fsm.installer`` picks the installer (uv when it is
+(``fsm.extras.pip.refused_extra_pip``). ``fsm.extras.installer`` picks the installer (uv when it is
 there and can do what pip would, else pip; ``FLASH_INSTALLER`` forces one); either one's
 failures are reported through the attempt's redactor, and so is its output, kept in the
 scratch directory (:data:`OUTPUT_LOG`) while its phases are reported as events.
@@ -9,8 +9,9 @@ scratch directory (:data:`OUTPUT_LOG`) while its phases are reported as events.
 
 from __future__ import annotations
 
-from fsm import installer, table
+from fsm import table
 from fsm.context import Context
+from fsm.extras import installer
 
 #: The installer's whole output, redacted, in the scratch directory (its phases and
 #: counts are ``extras.progress`` events; its output is not the runner's stream).

@@ -15,7 +15,7 @@ container finds that its attempt already ended: a persisted result of exactly th
 attempt of this run is replayed through Mark instead of training again.
 
 The budget belongs to the attempt, not to the process: the attempt's first start is
-persisted next to the payload (``fsm.attempt_start``), and a restarted runner of the same
+persisted next to the payload (``fsm.attempt.start``), and a restarted runner of the same
 attempt continues that budget (the worker gets the same ``FLASH_RUN_DEADLINE_AT``), or
 ends the attempt at once with rule ``deadline`` when it is spent.
 
@@ -31,13 +31,16 @@ from typing import Any
 
 import structlog
 
-from fsm import attempt_start, host, payload, result, storage, table
-from fsm import log as log_config
+from fsm import payload, table
+from fsm.attempt import result
+from fsm.attempt import start as attempt_start
+from fsm.attempt.lock import AttemptLock
 from fsm.clock import Deadline
 from fsm.context import Context, Tuning
 from fsm.errors import AttemptBusy, DeadlineExceeded, Interrupted, PayloadError
-from fsm.host import HostProbe
-from fsm.lock import AttemptLock
+from fsm.host import probe, storage
+from fsm.host.probe import HostProbe
+from fsm.output import log as log_config
 
 log = structlog.get_logger("states.load_payload")
 LOCK_WAIT_S = 30.0
@@ -99,7 +102,7 @@ def load_payload(ctx: Context) -> str:
             raise Interrupted(ctx.interrupt.signum or 15)
         ctx.watch_host(parsed.expect_gpus)  # from here a fault the GPUs report ends setup
         # The cache's filesystem too (the runner measured its own dirs at its start): a
-        # full disk is judged against the room it had before setup (fsm.storage).
+        # full disk is judged against the room it had before setup (fsm.host.storage).
         ctx.storage_start = {**storage.snapshot([_cache_dir(ctx, parsed)]), **ctx.storage_start}
     if parsed.mode == "preload":
         return table.PRELOAD_REQUESTED
@@ -114,7 +117,7 @@ def _own_budget(
     """Fix the attempt's deadline from the attempt's first start (persisted next to the
     payload by the runner that started it, else this runner's, persisted now), and say why
     the attempt must end at once when a restart finds its budget spent."""
-    boot = host.boot_id()
+    boot = probe.boot_id()
     path = result.start_path(ctx.settings.payload_path, dest)
     start, continued = attempt_start.begin(path, ident, ctx.started_at, boot)
     at = p.deadline_at if p.deadline_at is not None else start.started_at + p.max_wall_s

@@ -14,7 +14,7 @@ import time
 
 import structlog
 
-from fsm import outcome, result
+from fsm.attempt import outcome, result
 from fsm.clock import os_timeout
 from fsm.context import END_GRACE_S, Context
 

@@ -23,12 +23,12 @@ from typing import Any
 import structlog
 
 from fsm import rules, table
-from fsm.console import start_lease
 from fsm.context import Context
 from fsm.errors import DeadlineExceeded, FatalError, FlashError, Interrupted
-from fsm.log import Progress
+from fsm.output.log import Progress
 from fsm.prefetch import Branch
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
+from fsm.worker.console import start_lease
 
 RESULT_NAME = PRELOAD_RESULT_NAME
 #: How long the end of the warming waits for a lease write in flight (it is fenced).

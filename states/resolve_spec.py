@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from fsm import rules, table
-from fsm.console import progress_path
 from fsm.context import WORKER_ARGV, Context
 from fsm.errors import FatalError, RetriableError, StoreNotFound, StoreUnavailable
 from fsm.payload import Payload
 from fsm.store.base import Store
+from fsm.worker.console import progress_path
 
 #: Larger specs (bytes of UTF-8) go to the worker as a file (CONTRACT section 5).
 INLINE_SPEC_MAX_BYTES = 96_000

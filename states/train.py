@@ -7,9 +7,9 @@ then stopped with the host succeeded). The final console tail goes up with the m
 
 A worker that makes no progress for ``FLASH_STALL_S`` (no console byte, no touch of
 ``FLASH_PROGRESS_FILE``) is stalled (CONTRACT section 7): its stacks are taken before the
-first signal (``fsm.stacks``), as they are when the deadline stops it, and ride with the
+first signal (``fsm.worker.stacks``), as they are when the deadline stops it, and ride with the
 marker as ``stacks_<phase>.txt``; the state fires ``worker_stalled``, and VerifyRemote
-judges the stall. The GPUs are asked every ``FLASH_HOST_WATCH_S`` too (``fsm.gpu_watch``,
+judges the stall. The GPUs are asked every ``FLASH_HOST_WATCH_S`` too (``fsm.host.watch``,
 CONTRACT section 8): a GPU nvidia-smi reports it cannot reach, one missing from a listing
 that answered, or new uncorrectable ECC errors, each reported again on a second look,
 stop the worker the same way (stacks first), and the state fires ``host_failed``; a look
@@ -19,7 +19,7 @@ No worker starts before the GPUs' verdict (``Context.settle_host``): setup overl
 their answer, and a fault it reports ends the attempt here at the latest.
 
 The attempt's lease (CONTRACT section 10) is written as the worker starts and renewed
-while it runs (``fsm.console.start_lease``). A later attempt of the run found under the
+while it runs (``fsm.worker.console.start_lease``). A later attempt of the run found under the
 prefix kills the worker at once and ends the attempt ``superseded``, retriable, without
 VerifyRemote: what is in the prefix now belongs to the later attempt.
 """
@@ -30,14 +30,14 @@ import contextlib
 from functools import partial
 
 from fsm import table
-from fsm.console import PeriodicTail, console_path, progress_path, start_lease, superseded
 from fsm.context import SIGNAL_STOP_S, WORKER_ARGV, Context, GpuChange, StacksNote, Stall
 from fsm.errors import DeadlineExceeded
-from fsm.gpu_watch import GpuWatch, watchable
-from fsm.host import memory_events_path, oom_kills
-from fsm.log import Progress
+from fsm.host.probe import memory_events_path, oom_kills
+from fsm.host.watch import GpuWatch, watchable
+from fsm.output.log import Progress
 from fsm.prefetch import Background
-from fsm.supervise import StopReason, Watch, supervise
+from fsm.worker.console import PeriodicTail, console_path, progress_path, start_lease, superseded
+from fsm.worker.supervise import StopReason, Watch, supervise
 
 #: How long the end of training waits for a periodic tail upload in flight; it is fenced
 #: (it can never land after the marker), so there is no reason to wait longer.
@@ -143,7 +143,7 @@ def _take_stacks(ctx: Context, why: StopReason) -> None:
     stacks of every process of its group, bounded (at most 20 s, and at the deadline what
     the stop leaves), ended early by a signal to the runner (the host is going away). They
     go up with the marker as ``stacks_<phase>.txt``; the marker's ``stacks`` names the file."""
-    from fsm import procs, stacks  # only when a stop needs its evidence
+    from fsm.worker import procs, stacks  # only when a stop needs its evidence
 
     pgid = ctx.worker_pgid
     budget = min(stacks.BUDGET_S, ctx.stop_deadline.remaining() - STOP_KEEP_S)

@@ -19,8 +19,9 @@ import shutil
 import signal
 from pathlib import Path
 
-from fsm import gpus, marker, rules, storage, table
-from fsm.console import console_path
+from fsm import rules, table
+from fsm.attempt import marker
+from fsm.attempt.marker import MARKER_MAX_BYTES
 from fsm.context import Context, GpuChange
 from fsm.errors import (
     DeadlineExceeded,
@@ -31,8 +32,8 @@ from fsm.errors import (
     StoreUnavailable,
 )
 from fsm.files import JsonProblem, json_object
-from fsm.gpu_watch import LOST_KINDS, hidden_by_env, watchable
-from fsm.marker import MARKER_MAX_BYTES
+from fsm.host import gpus, storage
+from fsm.host.watch import LOST_KINDS, hidden_by_env, watchable
 from fsm.payload import Payload
 from fsm.policy import (
     ConsoleMatch,
@@ -45,8 +46,9 @@ from fsm.policy import (
     same_host,
 )
 from fsm.rules import Rule
-from fsm.supervise import TAIL_BYTES
-from fsm.worker_files import heartbeat_says_retriable
+from fsm.worker.console import console_path
+from fsm.worker.files import heartbeat_says_retriable
+from fsm.worker.supervise import TAIL_BYTES
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"

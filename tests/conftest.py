@@ -21,10 +21,10 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
-from fsm import log
+from fsm.attempt.runner import Outcome, run_attempt
 from fsm.clock import Deadline
 from fsm.context import Settings
-from fsm.runner import Outcome, run_attempt
+from fsm.output import log
 from fsm.store.hub import HubStore
 from fsm.testing import LocalHubServer
 

@@ -24,8 +24,8 @@ import structlog.testing
 from conftest import WORKER_COMPLETION, RunDirs, assert_no_secret
 
 import fsm
+from fsm.attempt.runner import Outcome, run_attempt
 from fsm.context import Settings
-from fsm.runner import Outcome, run_attempt
 from fsm.store.hub import configure_transfer
 from fsm.testing import LocalHubServer
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from fsm.attempt.lease import GRACE_S, LANDING_S, lease_name
 from fsm.attempts import NEITHER, TOGETHER, AttemptView, Found, judge, read_attempt, read_attempts
 from fsm.clock import Deadline
 from fsm.errors import FatalError, StoreUnavailable
-from fsm.lease import GRACE_S, LANDING_S, lease_name
-from fsm.redact import Redactor
+from fsm.output.redact import Redactor
 from fsm.store import open_store
 from fsm.store.base import Store
 from fsm.testing import LocalHubServer

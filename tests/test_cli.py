@@ -248,7 +248,7 @@ def test_the_console_script_and_python_dash_m_are_the_same_program() -> None:
 
 def test_the_cli_offers_exactly_the_demo_scenarios() -> None:
     from fsm.cli import DEMO_SCENARIOS
-    from fsm.demo import SCENARIOS
+    from fsm.ops.demo import SCENARIOS
 
     assert sorted(SCENARIOS) == list(DEMO_SCENARIOS)
 

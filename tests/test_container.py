@@ -12,10 +12,10 @@ Why no init (tini) in the image, measured here:
   (``test_pid_1_ignores_a_sigterm_it_has_no_handler_for``). The runner installs its own
   handlers, so as PID 1 it still stops the worker and leaves a retriable marker.
 * Measured once by hand: the installed runner with its handlers switched off
-  (``_signals(ctx, False)`` in fsm/runner.py) as PID 1 was still running 8 s after SIGTERM,
+  (``_signals(ctx, False)`` in fsm/attempt/runner.py) as PID 1 was still running 8 s after SIGTERM,
   with no marker; with them it exits 1 with the retriable marker in well under a second.
 * Orphans: grandchildren the worker orphans are re-parented to the runner, which reaps them
-  as they die (SIGCHLD wakes its supervision loop, ``fsm.procs.reap_orphans``), never taking
+  as they die (SIGCHLD wakes its supervision loop, ``fsm.worker.procs.reap_orphans``), never taking
   the worker's own exit status; one that escaped the worker's process group with setsid is
   found and stopped with the worker, and when the runner exits the kernel kills everything
   left in the namespace anyway. So an init adds nothing that matters here
@@ -373,7 +373,7 @@ def test_the_build_context_is_the_package_and_nothing_else(image: Image) -> None
     helpers (so the wheel pip builds for the image has none)."""
     files = image.context_files
     assert {"pyproject.toml", "constraints/runtime.txt", "fsm/cli.py"} <= set(files)
-    assert any(f.startswith("fsm/demo_tree/") for f in files)
+    assert any(f.startswith("fsm/ops/demo_tree/") for f in files)
     assert any(f.startswith("states/") for f in files)
     leaked = [f for f in files if f.startswith(("tests/", ".", "benchmarks/", "fsm/testing/"))
               or "__pycache__" in f or f.endswith(".pyc") or ".egg-info/" in f]

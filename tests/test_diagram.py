@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from conftest import Layout
 
-from fsm import diagram, policy_doc, table
+from fsm import table
+from fsm.ops import diagram
+from fsm.policy import doc as policy_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 DIAGRAMS = ROOT / "diagrams"
@@ -72,7 +74,7 @@ def _highlighted(text: str) -> tuple[set[str], set[tuple[str, str, str]]]:
 
 def test_committed_mermaid_and_transition_table_equal_a_fresh_render() -> None:
     """diagrams/lifecycle.mmd and diagrams/transitions.json are byte for byte what the
-    machine renders now (regenerate: python -m fsm.diagram --write diagrams)."""
+    machine renders now (regenerate: python -m fsm.ops.diagram --write diagrams)."""
     fresh = diagram.renderings(images=False)
     assert sorted(fresh) == [diagram.MERMAID_FILE, diagram.TABLE_FILE]
     for name in fresh:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm import exits, policy, policy_doc, table
+from fsm import exits, policy, table
+from fsm.policy import doc as policy_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -21,7 +22,7 @@ def test_the_generated_policy_block_of_docs_policy_md_is_render_table() -> None:
     block = policy_doc.generated_block((DOCS / "policy.md").read_text(), "policy")
     assert block is not None, "docs/policy.md lost its <!-- policy:begin/end --> markers"
     assert block.strip("\n") == policy.render_table().strip("\n"), (
-        "docs/policy.md is stale: run python -m fsm.diagram --doc docs/policy.md"
+        "docs/policy.md is stale: run python -m fsm.ops.diagram --doc docs/policy.md"
     )
 
 
@@ -32,13 +33,14 @@ def test_the_exit_status_table_of_the_docs_is_the_one_in_the_code(page: str) -> 
     block = policy_doc.generated_block((ROOT / page).read_text(), "exits")
     assert block is not None, f"{page} lost its <!-- exits:begin/end --> markers"
     assert block.strip("\n") == exits.render_table(), (
-        f"{page}'s exit statuses are stale: run python -m fsm.diagram --doc {page}"
+        f"{page}'s exit statuses are stale: run python -m fsm.ops.diagram --doc {page}"
     )
 
 
 def test_every_exit_status_the_runner_uses_is_in_the_table() -> None:
     """The numbers the rules, the runner and the watchdog exit with come from the table."""
-    from fsm import cli, runner, watchdog
+    from fsm import cli
+    from fsm.attempt import runner, watchdog
 
     codes = {e.code for e in exits.TABLE}
     used = {r.exit_status for r in (*policy.RULES, policy.SUCCESS)} | {

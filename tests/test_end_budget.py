@@ -17,8 +17,8 @@ from conftest import read_until
 from hubrun import ARM, HubRun
 
 from fsm import table
+from fsm.attempt.runner import run_attempt
 from fsm.context import END_MIN_S, Context
-from fsm.runner import run_attempt
 from states import HANDLERS
 
 pytestmark = pytest.mark.hub

@@ -1,5 +1,5 @@
 """Orchestrators read the verdict from the exit status and the termination message
-(``fsm/exits.py``, ``fsm/termination.py``): each class of ending exits with its own status,
+(``fsm/exits.py``, ``fsm/worker/termination.py``): each class of ending exits with its own status,
 through the real runner on both stores, and the termination message says the same, bounded
 and redacted. Absent or unwritable, the message file costs nothing.
 
@@ -21,8 +21,9 @@ import pytest
 from conftest import ARM, CANARY, PREFIX, Layout
 from hubrun import HubRun
 
-from fsm import exits, termination
-from fsm.redact import Redactor
+from fsm import exits
+from fsm.output.redact import Redactor
+from fsm.worker import termination
 
 #: The worker of each class: it completes; it dies without artifacts (the job's fault);
 #: it writes metrics.json but never uploads it (the store lost it: retry on a fresh host).

@@ -16,8 +16,8 @@ import pytest
 from conftest import CANARY, Layout
 
 from fsm.errors import PayloadError
+from fsm.extras.pip import ARCHIVE_SUFFIXES, EXTRA_PIP_OPTIONS
 from fsm.payload import QUOTED_ENTRY_CHARS, parse
-from fsm.pip import ARCHIVE_SUFFIXES, EXTRA_PIP_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 

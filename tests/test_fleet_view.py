@@ -1,4 +1,4 @@
-"""The fleet view: ``flash-bootstrap status --prefix P --recursive`` (``fsm/fleet.py``)
+"""The fleet view: ``flash-bootstrap status --prefix P --recursive`` (``fsm/ops/fleet.py``)
 lists the latest attempt of every run below a folder, with the host it ran on, and ends
 with one summary line by class, by rule and by failing host; ``--json`` gives the same as
 one object. One bounded listing of the whole tree (paginated on the Hub), one download per
@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from fsm import fleet
+from fsm.ops import fleet
 from fsm.testing import LocalHubServer
 
 REPO = "org/fleet"

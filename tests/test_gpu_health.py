@@ -1,4 +1,4 @@
-"""What the GPUs say about themselves (issue 24, CONTRACT section 8): ``fsm.gpus`` reads
+"""What the GPUs say about themselves (issue 24, CONTRACT section 8): ``fsm.host.gpus`` reads
 nvidia-smi's selective queries as the real tool prints them, bounds the three invocations
 together, and draws the verdicts (unhealthy, busy, changed) from snapshots.
 
@@ -25,9 +25,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm import gpu_queries, gpus
-from fsm.gpus import Answer, Snapshot
-from fsm.host import FACTS_WAIT_S, HostProbe, facts_of
+from fsm.host import gpus
+from fsm.host import queries as gpu_queries
+from fsm.host.gpus import Answer, Snapshot
+from fsm.host.probe import FACTS_WAIT_S, HostProbe, facts_of
 from fsm.testing.nvidia_smi import (
     DRIVER_UNREACHABLE,
     GPU_IS_LOST,
@@ -634,19 +635,19 @@ def _loaded_by(module: str) -> list[str]:
 
 def test_importing_fsm_gpus_loads_only_the_standard_library() -> None:
     """It runs on the start path, before any setup: nothing but stdlib modules load."""
-    loaded = _loaded_by("fsm.gpus")
+    loaded = _loaded_by("fsm.host.gpus")
     foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
-               and m not in ("fsm", "fsm.gpus", "fsm.gpu_queries")]
-    assert "fsm.gpus" in loaded and foreign == []
+               and m not in ("fsm", "fsm.host", "fsm.host.gpus", "fsm.host.queries")]
+    assert "fsm.host.gpus" in loaded and foreign == []
 
 
 def test_the_gpus_are_asked_before_anything_costly_is_imported() -> None:
     """The queries start among the runner's first instructions (``fsm.launch``): what
     starts them loads only the standard library's process plumbing, not ``typing``,
     ``dataclasses`` or ``shutil`` (each milliseconds between the start and the question)."""
-    loaded = _loaded_by("fsm.gpu_queries")
+    loaded = _loaded_by("fsm.host.queries")
     foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
-               and m not in ("fsm", "fsm.gpu_queries")]
+               and m not in ("fsm", "fsm.host", "fsm.host.queries")]
     assert foreign == []
     assert not {"typing", "dataclasses", "inspect", "shutil"} & set(loaded)
 
@@ -869,7 +870,7 @@ def test_a_precomputed_fake_answers_as_the_python_one_does(tmp_path: Path) -> No
 
 
 def test_the_early_lookup_finds_what_shutil_which_finds(tmp_path: Path) -> None:
-    """``fsm.gpu_queries.find`` stands in for ``shutil.which`` (whose import costs
+    """``fsm.host.queries.find`` stands in for ``shutil.which`` (whose import costs
     milliseconds before the GPUs are asked): the same answer on every kind of PATH."""
     exe = tmp_path / "bin" / "nvidia-smi"
     exe.parent.mkdir()

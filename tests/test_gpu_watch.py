@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from conftest import CANARY, Layout, read_until
 
-from fsm import gpus
-from fsm.gpu_watch import CONFIRM_S, GpuWatch, hidden_by_env
+from fsm.host import gpus
+from fsm.host.watch import CONFIRM_S, GpuWatch, hidden_by_env
 from fsm.testing.nvidia_smi import (
     DRIVER_UNREACHABLE,
     GPU_IS_LOST,

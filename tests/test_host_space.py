@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from conftest import Layout
 
-from fsm import storage
-from fsm.storage import Usage
+from fsm.host import storage
+from fsm.host.storage import Usage
 
 TMPFS_MIB = 32
 #: What the tests count as short (FLASH_STORAGE_FLOOR_BYTES): far under the tmpfs's size.

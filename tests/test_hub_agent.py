@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hubrun import HubRun, agent_of
 
-from fsm import gpus
+from fsm.host import gpus
 from fsm.testing.nvidia_smi import FakeHost, FakeNvidiaSmi
 
 pytestmark = pytest.mark.hub
@@ -117,9 +117,9 @@ time.sleep(60)
 
 def test_the_agents_quiet_settings_are_the_runners() -> None:
     """The agent sets in its own environment what the runner sets in its own
-    (``fsm.log.QUIET_SETTINGS``): no progress bars on a stderr that becomes events."""
-    from fsm import log
+    (``fsm.output.log.QUIET_SETTINGS``): no progress bars on a stderr that becomes events."""
     from fsm.hub import agent
+    from fsm.output import log
 
     assert agent.QUIET_SETTINGS == log.QUIET_SETTINGS
 

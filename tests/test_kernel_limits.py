@@ -22,11 +22,11 @@ from conftest import CANARY, PREFIX, TRAIN_PATH, Layout, assert_no_secret
 from pypi_server import build_wheel
 
 from fsm.clock import MAX_OS_WAIT_S, Deadline
-from fsm.console import PeriodicTail
 from fsm.context import Context
+from fsm.extras.pip import install
 from fsm.interrupt import InterruptFlag
-from fsm.pip import install
-from fsm.supervise import supervise
+from fsm.worker.console import PeriodicTail
+from fsm.worker.supervise import supervise
 
 FORTY_DAYS_S = 40 * 86_400  # past the ~24.8 days (2**31 ms) that OS waits accept
 CJK = "\u6f22"  # one character, three bytes of UTF-8

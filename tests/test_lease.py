@@ -25,9 +25,9 @@ from conftest import ARM, PREFIX, Layout, make_store, read_until, survivors
 from hubrun import REPO, HubRun
 from test_attempt_budget import faketime, libfaketime_mt  # noqa: F401 - fixtures
 
+from fsm.attempt.lease import GRACE_S, lease_name
 from fsm.attempts import read_attempt
 from fsm.clock import Deadline
-from fsm.lease import GRACE_S, lease_name
 from fsm.store import open_store
 from fsm.store.base import Store
 

@@ -37,9 +37,9 @@ from conftest import (
 from pypi_server import build_wheel
 
 import fsm
-from fsm import log
-from fsm.log import Progress
-from fsm.pip import InstallSteps, read_pip_line
+from fsm.extras.pip import InstallSteps, read_pip_line
+from fsm.output import log
+from fsm.output.log import Progress
 from fsm.store.hub import configure_transfer
 from fsm.testing import LocalHubServer
 
@@ -283,7 +283,7 @@ def test_what_a_library_writes_to_stderr_becomes_events_and_the_reason_stays_las
     an event, none glued to a JSON line; after silence() the reason passes through."""
     code = textwrap.dedent("""
         import sys, warnings
-        from fsm import log
+        from fsm.output import log
         log.configure(sys.stderr, json=True)
         log.quiet_libraries({})
         sys.stderr.write("Fetching 5 files:   0%|   | 0/5\\rFetching 5 files: 100%|###| 5/5")

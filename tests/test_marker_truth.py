@@ -18,8 +18,8 @@ import pytest
 from conftest import ARM, CANARY, PREFIX, Layout, read_until
 
 from fsm import table
+from fsm.attempt.runner import run_attempt
 from fsm.context import Context
-from fsm.runner import run_attempt
 from states import HANDLERS
 
 RESULT = f".flash-{ARM}_attempt0.result.json"

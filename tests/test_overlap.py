@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from pypi_server import PypiServer, build_wheel
 
 from fsm import table
+from fsm.attempt.runner import Outcome, run_attempt
 from fsm.context import Settings
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 from fsm.prefetch import Branch
-from fsm.runner import Outcome, run_attempt
 from fsm.testing import LocalHubServer, Network
 
 #: pip must not see this machine's own configuration (find-links, extra indexes).

@@ -25,8 +25,7 @@ from structlog.testing import capture_logs
 from fsm import rules
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
-from fsm.interrupt import InterruptFlag
-from fsm.pip import (
+from fsm.extras.pip import (
     MESSAGE_CHARS,
     NETWORK_SIGNATURES,
     PIP_RETRIES,
@@ -36,7 +35,8 @@ from fsm.pip import (
     install,
     network_signature,
 )
-from fsm.redact import Redactor
+from fsm.interrupt import InterruptFlag
+from fsm.output.redact import Redactor
 
 SECRET = "hf_s3cr3t-value-never-logged"
 

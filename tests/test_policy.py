@@ -24,7 +24,7 @@ from fsm.errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from fsm.pip import NETWORK_SIGNATURES
+from fsm.extras.pip import NETWORK_SIGNATURES
 
 #: The ids the states, the watchdog and the control plane's readers of the marker rely on.
 #: Renaming or removing one is a breaking change: this list changes only with intent.
@@ -425,5 +425,5 @@ def test_importing_the_policy_loads_no_process_store_or_installer_code() -> None
         [sys.executable, "-c", "import sys, fsm.policy; "
          "print(' '.join(sorted(m for m in sys.modules if m.startswith(('fsm', 'states')))))"],
         capture_output=True, check=True, timeout=60).stdout.decode().split()
-    assert set(shown) <= {"fsm", "fsm.errors", "fsm.exits", "fsm.families", "fsm.policy",
-                          "fsm.rules", "fsm.signatures", "fsm.table"}, shown
+    assert set(shown) <= {"fsm", "fsm.errors", "fsm.exits", "fsm.policy.families", "fsm.policy",
+                          "fsm.rules", "fsm.policy.signatures", "fsm.table"}, shown

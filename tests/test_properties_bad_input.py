@@ -23,9 +23,10 @@ from conftest import ARM, Layout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm import log, payload
+from fsm import payload
+from fsm.attempt.runner import run_attempt
 from fsm.errors import PayloadError
-from fsm.runner import run_attempt
+from fsm.output import log
 
 MISSING = object()  # a mutation that deletes the key
 

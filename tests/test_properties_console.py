@@ -18,8 +18,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm import families, policy, rules
-from fsm.policy import CONSOLE_SIGNATURES, CONSOLE_WINDOW_LINES, WorkerFacts
+from fsm import policy, rules
+from fsm.policy import CONSOLE_SIGNATURES, CONSOLE_WINDOW_LINES, WorkerFacts, families
 
 WINDOW = CONSOLE_WINDOW_LINES
 BY_ID = {sig.id: sig for sig in CONSOLE_SIGNATURES}

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fsm.attempt.outcome import WATCHDOG_MARK_S
 from fsm.budget import MIN_TRY_S, Budget, GaveUp
 from fsm.clock import Deadline
 from fsm.context import (
@@ -32,7 +33,6 @@ from fsm.context import (
 )
 from fsm.hub.library import Failure
 from fsm.interrupt import InterruptFlag
-from fsm.outcome import WATCHDOG_MARK_S
 from fsm.store.hub import _Transient, retry_delay
 
 #: Mark's least window: what the end leaves it when it begins at (or past) the deadline.

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm import gpus
-from fsm.gpu_watch import GpuWatch
-from fsm.gpus import Answer, Snapshot
+from fsm.host import gpus
+from fsm.host.gpus import Answer, Snapshot
+from fsm.host.watch import GpuWatch
 from fsm.testing.nvidia_smi import (
     DRIVER_UNREACHABLE,
     NVML_MISMATCH,

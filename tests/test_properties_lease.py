@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from fsm.attempt.lease import GRACE_S, LATE_RETRY_S, TTL_PERIODS
 from fsm.attempts import Found, judge
-from fsm.lease import GRACE_S, LATE_RETRY_S, TTL_PERIODS
 
 #: The store's longest delay between a try and its landing (or refusal).
 MAX_DELAY = 30.0

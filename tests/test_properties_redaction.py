@@ -25,8 +25,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_redact import carrying, encoded_forms
 
-from fsm import log
-from fsm.redact import MASK, Redactor
+from fsm.output import log
+from fsm.output.redact import MASK, Redactor
 
 METACHARS = ".^$+?{}[]\\|()-#&~:<>=!/\"'\n\t "
 #: A secret value: at least 4 characters (shorter values are never masked, by design),

@@ -39,7 +39,9 @@ from conftest import ARM, CANARY, PREFIX, REPO, Layout
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from fsm import log, policy, publish, result, table
+from fsm import policy, table
+from fsm.attempt import publish, result
+from fsm.attempt.runner import Outcome, run_attempt
 from fsm.budget import Budget
 from fsm.errors import (
     DeadlineExceeded,
@@ -48,15 +50,15 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.output import log
 from fsm.payload import Destination
-from fsm.runner import Outcome, run_attempt
 from fsm.store.base import Fence, Store, StoreStats, WarmOutcome, WarmStart
 from fsm.store.local import LocalStore
 
 MARKER = f"{ARM}_attempt0.json"
 MARKER_PATH = f"{PREFIX}/{MARKER}"
 CONSOLE_PATH = f"{PREFIX}/console_sft.txt"
-#: The persisted result next to the payload (fsm.result.result_path).
+#: The persisted result next to the payload (fsm.attempt.result.result_path).
 RESULT = f".flash-{ARM}_attempt0.result.json"
 IDENTITY = {"hf_repo": REPO, "hf_prefix": PREFIX, "run_id": "run-1", "mode": "train",
             "flash_arm": ARM, "attempt": 0}
@@ -261,7 +263,7 @@ def model(plan: Plan) -> tuple[Expect, list[tuple[str, str]]]:
 
 def _marker_commit(plan: Plan) -> tuple[bool, int, bool]:
     """Whether Mark's one commit (end-of-attempt artifacts, the marker last) lands, after
-    how many tries (fsm.marker._commit), and whether the store refused it for good."""
+    how many tries (fsm.attempt.marker._commit), and whether the store refused it for good."""
     fault = next((f for f in plan.faults if f.op == "upload_marker"), None)
     if fault is None or fault.kind == "signal":
         return True, 1, False  # a signal during Mark only sets the flag: the outcome stands

@@ -15,7 +15,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from fsm.redact import MASK, Redactor
+from fsm.output.redact import MASK, Redactor
 
 TOKEN = "hf_Zq8XwV3nP0rT6yLmK2bC9dF4gH7jS1aQe"  # 37 characters, like the one that leaked
 PASSWORD = 'p@ss/w"rd!{x} 100%&more'

@@ -15,7 +15,7 @@ import pytest
 from conftest import CANARY, TRAIN_PATH, Layout, closed_port
 from pypi_server import PypiServer, build_wheel
 
-from fsm.pip import MESSAGE_CHARS
+from fsm.extras.pip import MESSAGE_CHARS
 
 #: pip must not see this machine's own configuration (find-links, extra indexes).
 ISOLATED = {"PIP_CONFIG_FILE": "/dev/null", "PIP_RETRIES": "0", "PIP_TIMEOUT": "5",

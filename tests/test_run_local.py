@@ -10,7 +10,7 @@ import pytest
 from conftest import ARM, CANARY, PREFIX, TRAIN_PATH, Layout, assert_no_secret
 
 from fsm import table
-from fsm.redact import Redactor
+from fsm.output.redact import Redactor
 
 
 def test_a_worker_that_uploads_metrics_and_done_succeeds(layout: Layout) -> None:

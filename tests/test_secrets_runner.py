@@ -22,7 +22,7 @@ import pytest
 from conftest import PREFIX, Layout, printed_forms
 from test_redact import encoded_forms
 
-from fsm.redact import MASK
+from fsm.output.redact import MASK
 
 TAIL = 64_000
 TOKEN = "hf_SeCrEt_tail_boundary_token_0123456789abcdef"

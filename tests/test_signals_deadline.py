@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Layout, read_until
 
-from fsm.runner import run_attempt
+from fsm.attempt.runner import run_attempt
 
 
 def _start(layout: Layout, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

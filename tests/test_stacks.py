@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 from conftest import Layout, read_until
 
-from fsm.procs import group_members
-from fsm.redact import Redactor
-from fsm.stacks import Stacks, artifact_name, capture, find_py_spy
+from fsm.output.redact import Redactor
+from fsm.worker.procs import group_members
+from fsm.worker.stacks import Stacks, artifact_name, capture, find_py_spy
 
 PY_SPY = find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
@@ -487,7 +487,7 @@ def test_py_spy_is_found_beside_the_interpreter_then_on_path(tmp_path: Path) -> 
     on_path = tmp_path / "bin"
     on_path.mkdir()
     fake(on_path, "py-spy", "exit 0\n")
-    probe = "from fsm.stacks import find_py_spy; print(find_py_spy())"
+    probe = "from fsm.worker.stacks import find_py_spy; print(find_py_spy())"
     found = [
         subprocess.run([str(base), "-S", "-c", probe], capture_output=True, text=True,
                        timeout=30, check=True,
@@ -499,23 +499,23 @@ def test_py_spy_is_found_beside_the_interpreter_then_on_path(tmp_path: Path) -> 
 
 
 def test_importing_the_module_loads_only_the_standard_library() -> None:
-    """``import fsm.stacks`` loads nothing outside the standard library and ``fsm``."""
-    code = ("import sys; before = set(sys.modules); import fsm.stacks; "
+    """``import fsm.worker.stacks`` loads nothing outside the standard library and ``fsm``."""
+    code = ("import sys; before = set(sys.modules); import fsm.worker.stacks; "
             "print(' '.join(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                          timeout=30, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     loaded = out.stdout.split()
-    assert "fsm.stacks" in loaded
+    assert "fsm.worker.stacks" in loaded
     foreign = [m for m in loaded if m.split(".")[0] not in (*sys.stdlib_module_names, "fsm")]
     assert not foreign, foreign
-    assert not [m for m in loaded if m.startswith("fsm.") and m not in ("fsm.stacks",
-                                                                          "fsm.clock")]
+    assert not [m for m in loaded if m.startswith("fsm.") and m not in (
+        "fsm.worker", "fsm.worker.stacks", "fsm.clock")]
 
 
 def test_a_runner_attempt_never_imports_the_module(layout: Layout) -> None:
     """The start path stays as cheap as it was: a whole attempt that needs no stacks never
-    imports ``fsm.stacks`` (Train imports it lazily, when a capture is needed)."""
+    imports ``fsm.worker.stacks`` (Train imports it lazily, when a capture is needed)."""
     layout.write_worker("print('training'); complete()")
     layout.write_payload()
     proc = subprocess.run(
@@ -525,5 +525,5 @@ def test_a_runner_attempt_never_imports_the_module(layout: Layout) -> None:
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines()
                 if line.startswith("import time:")]
-    assert "fsm.runner" in imported  # the measurement sees the runner's imports
-    assert "fsm.stacks" not in imported
+    assert "fsm.attempt.runner" in imported  # the measurement sees the runner's imports
+    assert "fsm.worker.stacks" not in imported

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from conftest import ARM, PREFIX, REPO, Layout
 
-from fsm import diagram, policy
+from fsm import policy
+from fsm.ops import diagram
 from fsm.testing import LocalHubServer
 
 #: What the child inherits must not pick a store or a token for it.
@@ -280,8 +281,8 @@ def test_a_bad_command_line_is_one_line_exit_2(
 
 def test_run_does_not_import_the_fleet_view() -> None:
     code = ("import sys; from fsm import cli; cli.build_parser().parse_args(['run']); "
-            "print(sorted(m for m in sys.modules if m in ('fsm.fleet', 'fsm.payload', "
-            "'fsm.store', 'fsm.policy', 'fsm.diagram', 'huggingface_hub')))")
+            "print(sorted(m for m in sys.modules if m in ('fsm.ops.fleet', 'fsm.payload', "
+            "'fsm.store', 'fsm.policy', 'fsm.ops.diagram', 'huggingface_hub')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
     assert proc.stdout.strip() == "[]"

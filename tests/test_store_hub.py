@@ -332,7 +332,7 @@ def test_hub_settings_read_after_the_library_loaded_are_set_in_its_constants(
         from fsm.clock import Deadline
         from fsm.hub import agent
         from fsm.store import hub
-        agent.start().ready.wait(60)  # what fsm.hub_import does from the first instruction
+        agent.start().ready.wait(60)  # what fsm.hub.spawn does from the first instruction
         with structlog.testing.capture_logs() as logs:
             store = hub.HubStore("o/r", token=None, deadline=Deadline.after(60),
                                  endpoint="http://127.0.0.1:9",

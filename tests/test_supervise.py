@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
-from fsm.supervise import WorkerExit, read_tail, supervise
+from fsm.worker.supervise import WorkerExit, read_tail, supervise
 
 DEADLINE_CAP = b"--- flash-bootstrap: worker hit the run wall deadline; stopped ---\n"
 

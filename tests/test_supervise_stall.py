@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import structlog
 
-import fsm.supervise
+import fsm.worker.supervise
 from fsm.clock import Deadline
 from fsm.interrupt import InterruptFlag
-from fsm.supervise import StopReason, WorkerExit, supervise
+from fsm.worker.supervise import StopReason, WorkerExit, supervise
 
 STALL_S = 1.5
 LATE_S = 2.5  # how much later than due a stall may be called on a loaded machine
@@ -244,7 +244,7 @@ def test_a_progress_file_dated_into_the_past_or_future_is_a_sign_and_never_bring
 
 
 class _SteppedTime(ModuleType):
-    """``time`` as fsm.supervise sees it, its wall clock stepped by ``step_s`` once the
+    """``time`` as fsm.worker.supervise sees it, its wall clock stepped by ``step_s`` once the
     worker said ``stepping``: a stand-in for the host's clock being set."""
 
     def __init__(self, step_s: float) -> None:
@@ -277,7 +277,7 @@ def test_a_wall_clock_step_does_not_stall_a_worker_that_touches_its_progress_fil
     """
     worker = _worker(tmp_path, body)
     clock = _SteppedTime(step_s)
-    monkeypatch.setattr(fsm.supervise, "time", clock)
+    monkeypatch.setattr(fsm.worker.supervise, "time", clock)
     stops = Stops(worker)
 
     def step(chunk: bytes) -> None:
@@ -491,7 +491,7 @@ def test_the_progress_file_is_looked_at_only_when_the_watch_is_due(
                 looks.append(time.monotonic())
             return real_stat(path, *args, **kw)
 
-    monkeypatch.setattr(fsm.supervise, "os", _CountingOs("os"))
+    monkeypatch.setattr(fsm.worker.supervise, "os", _CountingOs("os"))
     result = _run(worker, tmp_path, out_fd, stall_s=1.0)
     monkeypatch.undo()
     assert result.reason == "exited"

@@ -33,10 +33,12 @@ from conftest import TRAIN_PATH, Layout, closed_port, hanging_project, survivors
 from pypi_server import PypiServer, build_wheel
 from structlog.testing import capture_logs
 
-from fsm import installer, rules
+from fsm import rules
+from fsm.attempt.runner import run_attempt
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, FatalError, Interrupted, RetriableError
-from fsm.installer import (
+from fsm.extras import installer
+from fsm.extras.installer import (
     UV_NETWORK_SIGNATURES,
     UV_RETRIES,
     UV_SPELLINGS,
@@ -48,10 +50,9 @@ from fsm.installer import (
     uv_env,
     uv_network_signature,
 )
+from fsm.extras.pip import EXTRA_PIP_OPTIONS, MESSAGE_CHARS, STOP_GRACE_S, InstallSteps
 from fsm.interrupt import InterruptFlag
-from fsm.pip import EXTRA_PIP_OPTIONS, MESSAGE_CHARS, STOP_GRACE_S, InstallSteps
-from fsm.redact import Redactor
-from fsm.runner import run_attempt
+from fsm.output.redact import Redactor
 
 UV = find_uv(os.environ)
 needs_uv = pytest.mark.skipif(
@@ -146,7 +147,7 @@ def marker() -> str:
 
 
 class Uv:
-    """Runs ``fsm.installer.install`` into a fresh venv, with an isolated environment
+    """Runs ``fsm.extras.installer.install`` into a fresh venv, with an isolated environment
     (``FLASH_INSTALLER=uv`` unless the test says otherwise)."""
 
     def __init__(self, tmp_path: Path, marker: str) -> None:

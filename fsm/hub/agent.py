@@ -34,7 +34,7 @@ Ctrl-C reaches only the runner's group), and exits when its stdin closes, which 
 the runner exits, however it exits. Should it exit early (the OOM killer), every request
 in flight fails as a connection error (the adapter retries it) and the next call starts
 another agent. Its stderr (a warning, a traceback) is passed to the runner's stderr, which
-makes each line a ``library.stderr`` event (``fsm.log.quiet_libraries``), once the runner's
+makes each line a ``library.stderr`` event (``fsm.output.log.quiet_libraries``), once the runner's
 logging is set up.
 
 The agent sets the fast-transfer switch in its own environment before its import
@@ -74,7 +74,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fs
 _IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPWR", "SIGXCPU", "SIGUSR1",
             "SIGUSR2", "SIGALRM", "SIGPIPE")
 _TAIL_LINES = 20  # of the agent's stderr, kept for the event that says it exited
-#: The agent's own, as the runner's (``fsm.log.QUIET_SETTINGS``; a test keeps them equal):
+#: The agent's own, as the runner's (``fsm.output.log.QUIET_SETTINGS``; a test keeps them equal):
 #: no progress bars on a stderr that becomes the runner's events.
 QUIET_SETTINGS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
 
@@ -387,7 +387,7 @@ def _reap(pid: int) -> int | None:
 
 def _say(line: str) -> None:
     with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)  # fsm.log makes it a library.stderr event
+        print(line, file=sys.stderr, flush=True)  # fsm.output.log makes it a library.stderr event
 
 
 _agent: Agent | None = None
@@ -644,6 +644,6 @@ def _encode(exc: Exception) -> tuple[Any, ...]:
     failure = classify(exc)
     if failure.kind == "unknown" and isinstance(exc, OSError) and exc.errno is not None:
         # The agent's own disk (a full code root, a read-only one): the runner judges it
-        # by its errno and path as it judges its own writes (fsm.storage).
+        # by its errno and path as it judges its own writes (fsm.host.storage).
         return ("oserror", exc.errno, exc.strerror, exc.filename)
     return ("failure", failure, type(exc).__name__)

@@ -2,7 +2,7 @@
 
 Adapters are imported lazily inside :func:`open_store`. The Hub adapter speaks through
 ``huggingface_hub``, in the agent process ``flash-bootstrap run`` forks at its first
-instruction (``fsm.hub_import``, ``fsm.hub.agent``).
+instruction (``fsm.hub.spawn``, ``fsm.hub.agent``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One client: every call is ``huggingface_hub``'s (:mod:`fsm.hub.client`), on both
 supported lines, 0.36.x (``requests``, optional ``hf_transfer``) and 2.x (``httpx2``,
 ``hf_xet``), so the library's handling of the Hub (its redirects, proxies, certificate
 store, rate-limit headers) is the adapter's. The calls are made in the agent process
-(:mod:`fsm.hub.agent`), forked at the runner's first instruction (``fsm.hub_import``),
+(:mod:`fsm.hub.agent`), forked at the runner's first instruction (``fsm.hub.spawn``),
 which sets the fast-transfer switch in its environment and imports the library beside
 the runner's start; this process never imports it. Failures come back classified
 (:func:`fsm.hub.library.classify`).
@@ -85,7 +85,7 @@ from fsm.hub.agent import AgentClient
 from fsm.hub.client import Entry, Ignored, write_if_empty
 from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
-from fsm.log import Progress
+from fsm.output.log import Progress
 from fsm.prefetch import Background
 from fsm.store.base import Fence, StoreStats, WarmOutcome, removals
 from fsm.store.hf_cache import ModelCache
@@ -150,7 +150,7 @@ def _hub_settings(environ: Mapping[str, str] | None) -> dict[str, str]:
     which drops what its hub line does not read): the hub's own, and how a process reaches
     the network (proxies, CA bundles: ``library.TRANSPORT_SETTINGS``). The rest, secrets
     included, is not ours; telemetry stays ``configure_transfer``'s, and progress bars stay
-    off in the runner, whose stderr is JSON lines (``fsm.log.quiet_libraries``)."""
+    off in the runner, whose stderr is JSON lines (``fsm.output.log.quiet_libraries``)."""
     return {
         key: value
         for key, value in (environ or {}).items()

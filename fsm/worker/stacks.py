@@ -1,0 +1,717 @@
+"""The stacks of the worker's process group, taken before anything stops it (issue 23, item 2).
+
+When the worker stalls, and when the deadline stops it, the runner leaves the stacks of
+every process of the worker's group behind as ``stacks_<phase>.txt`` (CONTRACT section 7).
+:func:`capture` takes them and never raises; the caller (Train) decides when, uploads the
+text and puts :meth:`Stacks.evidence` and :attr:`Stacks.where` in the marker.
+
+Each process is tried with py-spy first (``py-spy dump --pid P --json``, attaching with
+ptrace), with ``--native`` first (C frames too) and plain when py-spy refuses that or does
+not manage within its share of the time. Where py-spy is missing, cannot attach (no ptrace
+permission), the process runs no Python, or py-spy hangs, the process gets the /proc
+fallback instead: its state, kernel wait channel and kernel stack (when readable), and the
+same for each of its threads. Every section says which method gave it and, for a
+fallback, why.
+
+py-spy's JSON is rendered in ``py-spy dump``'s own format (``Thread <tid> (<status>):
+"<name>"`` then one ``    <function> (<file>:<line>)`` per frame, innermost first, threads
+in py-spy's order), with full file names as ``--full-filenames`` prints them; the JSON is
+what :attr:`Stacks.where` is read from. One attach gives both (a second run for the human
+text would double the time and could disagree with the first). py-spy's two header
+lines (``Process``, ``Python v``) are replaced by the section's own header. py-spy lists
+only threads that run Python: the others (a CUDA or NCCL thread, an OpenMP pool) follow
+from /proc, grouped by what they wait in.
+
+Bounds: a py-spy gets at most ``per_process_s`` (both tries together) and is then killed
+with its process group (it runs in a session of its own, like every child of the runner);
+nothing is tried past ``budget_s`` after the start, and :func:`capture` returns by then
+whatever is still running: a process whose turn never came gets the cheap fallback, saying
+so. py-spy 0.4 attaches with ``PTRACE_SEIZE`` and ``PTRACE_INTERRUPT`` (checked with strace),
+so a py-spy killed mid-dump leaves no process stopped behind; taking the stacks sends no
+signal to the worker's group.
+
+Every section is redacted whole (before any cut) with the caller's ``redact``, and so is
+every other text :class:`Stacks` carries. Imports only the standard library (and
+``fsm.clock``): Train imports this module lazily, when a capture is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from fsm.clock import os_timeout
+
+__all__ = [
+    "BUDGET_S",
+    "FIND",
+    "PER_PROCESS_S",
+    "ProcessStacks",
+    "Stacks",
+    "artifact_name",
+    "capture",
+    "find_py_spy",
+]
+
+BUDGET_S: Final = 20.0
+"""At most this long for the whole capture (CONTRACT section 7)."""
+PER_PROCESS_S: Final = 5.0
+"""At most this long for py-spy on one process (issue 23)."""
+
+_NATIVE_SHARE = 0.6  # of a process's time, what ``--native`` may take before plain gets the rest
+_REAP_S = 0.25  # after SIGKILL to a py-spy's group: how long to wait for it to be gone
+_PROC_S = 0.25  # kept back from py-spy for the /proc fallback that may follow it
+_MIN_TRY_S = 0.5  # py-spy is not started with less time than this left
+_CMDLINE_CHARS = 4_000  # a command line is cut to this (after redaction)
+_SECTION_CHARS = 256_000  # a process's section is cut to this (after redaction)
+_THREADS_MAX = 512  # threads listed from /proc per process
+_SAID_LINES = 5  # lines of a failed py-spy's stderr kept in the section
+_EVIDENCE_MAX = 64  # processes listed in :meth:`Stacks.evidence`
+_PARALLEL_MAX = 4  # py-spys at once, at most (fewer on a machine with fewer cores)
+# Environment settings that make py-spy's errors long (Rust backtraces, debug logs).
+_NOISY_ENV = ("RUST_BACKTRACE", "RUST_LIB_BACKTRACE", "RUST_LOG")
+
+
+class _Find(Enum):
+    FIND = "find"
+
+
+FIND: Final = _Find.FIND
+"""``capture(py_spy=FIND)``: look for py-spy with :func:`find_py_spy` (the default)."""
+
+Method = Literal["py-spy --native", "py-spy", "proc", "none"]
+
+
+@dataclass(frozen=True)
+class ProcessStacks:
+    """One process of the capture.
+
+    ``method`` is what gave its stacks: ``py-spy --native``, ``py-spy``, ``proc`` (the /proc
+    fallback) or ``none`` (the capture ran out of time while still reading it). ``why`` says
+    why not a better method (``py-spy: permission denied``, ``--native: timed out after
+    3.0 s``, ...; None when py-spy --native gave them). ``text`` is its section of the file,
+    redacted.
+    """
+
+    pid: int
+    method: Method
+    why: str | None
+    text: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """What :func:`capture` took.
+
+    ``text`` is the whole ``stacks_<phase>.txt`` (redacted): a short header, then one
+    section per process. ``where`` is the innermost Python frame of the leader's main
+    thread as ``function (path:line)``, the path relative to ``code_dir`` when inside it
+    (CONTRACT section 7). C frames (``--native``) are skipped for it: they name addresses
+    and libraries, no line, and differ from host to host. ``where_in_code`` is the innermost
+    frame of that thread that is inside ``code_dir``: the worker's own line that led there,
+    when ``where`` is in a library (``Condition.wait`` in threading.py for every wait on an
+    Event). Both are None when unknown (no py-spy stacks for the leader).
+    """
+
+    text: str
+    where: str | None
+    where_in_code: str | None
+    processes: tuple[ProcessStacks, ...]
+    seconds: float
+
+    def evidence(self) -> dict[str, Any]:
+        """For the marker: seconds taken, ``where``, and each process's method (and why not
+        better), at most 64 processes (then ``more``: how many were left out)."""
+        listed = [
+            {"pid": p.pid, "method": p.method, **({"why": p.why} if p.why else {})}
+            for p in self.processes[:_EVIDENCE_MAX]
+        ]
+        evidence: dict[str, Any] = {
+            "seconds": round(self.seconds, 3),
+            "where": self.where,
+            "processes": listed,
+        }
+        if len(self.processes) > _EVIDENCE_MAX:
+            evidence["more"] = len(self.processes) - _EVIDENCE_MAX
+        return evidence
+
+
+def artifact_name(phase: str) -> str:
+    """The stacks file's name under the prefix (CONTRACT section 7)."""
+    return f"stacks_{phase}.txt"
+
+
+def find_py_spy(env: Mapping[str, str] | None = None) -> str | None:
+    """The py-spy executable to run, or None: ``py-spy`` next to the runner's interpreter
+    (where ``pip install 'flash-bootstrap[fast]'`` puts the wheel's binary), else ``py-spy``
+    on the ``PATH`` of ``env`` (default: the runner's environment). The order
+    :func:`fsm.extras.installer.find_uv` follows (py-spy's wheel has no Python module to ask)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    path = (os.environ if env is None else env).get("PATH", os.defpath)
+    return shutil.which("py-spy", path=path)
+
+
+def capture(
+    pids: Sequence[int],
+    *,
+    leader: int,
+    code_dir: Path,
+    redact: Callable[[str], str],
+    budget_s: float = BUDGET_S,
+    per_process_s: float = PER_PROCESS_S,
+    py_spy: str | _Find | None = FIND,
+    native: bool = True,
+    parallel: int | None = None,
+) -> Stacks:
+    """The stacks of every process in ``pids`` (the live members of the worker's group:
+    :func:`fsm.worker.procs.group_members`), ``leader`` (the worker's own process) first.
+
+    ``py_spy``: the executable (a path), None for the /proc fallback only, or :data:`FIND`
+    (:func:`find_py_spy`). ``native``: try ``--native`` first (C frames too; the default).
+    ``parallel``: how many processes are taken at once (default: the machine's cores, at
+    most 4); each py-spy pauses only its own target, for the moment of its dump.
+    ``per_process_s`` bounds py-spy on one process, ``budget_s`` the whole call: it returns
+    within about ``budget_s`` whatever happens. Never raises: a failure is text in the file.
+    """
+    started = time.monotonic()
+    try:
+        return _capture(pids, leader, code_dir, redact, budget_s, per_process_s, py_spy,
+                        native, parallel, started)
+    except Exception as exc:  # the evidence is optional; the marker is not
+        note = _redacted(redact, f"stack capture failed: {type(exc).__name__}: {exc}")
+        text = f"{_TITLE}\n{note}\n"
+        return Stacks(text, None, None, (), time.monotonic() - started)
+
+
+# --- the capture ----------------------------------------------------------------------------
+
+_TITLE = "flash-bootstrap: stacks of the worker's process group, taken before any signal"
+
+
+@dataclass
+class _Shared:
+    """What the capture's threads share: the bounds, and what py-spy turned out to accept."""
+
+    exe: str | None
+    end: float  # monotonic: nothing is tried past this
+    per_process_s: float
+    leader: int
+    code_dir: Path
+    redact: Callable[[str], str]
+    native: bool  # try --native first; cleared when py-spy refuses it as an option
+    native_refused: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Taken:
+    """One process's result before it becomes a :class:`ProcessStacks`."""
+
+    stacks: ProcessStacks
+    where: str | None = None
+    where_in_code: str | None = None
+
+
+def _capture(
+    pids: Sequence[int],
+    leader: int,
+    code_dir: Path,
+    redact: Callable[[str], str],
+    budget_s: float,
+    per_process_s: float,
+    py_spy: str | _Find | None,
+    native: bool,
+    parallel: int | None,
+    started: float,
+) -> Stacks:
+    order = list(dict.fromkeys(int(p) for p in pids))
+    if leader in order:
+        order.remove(leader)
+        order.insert(0, leader)
+    shared = _Shared(
+        exe=find_py_spy() if py_spy is FIND else py_spy,
+        end=started + os_timeout(budget_s),
+        per_process_s=os_timeout(per_process_s),
+        leader=leader,
+        code_dir=code_dir,
+        redact=redact,
+        native=native,
+    )
+    width = parallel if parallel is not None else min(_PARALLEL_MAX, os.cpu_count() or 1)
+    results = _run_all(order, shared, max(1, width))
+    taken = [r or _unfinished(pid, shared) for pid, r in zip(order, results, strict=True)]
+    lead = taken[0] if order and order[0] == leader else None
+    where = lead.where if lead else None
+    seconds = time.monotonic() - started
+    header = _header(order, leader, shared, seconds, budget_s, per_process_s, where)
+    processes = tuple(t.stacks for t in taken)
+    text = "\n".join([_redacted(redact, header), *(p.text for p in processes)])
+    return Stacks(
+        text=text,
+        where=where,
+        where_in_code=lead.where_in_code if lead else None,
+        processes=processes,
+        seconds=seconds,
+    )
+
+
+def _run_all(order: list[int], shared: _Shared, width: int) -> list[_Taken | None]:
+    """Each pid taken on one of ``width`` daemon threads, the first pids first; waits until
+    all are done or the budget is gone, and returns what is done by then."""
+    results: list[_Taken | None] = [None] * len(order)
+    done = threading.Condition()
+    next_index = iter(range(len(order)))
+
+    def work() -> None:
+        while True:
+            with done:
+                i = next(next_index, None)
+            if i is None:
+                return
+            try:
+                taken = _take(order[i], shared)
+            except Exception as exc:  # a bug here must not cost the other processes
+                taken = _failed(order[i], shared, exc)
+            with done:
+                results[i] = taken
+                done.notify_all()
+
+    # Daemon threads, not a pool: a thread stuck in a /proc read must not hold the exit.
+    for n in range(min(width, len(order))):
+        threading.Thread(target=work, name=f"stacks-{n}", daemon=True).start()
+    with done:
+        done.wait_for(lambda: all(r is not None for r in results),
+                      os_timeout(shared.end - time.monotonic()))
+        return list(results)
+
+
+def _take(pid: int, shared: _Shared) -> _Taken:
+    """One process: py-spy when there is one and time for it, else (or when it fails) /proc."""
+    t0 = time.monotonic()
+    proc = _Proc(pid)
+    tried: list[str] = []  # what py-spy said, for the section
+    least = _MIN_TRY_S + _REAP_S + _PROC_S
+    if shared.exe is None:
+        why = "py-spy: not installed"
+    elif shared.end - t0 < least:
+        why = "py-spy: not tried, the capture's time was spent"
+    elif shared.per_process_s < least:
+        why = f"py-spy: not tried, less than {least:g} s a process"
+    else:
+        dump, why = _py_spy(shared.exe, pid, shared, t0, tried)
+        if dump is not None:
+            return _from_dump(proc, dump, why, tried, shared, t0)
+    body = _proc_body(proc)
+    stacks = ProcessStacks(pid, "proc", why, _section(proc, shared, "proc", why, tried + body),
+                           time.monotonic() - t0)
+    return _Taken(stacks)
+
+
+def _unfinished(pid: int, shared: _Shared) -> _Taken:
+    why = "the capture's time ran out while this process was being read"
+    text = _section(_Proc(pid, read=False), shared, "none", why, [])
+    return _Taken(ProcessStacks(pid, "none", why, text, 0.0))
+
+
+def _failed(pid: int, shared: _Shared, exc: Exception) -> _Taken:
+    why = f"failed: {type(exc).__name__}: {exc}"
+    text = _section(_Proc(pid, read=False), shared, "none", why, [])
+    return _Taken(ProcessStacks(pid, "none", why, text, 0.0))
+
+
+def _header(
+    order: list[int], leader: int, shared: _Shared, seconds: float, budget_s: float,
+    per_process_s: float, where: str | None,
+) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    spy = (f"{shared.exe} (dump --json, shown in py-spy dump's format with full file names)"
+           if shared.exe else "not installed: /proc only")
+    return "\n".join([
+        _TITLE,
+        f"taken {when}: {len(order)} processes, leader {leader}, in {seconds:.2f} s "
+        f"(at most {budget_s:g} s, {per_process_s:g} s a process)",
+        f"py-spy: {spy}",
+        f"where: {where or 'unknown'}",
+        "",
+    ])
+
+
+# --- py-spy -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Frame:
+    name: str
+    filename: str
+    line: int
+    native: bool  # a C frame (py-spy names its module); Python frames have none
+
+
+@dataclass(frozen=True)
+class _Thread:
+    thread_id: int
+    os_thread_id: int | None
+    name: str | None
+    active: bool
+    owns_gil: bool
+    frames: tuple[_Frame, ...]
+
+
+@dataclass(frozen=True)
+class _Dump:
+    method: Method
+    threads: tuple[_Thread, ...]  # as py-spy's JSON lists them
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """One py-spy run: how it ended and what it printed."""
+
+    timed_out: bool
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    start_error: str | None = None  # it could not be started at all
+
+
+# What py-spy's errors say (main.rs prints "Permission Denied: ..." for EPERM/EACCES as a
+# user, "Error: ..." otherwise), and what each means for the next try.
+_TARGET_SPECIFIC = {
+    "permission denied": ("Permission Denied", "Permission denied", "Operation not permitted",
+                          "os error 1)", "os error 13)"),
+    "not a Python process": ("Failed to find python version",
+                             "Failed to find a python interpreter"),
+    "process gone": ("Check that the process is running", "No such process", "os error 3)"),
+}
+
+
+def _py_spy(
+    exe: str, pid: int, shared: _Shared, t0: float, tried: list[str]
+) -> tuple[_Dump | None, str]:
+    """py-spy on ``pid`` within its bounds: --native first, then plain. Returns the dump and
+    why it is not a native one ("" when it is, or when native was not asked for), or None
+    and why py-spy gave nothing."""
+    stop_at = min(t0 + shared.per_process_s, shared.end) - _REAP_S - _PROC_S
+    why = ""
+    for native in (True, False):
+        if native and not shared.native:
+            why = "--native: refused by this py-spy" if shared.native_refused else ""
+            continue
+        until = t0 + (stop_at - t0) * _NATIVE_SHARE if native else stop_at
+        began = time.monotonic()
+        ran = _run_py_spy(exe, pid, native, until)
+        flag: Method = "py-spy --native" if native else "py-spy"
+        if not ran.timed_out and ran.returncode == 0:
+            threads = _parse(ran.stdout)
+            if threads is not None:
+                return _Dump(flag, threads), why
+            reason = "printed no stacks it could read"
+        else:
+            reason = _reason(ran, until - began)
+        said = " | ".join(_said(ran))
+        tried.append(f"tried {flag}: {reason}{f'; it said: {said}' if said else ''}")
+        if not native or reason in _TARGET_SPECIFIC:
+            return None, f"py-spy: {reason}"
+        if ran.returncode == 2:  # a usage error (clap): this py-spy has no --native
+            with shared.lock:
+                shared.native, shared.native_refused = False, True
+        why = f"--native: {reason}"
+    return None, why or "py-spy: not tried"
+
+
+def _run_py_spy(exe: str, pid: int, native: bool, until: float) -> _Ran:
+    """``py-spy dump --pid PID --json [--native]`` in a session of its own, killed with its
+    group at ``until`` (monotonic)."""
+    argv = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+    env = {k: v for k, v in os.environ.items() if k not in _NOISY_ENV}
+    env["RUST_BACKTRACE"] = "0"  # one line of error, not a Rust backtrace
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True, env=env,
+        )
+    except OSError as exc:
+        return _Ran(False, None, b"", b"", start_error=f"{exc.strerror or exc}: {exe}")
+    try:
+        out, err = proc.communicate(timeout=os_timeout(until - time.monotonic()))
+        return _Ran(False, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        pass
+    # Not reaped yet, so its pid (and group id) cannot have been reused: killpg is safe.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=_REAP_S)
+    except subprocess.TimeoutExpired:  # stuck in the kernel: leave it, keep the bound
+        out, err = b"", b""
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+    return _Ran(True, proc.returncode, out, err)
+
+
+def _reason(ran: _Ran, allowed_s: float) -> str:
+    """Why a py-spy run gave no stacks, in a few words (the keys of _TARGET_SPECIFIC first)."""
+    if ran.start_error is not None:
+        return f"could not be started ({ran.start_error})"
+    if ran.timed_out:
+        return f"timed out after {max(0.0, allowed_s):.1f} s, killed"
+    said = ran.stderr.decode(errors="replace")
+    for reason, needles in _TARGET_SPECIFIC.items():
+        if any(needle in said for needle in needles):
+            return reason
+    return f"failed (exit {ran.returncode})"
+
+
+def _said(ran: _Ran) -> list[str]:
+    """The first lines a py-spy wrote to stderr (empty ones dropped)."""
+    lines = [line.strip() for line in ran.stderr.decode(errors="replace").splitlines()]
+    return [line[:300] for line in lines if line][:_SAID_LINES]
+
+
+def _parse(stdout: bytes) -> tuple[_Thread, ...] | None:
+    """py-spy's ``dump --json``: a list of traces (py-spy's ``StackTrace``), or None when it
+    is not that."""
+    try:
+        data = json.loads(stdout)
+        if not isinstance(data, list):
+            return None
+        threads = []
+        for trace in data:
+            frames = tuple(
+                _Frame(
+                    name=str(f["name"]),
+                    filename=str(f["filename"]),
+                    line=int(f.get("line") or 0),
+                    native=f.get("module") is not None,
+                )
+                for f in trace["frames"]
+            )
+            os_tid = trace.get("os_thread_id")
+            name = trace.get("thread_name")
+            threads.append(_Thread(
+                thread_id=int(trace.get("thread_id") or 0),
+                os_thread_id=int(os_tid) if os_tid is not None else None,
+                name=str(name) if name is not None else None,
+                active=bool(trace.get("active")),
+                owns_gil=bool(trace.get("owns_gil")),
+                frames=frames,
+            ))
+        return tuple(threads)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _from_dump(
+    proc: _Proc, dump: _Dump, why: str, tried: list[str], shared: _Shared, t0: float
+) -> _Taken:
+    lines = list(tried)
+    for thread in reversed(dump.threads):  # py-spy dump prints them in this order
+        lines.append(_thread_line(thread))
+        lines.extend(_frame_line(frame) for frame in thread.frames)
+    shown = {t.os_thread_id for t in dump.threads if t.os_thread_id is not None}
+    others = [tid for tid in proc.tids() if tid not in shown]
+    if others:
+        lines.append("Threads without Python frames (from /proc: state, wait channel, "
+                     "kernel stack):")
+        lines.extend(_task_groups(proc.pid, others))
+    where = where_in_code = None
+    if proc.pid == shared.leader:
+        where, where_in_code = _where(proc.pid, dump.threads, shared)
+    text = _section(proc, shared, dump.method, why or None, lines)
+    stacks = ProcessStacks(proc.pid, dump.method, why or None, text, time.monotonic() - t0)
+    return _Taken(stacks, where, where_in_code)
+
+
+def _thread_line(thread: _Thread) -> str:
+    """py-spy dump's thread line (dump.rs, stack_trace.rs ``format_threadid``)."""
+    tid = (str(thread.os_thread_id) if thread.os_thread_id is not None
+           else f"0x{thread.thread_id:X}")
+    status = "idle" if not thread.active else "active+gil" if thread.owns_gil else "active"
+    name = f': "{thread.name}"' if thread.name is not None else ""
+    return f"Thread {tid} ({status}){name}"
+
+
+def _frame_line(frame: _Frame) -> str:
+    """py-spy dump's frame line, with the full file name."""
+    return f"    {_frame_text(frame.name, frame.filename, frame.line)}"
+
+
+def _frame_text(name: str, filename: str, line: int) -> str:
+    return f"{name} ({filename}:{line})" if line else f"{name} ({filename})"
+
+
+def _where(pid: int, threads: tuple[_Thread, ...], shared: _Shared) -> tuple[str | None,
+                                                                              str | None]:
+    """The main thread's innermost Python frame, and its innermost frame inside code_dir."""
+    main = next((t for t in threads if t.os_thread_id == pid), None)
+    main = main or next((t for t in threads if t.name == "MainThread"), None)
+    if main is None:
+        return None, None
+    python = [f for f in main.frames if not f.native]
+    where = in_code = None
+    for frame in python:
+        relative = _relative(frame.filename, shared.code_dir)
+        text = _redacted(shared.redact, _frame_text(frame.name, relative or frame.filename,
+                                                    frame.line))
+        if where is None:
+            where = text
+        if relative is not None:
+            in_code = text
+            break
+    return where, in_code
+
+
+def _relative(filename: str, code_dir: Path) -> str | None:
+    """``filename`` relative to ``code_dir`` when it is inside it (as given or with links
+    resolved, on either side), else None."""
+    if not filename.startswith("/"):
+        return None  # "<frozen runpy>", "<string>"
+    bases = {str(code_dir), os.path.realpath(code_dir)}
+    for candidate in dict.fromkeys([os.path.normpath(filename), os.path.realpath(filename)]):
+        for base in bases:
+            with contextlib.suppress(ValueError):
+                return Path(candidate).relative_to(base).as_posix()
+    return None
+
+
+# --- /proc --------------------------------------------------------------------------------------
+
+
+class _Proc:
+    """A process as /proc shows it; each read says what it found or why it could not."""
+
+    def __init__(self, pid: int, *, read: bool = True) -> None:
+        self.pid = pid
+        self.cmdline = self._cmdline() if read else "(not read)"
+
+    def _cmdline(self) -> str:
+        data = _read(f"/proc/{self.pid}/cmdline")
+        if isinstance(data, str):
+            return data
+        args = [arg.decode(errors="replace") for arg in data.split(b"\0") if arg]
+        return " ".join(args) if args else "(empty)"
+
+    def tids(self) -> list[int]:
+        try:
+            return sorted(int(n) for n in os.listdir(f"/proc/{self.pid}/task") if n.isdigit())
+        except OSError:
+            return []
+
+
+def _read(path: str) -> bytes | str:
+    """The file's bytes, or ``(unreadable: why)`` / ``(gone)``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return "(gone)"
+    except OSError as exc:
+        return f"(unreadable: {exc.strerror or exc})"
+
+
+def _text(path: str) -> str:
+    data = _read(path)
+    return data if isinstance(data, str) else data.decode(errors="replace").strip()
+
+
+def _state(task: str) -> str:
+    """The ``State:`` of ``/proc/<task>/status`` (``S (sleeping)``)."""
+    status = _read(f"/proc/{task}/status")
+    if isinstance(status, str):
+        return status
+    for line in status.decode(errors="replace").splitlines():
+        if line.startswith("State:"):
+            return line.partition(":")[2].strip()
+    return "(no State line)"
+
+
+def _kernel_stack(task: str) -> list[str]:
+    stack = _read(f"/proc/{task}/stack")
+    if isinstance(stack, str):
+        return [stack]
+    lines = [line.strip() for line in stack.decode(errors="replace").splitlines()]
+    return [line for line in lines if line] or ["(empty)"]
+
+
+def _proc_body(proc: _Proc) -> list[str]:
+    """The fallback: state, wait channel and kernel stack of the process, then its threads."""
+    pid = proc.pid
+    lines = [
+        f"State: {_state(str(pid))}",
+        f"wchan: {_text(f'/proc/{pid}/wchan')}",
+        f"kernel stack (/proc/{pid}/stack):",
+        *(f"    {line}" for line in _kernel_stack(str(pid))),
+    ]
+    others = [tid for tid in proc.tids() if tid != pid]
+    if others:
+        lines.append(f"Other threads (/proc/{pid}/task):")
+        lines.extend(_task_groups(pid, others))
+    return lines
+
+
+def _task_groups(pid: int, tids: list[int]) -> list[str]:
+    """Threads grouped by state, wait channel and kernel stack: a pool of 96 threads in
+    one futex is one entry naming them all, its stack shown once."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for tid in tids[:_THREADS_MAX]:
+        task = f"{pid}/task/{tid}"
+        key = (_state(task), _text(f"/proc/{task}/wchan"), tuple(_kernel_stack(task)))
+        groups.setdefault(key, []).append(f'{tid} "{_text(f"/proc/{task}/comm")}"')
+    lines = []
+    for (state, wchan, stack), names in groups.items():
+        label = "Thread" if len(names) == 1 else f"{len(names)} threads"
+        lines.append(f"    {label} {', '.join(names)}: {state}, wchan {wchan}")
+        lines.extend(f"        {line}" for line in stack)
+    if len(tids) > _THREADS_MAX:
+        lines.append(f"    ({len(tids) - _THREADS_MAX} more threads not listed)")
+    return lines
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None,
+             body: list[str]) -> str:
+    """One process's part of the file: a header naming it, then ``body``; redacted whole,
+    then cut (so no cut leaves a piece of a secret)."""
+    role = " (the worker)" if proc.pid == shared.leader else ""
+    cmdline = _redacted(shared.redact, proc.cmdline)
+    if len(cmdline) > _CMDLINE_CHARS:
+        cmdline = f"{cmdline[:_CMDLINE_CHARS]} [... {len(cmdline) - _CMDLINE_CHARS} more]"
+    text = "\n".join([
+        f"== process {proc.pid}{role} ==",
+        f"command line: {cmdline}",
+        f"method: {method}{f' ({why})' if why else ''}",
+        *body,
+        "",
+    ])
+    text = _redacted(shared.redact, text)
+    if len(text) > _SECTION_CHARS:
+        cut = len(text) - _SECTION_CHARS
+        text = f"{text[:_SECTION_CHARS]}\n[... {cut} more characters of this section cut]\n"
+    return text
+
+
+def _redacted(redact: Callable[[str], str], text: str) -> str:
+    """``redact(text)``; when the redactor itself fails, nothing of the text."""
+    try:
+        return redact(text)
+    except Exception as exc:
+        return f"(withheld: the redactor failed: {type(exc).__name__})"

@@ -1,0 +1,899 @@
+"""The worker's process: start it, pump its console, stop it, and leave nothing behind.
+
+The worker runs in its own session and process group. Its stdout and stderr are one pipe,
+pumped in large binary chunks to an output fd (the container's stdout) and to the console
+file; bytes are never decoded, so any output is safe. Stopping the worker means SIGTERM to
+the group, a grace period that never runs past the attempt deadline, then SIGKILL to the
+group. Whatever way the worker ends, the group gets a SIGKILL before :func:`supervise`
+returns, so no grandchild survives holding a GPU or the pipe.
+
+Every wait is on a file descriptor: a watcher thread, the pump and the interrupt listener
+each write a byte to a self-pipe, and the main thread blocks in ``poll`` with the time left
+as its timeout. Writing to a pipe is safe inside a signal handler, where taking a lock is
+not. Every timeout handed to the OS goes through :func:`fsm.clock.os_timeout`: ``poll`` and
+``threading`` refuse waits of about a month (TRAPS), so a longer wait wakes and waits again.
+
+What left the group (a ``setsid`` helper, an orphan re-parented to the runner, which is a
+child subreaper) is found by the process table and the run's token (``fsm.worker.procs``): it
+gets the group's SIGTERM, and is SIGKILLed, waited for and reaped before this returns, so
+nothing the worker started lands an upload after the marker. While the worker runs, every
+wake of the main thread (SIGCHLD wakes it) reaps the group's orphans that died, never the
+leader. Every process started here begins with ``oom_score_adj`` 1000.
+
+The leader is watched with ``waitid(WNOWAIT)`` and reaped only after the last signal to
+its group: while it is an unreaped zombie its pid, and so the group id, cannot be reused,
+so ``killpg`` never reaches a stranger.
+
+The stall watch (``stall_s`` > 0) calls the worker *stalled* once it has shown no sign of
+progress for ``stall_s`` seconds. A sign is the worker's start, a chunk the pump read from
+the console pipe (the pump stamps each read with the monotonic clock, watch or no watch:
+one store, nothing more), or a change of ``progress_file`` (of its inode, modification time
+or change time; a missing file is no sign). There is no thread and no loop for it: the main
+thread's one wait wakes at the earliest of the deadline and the time the watch falls due
+(the last sign known, plus ``stall_s``). Only at that wake does it look at the file, since
+a file's times cannot wake a ``poll``. A change is dated by the file's change time
+(``st_ctime``: the kernel sets it from its wall clock at every write and touch, whatever
+modification time the touch sets), taken onto the monotonic clock with the wall clock's
+lead over it at this look or at the previous one, whichever dates it later, so a step of
+the wall clock between the change and the look does not date it early. A date outside the
+time between the two looks cannot be right (the change was seen at this look and not at the
+previous one: the wall clock stepped further, or the file system keeps no such time) and
+becomes the time of this look. So a change is never dated before it happened (beyond the
+file system's timestamp granularity, a few milliseconds), and the file never brings a stall
+early. If the file changed, the watch falls due later and the wait goes on. Otherwise the
+worker is stalled, unless the leader exited or a signal arrived first: the main thread
+checks both before it calls a stall, and once called the stall stays the reason, whatever
+comes next. When the deadline and a stall are both due at one wake, the one that fell due
+first wins.
+
+Before the group is stopped for a stall or at the deadline, ``before_stop`` runs on the
+main thread (where the caller takes the group's stacks); it is not called on an interrupt,
+since the host is going away. Then the stop is the same for both: SIGTERM, the grace,
+SIGKILL, and a cap line on the console saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import random
+import select
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import structlog
+
+from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
+from fsm.interrupt import InterruptFlag, wakeup_fd
+from fsm.output.outlet import STDOUT_CAPACITY, Outlet
+from fsm.worker import procs
+
+__all__ = ["TAIL_BYTES", "StopReason", "WorkerExit", "read_tail", "supervise"]
+
+TAIL_BYTES = 64_000
+"""How much of the console's end is uploaded as the tail."""
+
+_CHUNK = 1 << 20  # the pump moves up to 1 MiB per read
+_PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileged maximum)
+_KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
+_ESCAPEE_ROUNDS = 4  # looks for processes outside the group, each after killing those found
+_JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
+_OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buffer
+_OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
+_OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
+
+ExitReason = Literal["exited", "deadline", "interrupted", "stalled", "host", "superseded"]
+StopReason = Literal["stalled", "deadline", "host", "superseded"]
+"""Why the group is about to be stopped (``before_stop`` is told all but ``superseded``)."""
+
+
+class Watch(Protocol):
+    """Something the supervision loop looks at while the worker runs (the GPUs' health,
+    the lease): ``due()`` says when it next wants a look (monotonic), ``look()`` takes it
+    without blocking (it may start or collect work done elsewhere) and says whether the
+    worker must be stopped, for the reason the watch was given with."""
+
+    def due(self) -> float: ...
+
+    def look(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How the worker ended.
+
+    ``reason`` says who ended it: ``"exited"`` when the leader exited before the supervisor
+    had to stop it, ``"deadline"``, ``"stalled"`` or ``"interrupted"`` when the supervisor
+    stopped the group (after a stall the leader's exit is never its own, even when it came
+    while the group was being stopped). ``returncode`` is set when the leader exited
+    normally, ``signal`` when a signal killed it; both are ``None`` when the worker was never
+    started (the deadline had passed or the runner was interrupted already) or could not be
+    reaped. ``silent_s`` is set for a stall: how long the worker had shown no sign of
+    progress when the stall was called (at least ``stall_s``).
+    """
+
+    reason: ExitReason
+    returncode: int | None
+    signal: int | None
+    duration_s: float
+    console_path: Path
+    console_bytes: int  # the console file's size when supervise returned, cap line included
+    silent_s: float | None = None
+    #: The console file as this process holds it open (``/proc/self/fd/N``), for as long as
+    #: this object lives: what the worker deletes or replaces at ``console_path`` changes
+    #: nothing read through it. None where it could not be held.
+    console_held: Path | None = None
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> bytes:
+    """The last ``limit`` bytes of the file at ``path``; seeks, so the cost does not grow
+    with the console. Raises ``OSError`` when the file cannot be opened."""
+    if limit <= 0:
+        return b""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read(limit)
+
+
+def supervise(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    console_path: Path,
+    deadline: Deadline,
+    stop_by: Deadline,
+    interrupt: InterruptFlag,
+    grace_s: float = 10.0,
+    signal_stop_s: float | None = None,
+    out_fd: int | Outlet | None = 1,
+    on_output: Callable[[bytes], None] | None = None,
+    tail_sink: Callable[[bytes], None] | None = None,
+    tail_interval_s: float = 30.0,
+    drain_timeout_s: float = 2.0,
+    on_group: Callable[[int | None], None] | None = None,
+    stall_s: float = 0.0,
+    progress_file: Path | None = None,
+    before_stop: Callable[[StopReason], None] | None = None,
+    watches: Sequence[tuple[StopReason, Watch]] = (),
+    name: str = "worker",
+) -> WorkerExit:
+    """Run ``argv`` as the worker until it exits, ``deadline`` passes or ``interrupt`` fires.
+
+    The console (stdout and stderr, one stream) goes to ``out_fd`` (None: nowhere) and to
+    ``console_path`` (truncated first), and each chunk of it to ``on_output`` (called on
+    the pump's thread: keep it quick; what it raises is logged and it is called no more).
+    On the deadline, a stall or an interrupt the group gets SIGTERM, then up to ``grace_s``
+    (never past ``stop_by``, and once a signal came, before the stop or during it, never
+    past ``signal_stop_s`` seconds after it: the host is going away) to end, then SIGKILL;
+    a cap line saying why is appended to the console. After the leader exits, descendants
+    get ``drain_timeout_s`` to release the pipe; then the whole group is killed.
+
+    ``on_group`` (keep it trivial) gets the worker's process-group id once it is started,
+    and ``None`` before the leader is reaped (when the id could stop naming the group): what
+    a watchdog may ``killpg`` meanwhile.
+
+    ``stall_s`` (0: off; the caller validates the setting) turns the stall watch on (see the
+    module's docstring): after ``stall_s`` seconds without a sign of progress, neither a
+    byte on the console nor a change of ``progress_file`` (None: no file), the group is
+    stopped as at the deadline, the cap line says for how long the worker made no progress,
+    and ``reason`` is ``"stalled"``. ``before_stop(why)`` is called on this thread before
+    the first signal to the group, when it is stopped for a stall (``"stalled"``) or at the
+    deadline (``"deadline"``), never on an interrupt. It bounds its own time: the grace is
+    reckoned after it returns, still never past ``stop_by``. What it raises (an
+    ``Exception``) is logged and the stop goes on; the leader is not reaped before it
+    returns, so the group id it may use (``on_group``) still names the worker's group.
+
+    Each of ``watches`` (``(reason, watch)``) is one more deadline of the same wait: when
+    it is due the loop calls its ``look()``, and when that says so the group is stopped
+    with that ``reason``: as for a stall (``before_stop(reason)`` first) for ``"host"``;
+    for ``"superseded"`` (a later attempt of the run took over, CONTRACT section 10) at
+    once, SIGKILL without a grace or a ``before_stop``: nothing of the worker's may land
+    after that.
+
+    With ``tail_sink``, a daemon thread calls ``tail_sink(read_tail(console_path))`` every
+    ``tail_interval_s`` seconds (give or take a fifth, at random); ticks are skipped while
+    a call is in flight and exceptions are logged and swallowed. A call may still be in
+    flight when this returns: a caller whose final upload must land last should serialise
+    it with the sink (a shared lock).
+
+    ``name`` (``"pip"`` for the installer) names the log events and the process in the cap
+    line. Raises ``OSError`` when the worker cannot be started or the console file created.
+
+    ``out_fd`` is passed on through an :class:`~fsm.output.outlet.Outlet` (a descriptor number gets
+    one for the call, drained before this returns, within a bound): a reader of it that is
+    gone or stuck never blocks the pump, so never the worker; what it cannot take is
+    dropped there and counted (the console file keeps everything).
+    """
+    if tail_interval_s <= 0:
+        raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
+    if not stall_s >= 0:  # NaN too
+        raise ValueError(f"stall_s must be 0 (off) or positive, got {stall_s!r}")
+    log = structlog.get_logger()
+    started = time.monotonic()
+    console_fd = os.open(
+        console_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644
+    )
+    # Read back through this descriptor, never by the path: the worker may empty its
+    # scratch dir, and the console is the runner's evidence (issue 26).
+    held = Path(f"/proc/self/fd/{console_fd}")
+    if not held.exists():  # no /proc: the path is all there is
+        held = console_path
+    keep_open = False
+    out = Outlet(out_fd, "out", capacity=_OUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
+        out_fd, int) else out_fd
+    waker = _Waker()
+    unsubscribe = interrupt.subscribe(lambda _signum: waker.wake())
+    try:
+        # A trigger that came before subscribe() was not delivered: look at the flag too.
+        if interrupt.is_set() or deadline.expired():
+            reason: ExitReason = "interrupted" if interrupt.is_set() else "deadline"
+            log.warning(f"{name}.not_started", reason=reason)
+            _append_console(console_fd, _cap_line(reason, interrupt, name, after=b""), name)
+            keep_open = True
+            return _result(reason, None, started, console_path, console_fd, held=held)
+        run = _Run(
+            argv,
+            cwd=cwd,
+            env=env,
+            console_fd=console_fd,
+            out=out,
+            on_output=on_output,
+            waker=waker,
+            on_group=on_group,
+            name=name,
+        )
+        log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
+        stop_ticks = _start_ticks(tail_sink, held, tail_interval_s, name)
+        try:
+            watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
+            reason, silent_s = _wait_and_stop(
+                run,
+                waker=waker,
+                deadline=deadline,
+                stop_by=stop_by,
+                interrupt=interrupt,
+                grace_s=grace_s,
+                signal_stop_s=signal_stop_s,
+                drain_timeout_s=drain_timeout_s,
+                watch=watch,
+                watches=watches,
+                before_stop=before_stop,
+            )
+            if reason != "exited":
+                line = _cap_line(reason, interrupt, name, after=run.pump.last_byte,
+                                 silent_s=silent_s)
+                _append_console(console_fd, line, name)
+                if run.pump.finished and out is not None:  # after the pump's last chunk
+                    out.offer(line)
+        finally:
+            stop_ticks.set()
+            run.close()
+        result = _result(reason, run.proc.returncode, started, console_path, console_fd,
+                         silent_s, held=held)
+        keep_open = True
+        log.info(
+            f"{name}.exited",
+            reason=result.reason,
+            returncode=result.returncode,
+            signal=result.signal,
+            duration_s=round(result.duration_s, 3),
+            console_bytes=result.console_bytes,
+        )
+        return result
+    finally:
+        unsubscribe()
+        if not keep_open:  # else closed with the result that holds it
+            os.close(console_fd)
+        if out is not None and out is not out_fd:  # this call's own: what it holds goes now
+            out.close(drain_s=_OUT_DRAIN_S)
+        if out is not None and out.broken:
+            log.error(f"{name}.console_write_failed", target="out", error=out.broken,
+                      dropped_bytes=out.dropped_bytes)
+
+
+def _wait_and_stop(
+    run: _Run,
+    *,
+    waker: _Waker,
+    deadline: Deadline,
+    stop_by: Deadline,
+    interrupt: InterruptFlag,
+    grace_s: float,
+    signal_stop_s: float | None,
+    drain_timeout_s: float,
+    watch: _StallWatch | None,
+    watches: Sequence[tuple[StopReason, Watch]],
+    before_stop: Callable[[StopReason], None] | None,
+) -> tuple[ExitReason, float | None]:
+    """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
+
+    Returns why it ended, and for a stall how long the worker had been silent."""
+    log = structlog.get_logger()
+    exited, eof = run.exited.is_set, run.pump.eof.is_set
+    reason, silent_s = _wait(run, waker=waker, deadline=deadline, interrupt=interrupt,
+                             watch=watch, watches=watches)
+    if reason == "superseded":
+        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=0)
+    elif reason != "exited":
+        if reason != "interrupted" and before_stop is not None:
+            try:
+                before_stop(reason)
+            except Exception as exc:  # the evidence is optional; the stop is not
+                log.error(f"{run.name}.before_stop_failed", why=reason,
+                          error=f"{type(exc).__name__}: {exc}")
+        # Reckoned after before_stop: it may have taken its time, and a signal may have come.
+        grace_end = time.monotonic() + stop_by.bound(grace_s)
+        cut = _signal_cut(interrupt, signal_stop_s)
+        if cut is not None:
+            grace_end = min(grace_end, cut)
+        log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid,
+                    grace_s=round(max(0.0, grace_end - time.monotonic()), 3))
+        _killpg(run.pid, signal.SIGTERM)
+        # Those that left the group (setsid) get the same SIGTERM, found by the process table.
+        procs.stop_all(run.escapees(), signal.SIGTERM)
+
+        # The grace ends early when the leader exits, and is cut when a signal comes now.
+        def over() -> bool:
+            return exited() or (cut is None and signal_stop_s is not None and interrupt.is_set())
+
+        while waker.wait_until(over, grace_end) and not exited():
+            cut = _signal_cut(interrupt, signal_stop_s)
+            assert cut is not None  # over() said a signal came
+            grace_end = min(grace_end, cut)
+        # The rest of the group got the same SIGTERM: it may close the pipe within the grace.
+        if exited():
+            waker.wait_until(eof, min(grace_end, time.monotonic() + drain_timeout_s))
+    elif not waker.wait_until(eof, time.monotonic() + stop_by.bound(drain_timeout_s)):
+        log.warning(f"{run.name}.pipe_held", pgid=run.pid, drain_timeout_s=drain_timeout_s)
+
+    # Whatever is left of the group goes now. The leader is not reaped yet (at worst a
+    # zombie), so the group id still names this worker's group.
+    survivors = procs.group_members(run.pid)
+    if survivors:
+        log.warning(f"{run.name}.killing", pgid=run.pid, pids=survivors)
+    _killpg(run.pid, signal.SIGKILL)
+    kill_end = time.monotonic() + _KILL_WAIT_S
+    run.kill_escapees(kill_end)  # before the reap: the leader's pid still names the run
+    if not waker.wait_until(lambda: exited() and eof(), kill_end):
+        log.error(f"{run.name}.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
+    run.pump.finish()
+    if exited():
+        run.reap()
+    left = _await_group_gone(run.pid, kill_end)
+    if left:
+        log.error(f"{run.name}.survivors", pgid=run.pid, pids=left)
+    return reason, silent_s
+
+
+def _wait(
+    run: _Run,
+    *,
+    waker: _Waker,
+    deadline: Deadline,
+    interrupt: InterruptFlag,
+    watch: _StallWatch | None,
+    watches: Sequence[tuple[StopReason, Watch]] = (),
+) -> tuple[ExitReason, float | None]:
+    """Wait until the leader exits, a signal comes, the deadline passes, the worker stalls
+    or a watch says it must be stopped.
+
+    The leader's exit and a signal are looked at before a stall is called: whichever the
+    main thread sees first decides, and the exit before the signal, as always."""
+    exited = run.exited.is_set
+
+    def ended() -> bool:
+        # Every wake (a SIGCHLD wakes the signal descriptor too) reaps the group's orphans
+        # that died meanwhile: as PID 1 or subreaper nobody else would (fsm.worker.procs).
+        procs.reap_orphans(run.pid, run.pid)
+        return exited() or interrupt.is_set()
+
+    while True:
+        # The deadline is looked at again after every wake: it can move while it is waited
+        # for (the attempt's deadline follows a backward wall-clock step, fsm.clock).
+        until = min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S)
+        if watch is not None:
+            until = min(until, watch.due())
+        for _, other in watches:
+            until = min(until, other.due())
+        if not waker.wait_until(ended, until):
+            silent_s = watch.stalled() if watch is not None else None
+            deadline_at = deadline.mono_at
+            if ended():
+                pass
+            elif silent_s is not None and watch is not None and watch.fell_due() < deadline_at:
+                structlog.get_logger().warning(
+                    f"{run.name}.stalled", pgid=run.pid, silent_s=round(silent_s, 3),
+                    stall_s=watch.stall_s, last_sign=watch.last_kind(),
+                )
+                return "stalled", silent_s
+            elif (stop := _looked(watches)) is not None and not ended():
+                structlog.get_logger().warning(f"{run.name}.watch_stops", reason=stop,
+                                               pgid=run.pid)
+                return stop, None
+            elif time.monotonic() < deadline_at:
+                continue
+        if exited():
+            return "exited", None
+        return ("interrupted" if interrupt.is_set() else "deadline"), None
+
+
+def _looked(watches: Sequence[tuple[StopReason, Watch]]) -> StopReason | None:
+    """The reason of the first due watch whose look says stop, or None."""
+    for reason, other in watches:
+        if time.monotonic() >= other.due() and other.look():
+            return reason
+    return None
+
+
+def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float | None:
+    """When the stop must be over after a signal (monotonic), or None: no signal, no bound."""
+    if signal_stop_s is None or interrupt.at_mono is None:
+        return None
+    return interrupt.at_mono + signal_stop_s
+
+
+def _cap_line(
+    reason: ExitReason, interrupt: InterruptFlag, name: str, *, after: bytes,
+    silent_s: float | None = None,
+) -> bytes:
+    """The line that says why the console ends here, on a line of its own after ``after``."""
+    if reason == "deadline":
+        text = f"--- flash-bootstrap: {name} hit the run wall deadline; stopped ---\n"
+    elif reason == "stalled":
+        silent = f"{silent_s or 0:.0f} s"
+        text = f"--- flash-bootstrap: {name} made no progress for {silent}; stopped ---\n"
+    elif reason == "host":
+        text = f"--- flash-bootstrap: the host's GPUs failed under the {name}; stopped ---\n"
+    elif reason == "superseded":
+        text = (f"--- flash-bootstrap: a later attempt of the run took over; {name} "
+                "killed ---\n")
+    else:
+        sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
+        text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"
+    return (b"\n" if after not in (b"", b"\n") else b"") + text.encode()
+
+
+def _append_console(console_fd: int, line: bytes, name: str) -> None:
+    try:
+        _write_all(console_fd, memoryview(line))
+    except OSError as exc:
+        structlog.get_logger().error(
+            f"{name}.console_write_failed", target="console", error=str(exc)
+        )
+
+
+def _result(
+    reason: ExitReason,
+    returncode: int | None,
+    started: float,
+    console_path: Path,
+    console_fd: int,
+    silent_s: float | None = None,
+    *,
+    held: Path | None = None,
+) -> WorkerExit:
+    """The result; it owns ``console_fd`` from here on (closed when it is collected)."""
+    sig = -returncode if returncode is not None and returncode < 0 else None
+    result = WorkerExit(
+        reason=reason,
+        returncode=None if sig is not None else returncode,
+        signal=sig,
+        duration_s=time.monotonic() - started,
+        console_path=console_path,
+        console_bytes=os.fstat(console_fd).st_size,
+        silent_s=silent_s,
+        console_held=held if held != console_path else None,
+    )
+    weakref.finalize(result, _close_fds, console_fd)
+    return result
+
+
+class _Waker:
+    """A self-pipe: ``wake()`` from any thread or a signal handler, ``wait_until`` in one.
+
+    The fds close when the last reference goes, never earlier: a thread or a listener that
+    still holds the waker can never write into an fd number that was closed and reused.
+    ``wait_until`` also wakes when any thread caught a signal (the process's wakeup
+    descriptor, ``fsm.interrupt``): Python then runs the handler on this thread at once.
+    """
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        weakref.finalize(self, _close_fds, self.fd, self._w)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._signals: int | None = None  # the wakeup descriptor registered, if any
+
+    def wake(self) -> None:
+        # One write(2), no lock: safe inside a signal handler. A full pipe is awake already.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._w, b"\0")
+
+    def wait_until(self, done: Callable[[], bool], until_mono: float) -> bool:
+        """Block until ``done()`` or the monotonic time ``until_mono``; returns ``done()``."""
+        signals = self._watch_signals()
+        while True:
+            for fd in (self.fd,) if signals is None else (self.fd, signals):
+                with contextlib.suppress(OSError):  # drain before looking: no lost wake-up
+                    while os.read(fd, 4096):
+                        pass
+            if done():
+                return True
+            left = until_mono - time.monotonic()
+            if left <= 0:
+                return False
+            self._poll.poll(_poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
+
+    def _watch_signals(self) -> int | None:
+        """Poll the process's signal wakeup descriptor too (it may change between waits)."""
+        current = wakeup_fd()
+        if current != self._signals:
+            if self._signals is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poll.unregister(self._signals)
+            if current is not None:
+                self._poll.register(current, select.POLLIN)
+            self._signals = current
+        return current
+
+
+def _poll_ms(seconds: float | None) -> int:
+    """A ``poll(2)`` timeout in milliseconds for ``seconds`` (None: as long as allowed)."""
+    return math.ceil(os_timeout(seconds) * 1000)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _watch_leader(pid: int, waker: _Waker) -> threading.Event:
+    """An event a daemon thread sets when the leader exits, without reaping it."""
+    exited = threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(ChildProcessError):  # reaped by someone else: gone anyway
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        exited.set()
+        waker.wake()
+
+    threading.Thread(target=watch, name=f"worker-watch-{pid}", daemon=True).start()
+    return exited
+
+
+class _StallWatch:
+    """The last sign of progress, and whether the worker is stalled (the module's docstring).
+
+    Used by the main thread only; the pump's share is its ``last_read`` stamp."""
+
+    def __init__(self, stall_s: float, progress_file: Path | None, run: _Run) -> None:
+        self.stall_s = stall_s
+        self._file = progress_file
+        self._pump = run.pump
+        self._name = run.name
+        self._start = run.pump.last_read  # the worker's start is the first sign
+        self._file_at = self._start  # the last change of the file seen, dated (monotonic)
+        self._last = self._start  # the last sign, as of the last call of stalled()
+        self._complained = False
+        self._looked, self._lead = self._clocks()  # the last look at the file
+        self._key = self._stat()
+
+    def due(self) -> float:
+        """When the worker is stalled unless a sign comes first (monotonic); the file is
+        not looked at for this."""
+        return max(self._pump.last_read, self._file_at) + self.stall_s
+
+    def stalled(self) -> float | None:
+        """How long the worker has shown no sign of progress, when that is ``stall_s`` or
+        more (None otherwise). Looks at the file first when the watch is due."""
+        now = time.monotonic()
+        if self.due() <= now:
+            self._look()
+            now = time.monotonic()
+        self._last = max(self._pump.last_read, self._file_at)
+        silent_s = now - self._last
+        return silent_s if silent_s >= self.stall_s else None
+
+    def fell_due(self) -> float:
+        """When the stall that :meth:`stalled` found fell due (monotonic)."""
+        return self._last + self.stall_s
+
+    def last_kind(self) -> str:
+        """What the last sign was: ``"console"``, ``"progress_file"`` or ``"start"``."""
+        if self._last == self._start:
+            return "start"
+        return "console" if self._pump.last_read >= self._file_at else "progress_file"
+
+    def _look(self) -> None:
+        key = self._stat()
+        now, lead = self._clocks()
+        if key is not None and key != self._key:
+            # The change time, on the monotonic clock by the wall clock's lead at the last
+            # look or now, whichever is later; outside the time between the two looks, now.
+            at = key[3] / 1e9 - min(self._lead, lead)
+            self._file_at = max(self._file_at, at if self._looked < at <= now else now)
+        self._key, self._looked, self._lead = key, now, lead
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        """What tells a change of the file (its inode and times), None when it is missing."""
+        if self._file is None:
+            return None
+        try:
+            st = os.stat(self._file)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # unreadable: no sign either, and said once
+            if not self._complained:
+                self._complained = True
+                structlog.get_logger().warning(f"{self._name}.progress_file_unreadable",
+                                               path=str(self._file), error=str(exc))
+            return None
+        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+    @staticmethod
+    def _clocks() -> tuple[float, float]:
+        """The monotonic time now, and the wall clock's lead over it."""
+        mono = time.monotonic()
+        return mono, time.time() - mono
+
+
+class _Pump:
+    """Copies the console pipe to the console file and ``out`` in 1 MiB chunks.
+
+    Owns the pipe's read end. A write error drops the console file and the pump keeps
+    draining; ``out`` is an outlet, which never blocks it and never raises. So the worker
+    never blocks on a full pipe because a destination failed.
+    """
+
+    def __init__(
+        self, pipe_fd: int, out: Outlet | None, console_fd: int, waker: _Waker, name: str,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self.eof = threading.Event()
+        self.name = name
+        self.last_byte = b""
+        #: When the last chunk was read from the pipe (monotonic); the start before any.
+        self.last_read = time.monotonic()
+        self._pipe_fd = pipe_fd
+        self._targets = {"console": console_fd}
+        self._out = out
+        self._on_output = on_output
+        self._waker = waker
+        self._stop = _Waker()
+        self.finished = False
+        self._thread = threading.Thread(target=self._run, name=f"{name}-pump", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Stop pumping (what the pipe holds is copied first); sets ``finished`` once ended."""
+        if self.finished:
+            return
+        self._stop.wake()
+        self._thread.join(os_timeout(_JOIN_S))
+        if self._thread.is_alive():  # blocked writing the console file: leave it its fds
+            structlog.get_logger().error(f"{self.name}.pump_stuck")
+            return
+        self.finished = True
+        os.close(self._pipe_fd)
+
+    def _run(self) -> None:
+        view = memoryview(bytearray(_CHUNK))
+        monotonic = time.monotonic
+        poll = select.poll()
+        poll.register(self._pipe_fd, select.POLLIN)
+        poll.register(self._stop.fd, select.POLLIN)
+        stopping = False
+        try:
+            while True:
+                # Without a stop request, wait as long as the OS allows; waking early is a no-op.
+                ready = {fd for fd, _ in poll.poll(0 if stopping else _poll_ms(None))}
+                if self._stop.fd in ready:
+                    poll.unregister(self._stop.fd)
+                    stopping = True
+                if self._pipe_fd not in ready:
+                    if stopping:
+                        return  # told to stop and nothing is left to copy
+                    continue
+                n = os.readv(self._pipe_fd, [view])
+                if n == 0:
+                    return
+                self.last_read = monotonic()  # the stall watch's sign: nothing else to do here
+                self._copy(view[:n])
+        except OSError as exc:
+            structlog.get_logger().error(f"{self.name}.pump_failed", error=str(exc))
+        finally:
+            self.eof.set()
+            self._waker.wake()
+
+    def _copy(self, chunk: memoryview) -> None:
+        for name, fd in list(self._targets.items()):
+            try:
+                _write_all(fd, chunk)
+            except OSError as exc:
+                structlog.get_logger().error(
+                    f"{self.name}.console_write_failed", target=name, error=str(exc)
+                )
+                del self._targets[name]
+        self.last_byte = bytes(chunk[-1:])
+        data = bytes(chunk) if self._out is not None or self._on_output is not None else b""
+        if self._out is not None:
+            self._out.offer(data)
+        if self._on_output is not None:
+            try:
+                self._on_output(data)
+            except Exception as exc:
+                structlog.get_logger().error(f"{self.name}.output_reader_failed",
+                                             error=f"{type(exc).__name__}: {exc}")
+                self._on_output = None
+
+
+class _Run:
+    """A started worker: its process, its pump, and the clean-up that kills its group."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        console_fd: int,
+        out: Outlet | None,
+        on_output: Callable[[bytes], None] | None,
+        waker: _Waker,
+        on_group: Callable[[int | None], None] | None,
+        name: str,
+    ) -> None:
+        self.name = name
+        #: Marks every process of this run, so an orphan that left the group is found.
+        self.token = procs.new_token()
+        r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
+        try:
+            with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
+                fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            with procs.oom_first():  # the OOM killer's first choice, and its children's
+                self.proc = subprocess.Popen(
+                    list(argv),
+                    cwd=cwd,
+                    env={**env, procs.TOKEN_VAR: self.token},
+                    stdin=subprocess.DEVNULL,
+                    stdout=w,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)  # only the worker's group holds the write end: its exit means EOF
+        self.pid = self.proc.pid
+        self._on_group: Callable[[int | None], None] | None = None
+        try:
+            self.pump = _Pump(r, out, console_fd, waker, name, on_output)
+            self.exited = _watch_leader(self.pid, waker)
+            self._on_group = on_group
+            if on_group is not None:
+                on_group(self.pid)
+        except BaseException:
+            self.close()
+            raise
+
+    def escapees(self) -> list[procs.Proc]:
+        """The run's live processes outside its group (``setsid``, or orphaned and
+        re-parented to the runner): ``killpg`` does not reach them."""
+        return [p for p in procs.descendants(self.pid, self.token) if p.pgrp != self.pid]
+
+    def kill_escapees(self, until_mono: float) -> None:
+        """SIGKILL every process of the run outside its group, until none is found (an
+        escapee's children are orphaned by its death and found at the next look)."""
+        for _ in range(_ESCAPEE_ROUNDS):
+            found = self.escapees()
+            if not found:
+                return
+            structlog.get_logger().warning(f"{self.name}.escapees_killed", pgid=self.pid,
+                                           pids=[p.pid for p in found])
+            left = procs.stop_all(found, signal.SIGKILL, wait_until=until_mono)
+            if left:
+                structlog.get_logger().error(f"{self.name}.escapees_survive", pids=left)
+                return
+
+    def reap(self, timeout: float | None = None) -> None:
+        """Wait for the leader and collect its status (the caller forgets the group first)."""
+        on_group, self._on_group = self._on_group, None
+        if on_group is not None:
+            on_group(None)
+        self.proc.wait(None if timeout is None else os_timeout(timeout))
+
+    def close(self) -> None:
+        """Make sure the group is dead and the leader reaped (also when unwinding)."""
+        if self.proc.returncode is None:
+            _killpg(self.pid, signal.SIGKILL)  # unreaped leader: the group id is still ours
+            self.kill_escapees(time.monotonic() + _KILL_WAIT_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.reap(_KILL_WAIT_S)
+        if hasattr(self, "pump"):  # absent when the pump thread could not be started
+            self.pump.finish()
+        _reap_zombies(self.pid)
+
+
+def _start_ticks(
+    sink: Callable[[bytes], None] | None, console_path: Path, interval_s: float, name: str
+) -> threading.Event:
+    """Start the periodic tail uploads (when there is a sink); returns what stops them."""
+    stop = threading.Event()
+    if sink is None:
+        return stop
+
+    def tick() -> None:
+        log = structlog.get_logger()
+        # Each wait is jittered by up to a fifth either way: runners started together (a
+        # fleet sharing one repo) drift apart instead of committing in step, where their
+        # fenced tails would refuse each other (412).
+        while not _wait_event(stop, interval_s * random.uniform(0.8, 1.2)):
+            try:
+                sink(read_tail(console_path))
+            except Exception as exc:
+                log.warning(f"{name}.tail_upload_failed", error=f"{type(exc).__name__}: {exc}")
+
+    threading.Thread(target=tick, name=f"{name}-tail", daemon=True).start()
+    return stop
+
+
+def _wait_event(event: threading.Event, seconds: float) -> bool:
+    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): longer than the OS
+    accepts simply waits again."""
+    end = time.monotonic() + seconds
+    while not event.wait(os_timeout(end - time.monotonic())):
+        if time.monotonic() >= end:
+            return False
+    return True
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
+    """Wait (bounded) until no live process is left in group ``pgid``; returns the rest.
+
+    Waits on pidfds, which turn readable when their process exits. Without pidfds (an old
+    kernel, a seccomp profile that denies them) it takes one look instead.
+    """
+    fds: list[int] = []
+    try:
+        for pid in procs.group_members(pgid):
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                continue
+            except OSError:
+                return procs.group_members(pgid)
+        procs.await_exit(fds, until_mono)
+        return procs.group_members(pgid) if fds else []
+    finally:
+        _close_fds(*fds)
+
+
+def _reap_zombies(pgid: int) -> None:
+    """Reap the group's zombies that are our children (orphans re-parented to a PID 1 runner)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:
+            pass
