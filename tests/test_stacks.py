@@ -510,7 +510,7 @@ def test_importing_the_module_loads_only_the_standard_library() -> None:
     foreign = [m for m in loaded if m.split(".")[0] not in (*sys.stdlib_module_names, "fsm")]
     assert not foreign, foreign
     assert not [m for m in loaded if m.startswith("fsm.") and m not in (
-        "fsm.worker", "fsm.worker.stacks", "fsm.clock")]
+        "fsm.worker", "fsm.worker.stacks", "fsm.worker.bounded", "fsm.clock")]
 
 
 def test_a_runner_attempt_never_imports_the_module(layout: Layout) -> None:

@@ -56,14 +56,10 @@ The standard library only: this runs on the start path, before any setup.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import selectors
-import signal
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -77,26 +73,17 @@ from fsm.host.queries import (
     Asked,
 )
 from fsm.host.queries import ask as _ask_now
-from fsm.host.queries import spawn as _spawn
+from fsm.worker.bounded import Ran, Runs
 
 #: ``FLASH_GPU_QUERY_S``'s default: each query's bound (CONTRACT section 8). nvidia-smi takes
 #: about 30 s on a large host without the persistence daemon (Azure/aks-gpu#105).
 DEFAULT_QUERY_S = 60.0
 #: ``FLASH_GPU_QUERY_S`` is a number of at least this many seconds.
 MIN_QUERY_S = 5.0
-#: How often the taking thread looks at the bound (which can move) while queries run.
-POLL_S = 0.25
-#: How long a query whose output streams closed is waited for at a time to exit.
-EXIT_POLL_S = 0.02
-#: After the bound, how long a killed nvidia-smi is waited for before it is left to a
-#: reaper thread (a process stuck in the driver may not even die of SIGKILL).
-KILL_GRACE_S = 0.2
 #: A GPU holding more memory than this before the attempt started anything is busy.
 BUSY_MEMORY_MIB = 1024
 #: How many times a refused ``--query-gpu`` is asked again with fewer fields.
 RETRIES = 2
-#: Output beyond this (per stream) is read and dropped: nvidia-smi prints a few KiB.
-OUTPUT_CAP = 1 << 20
 #: A message kept from nvidia-smi (a failure's last line, a warning) is at most this long.
 MESSAGE_CHARS = 300
 #: At most this many warnings are kept.
@@ -313,8 +300,8 @@ class Snapshot:
 
 def snapshot(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> Snapshot:
     """Ask nvidia-smi (found on ``environ``'s PATH) about the GPUs: returns within
-    ``timeout_s`` (plus :data:`KILL_GRACE_S` when something had to be killed), never
-    raises for anything nvidia-smi does."""
+    ``timeout_s`` (plus :data:`fsm.worker.bounded.KILL_GRACE_S` when something had to be
+    killed), never raises for anything nvidia-smi does."""
     asking = PendingSnapshot(environ, timeout_s, background=False)
     final = asking.result(0)
     assert final is not None  # taken in this thread: complete on return
@@ -357,7 +344,7 @@ class PendingSnapshot:
 
     def limit(self, timeout_s: float) -> None:
         """Bound every query at ``timeout_s`` from the start (applied within
-        :data:`POLL_S`)."""
+        :data:`fsm.worker.bounded.POLL_S`)."""
         with self._cond:
             self._bound_s = timeout_s
 
@@ -370,7 +357,7 @@ class PendingSnapshot:
 
     def result(self, wait_s: float | None = None) -> Snapshot | None:
         """The whole snapshot, or None when it is not taken within ``wait_s`` (None: wait
-        for it; it takes at most its bound plus :data:`KILL_GRACE_S`)."""
+        for it; it takes at most its bound plus :data:`fsm.worker.bounded.KILL_GRACE_S`)."""
         with self._cond:
             if self._final is None and (wait_s is None or wait_s > 0):
                 self._cond.wait_for(lambda: self._final is not None, wait_s)
@@ -418,16 +405,18 @@ class PendingSnapshot:
         asked = self._asked if self._asked is not None else _ask_now(environ)
         if asked.exe is None:
             return Snapshot(problem="absent", timeout_s=self._bound_s)
-        runs = _Runs(asked.exe, asked.env, self.deadline)
+        runs = Runs(self.deadline, reaper="nvidia-smi-reaper")
         for name, proc in asked.procs.items():
             runs.adopt(name, proc, asked.started)
-        for name, answer in runs.answers():
+        for name, ran in runs.answers():
+            answer = _answer(ran)
             if name == "gpu" and len(self._refused) < RETRIES:
                 fewer = _without_refused(answer, self._fields)
                 if fewer is not None and time.monotonic() < self.deadline():
                     self._refused.append(_last_line(answer.stdout + "\n" + answer.stderr))
                     self._fields = fewer
-                    runs.start("gpu", (f"--query-gpu={','.join(fewer)}", FORMAT))
+                    runs.start("gpu", (asked.exe, f"--query-gpu={','.join(fewer)}", FORMAT),
+                               asked.env)
                     continue
             with self._cond:
                 self._answers[name] = answer
@@ -447,120 +436,13 @@ def start(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> Pen
     return PendingSnapshot(environ, timeout_s)
 
 
-@dataclass
-class _Run:
-    proc: subprocess.Popen[bytes]
-    started: float
-    out: bytearray
-    err: bytearray
-    open_streams: int = 2
-
-
-class _Runs:
-    """nvidia-smi invocations read together, each in its own session, each ending on its
-    own: its exit, or ``deadline()`` (read again every :data:`POLL_S`), when it is killed
-    with its process group."""
-
-    def __init__(self, exe: str, env: Mapping[str, str], deadline: Callable[[], float]) -> None:
-        self._exe = exe
-        self._env = dict(env)
-        self._deadline = deadline
-        self._runs: dict[str, _Run] = {}
-        self._ready: list[tuple[str, Answer]] = []
-        self._sel = selectors.DefaultSelector()
-
-    def start(self, name: str, args: Sequence[str]) -> None:
-        try:
-            proc: subprocess.Popen[bytes] | OSError = _spawn(self._exe, args, self._env)
-        except OSError as exc:
-            proc = exc
-        self.adopt(name, proc, time.monotonic())
-
-    def adopt(self, name: str, proc: subprocess.Popen[bytes] | OSError, started: float) -> None:
-        """Read ``proc`` (started at ``started``, monotonic), or answer why it could not
-        be started."""
-        if isinstance(proc, OSError):
-            self._ready.append(
-                (name, Answer(status=None, error=f"could not start ({proc.strerror or proc})")))
-            return
-        run = _Run(proc, started, bytearray(), bytearray())
-        self._runs[name] = run
-        assert proc.stdout is not None and proc.stderr is not None
-        self._sel.register(proc.stdout, selectors.EVENT_READ, (name, run.out))
-        self._sel.register(proc.stderr, selectors.EVENT_READ, (name, run.err))
-
-    def answers(self) -> Iterator[tuple[str, Answer]]:
-        """Each invocation's answer as it ends (one started meanwhile is read too)."""
-        try:
-            while self._ready or self._runs:
-                while self._ready:
-                    yield self._ready.pop(0)
-                if self._runs:
-                    self._step()
-        finally:
-            self._sel.close()
-
-    def _step(self) -> None:
-        left = self._deadline() - time.monotonic()
-        if left <= 0:
-            hung = list(self._runs)
-            _kill([self._runs[name].proc for name in hung])
-            for name in hung:
-                self._end(name, None)
-            return
-        exiting = [name for name, run in self._runs.items() if run.open_streams == 0]
-        wait = min(left, POLL_S, EXIT_POLL_S if exiting else POLL_S)
-        for key, _ in self._sel.select(os_wait(wait)):
-            name, buf = key.data
-            chunk = os.read(key.fd, 65536)
-            if chunk:
-                if len(buf) < OUTPUT_CAP:
-                    buf += chunk[: OUTPUT_CAP - len(buf)]
-                continue
-            self._sel.unregister(key.fileobj)
-            self._runs[name].open_streams -= 1
-        for name, run in list(self._runs.items()):
-            if run.open_streams == 0:
-                status = run.proc.poll()
-                if status is None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        status = run.proc.wait(EXIT_POLL_S)
-                if status is not None:
-                    self._end(name, status)
-
-    def _end(self, name: str, status: int | None) -> None:
-        run = self._runs.pop(name)
-        for stream in (run.proc.stdout, run.proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._sel.unregister(stream)
-                stream.close()
-        self._ready.append((name, Answer(
-            stdout=run.out.decode("utf-8", "replace"),
-            stderr=run.err.decode("utf-8", "replace"),
-            status=status,
-            hung=status is None,
-            seconds=time.monotonic() - run.started,
-        )))
-
-
-def os_wait(seconds: float) -> float:
-    """A select timeout the OS takes (never negative)."""
-    return max(0.0, seconds)
-
-
-def _kill(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL their process groups; wait :data:`KILL_GRACE_S` for them all; leave any
-    still there to a daemon reaper (a process stuck in the driver can outlive SIGKILL)."""
-    for proc in procs:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    grace = time.monotonic() + KILL_GRACE_S
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, grace - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            threading.Thread(target=proc.wait, name="nvidia-smi-reaper", daemon=True).start()
+def _answer(ran: Ran) -> Answer:
+    """An invocation's :class:`Answer` from how its run ended."""
+    if ran.start_error is not None:
+        return Answer(status=None, error=f"could not start ({ran.start_error})")
+    return Answer(stdout=ran.stdout.decode("utf-8", "replace"),
+                  stderr=ran.stderr.decode("utf-8", "replace"),
+                  status=ran.status, hung=ran.hung, seconds=ran.seconds)
 
 
 def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...] | None:

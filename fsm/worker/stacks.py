@@ -41,18 +41,18 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from fsm.clock import os_timeout
+from fsm.worker import bounded
+from fsm.worker.bounded import Ran
 
 __all__ = [
     "BUDGET_S",
@@ -71,7 +71,7 @@ PER_PROCESS_S: Final = 5.0
 """At most this long for py-spy on one process (issue 23)."""
 
 _NATIVE_SHARE = 0.6  # of a process's time, what ``--native`` may take before plain gets the rest
-_REAP_S = 0.25  # after SIGKILL to a py-spy's group: how long to wait for it to be gone
+_REAP_S = bounded.KILL_GRACE_S  # after SIGKILL to a py-spy's group: waited for it to be gone
 _PROC_S = 0.25  # kept back from py-spy for the /proc fallback that may follow it
 _MIN_TRY_S = 0.5  # py-spy is not started with less time than this left
 _CMDLINE_CHARS = 4_000  # a command line is cut to this (after redaction)
@@ -378,17 +378,6 @@ class _Dump:
     threads: tuple[_Thread, ...]  # as py-spy's JSON lists them
 
 
-@dataclass(frozen=True)
-class _Ran:
-    """One py-spy run: how it ended and what it printed."""
-
-    timed_out: bool
-    returncode: int | None
-    stdout: bytes
-    stderr: bytes
-    start_error: str | None = None  # it could not be started at all
-
-
 # What py-spy's errors say (main.rs prints "Permission Denied: ..." for EPERM/EACCES as a
 # user, "Error: ..." otherwise), and what each means for the next try.
 _TARGET_SPECIFIC = {
@@ -416,7 +405,7 @@ def _py_spy(
         began = time.monotonic()
         ran = _run_py_spy(exe, pid, native, until)
         flag: Method = "py-spy --native" if native else "py-spy"
-        if not ran.timed_out and ran.returncode == 0:
+        if not ran.hung and ran.status == 0:
             threads = _parse(ran.stdout)
             if threads is not None:
                 return _Dump(flag, threads), why
@@ -427,59 +416,37 @@ def _py_spy(
         tried.append(f"tried {flag}: {reason}{f'; it said: {said}' if said else ''}")
         if not native or reason in _TARGET_SPECIFIC:
             return None, f"py-spy: {reason}"
-        if ran.returncode == 2:  # a usage error (clap): this py-spy has no --native
+        if ran.status == 2:  # a usage error (clap): this py-spy has no --native
             with shared.lock:
                 shared.native, shared.native_refused = False, True
         why = f"--native: {reason}"
     return None, why or "py-spy: not tried"
 
 
-def _run_py_spy(exe: str, pid: int, native: bool, until: float) -> _Ran:
-    """``py-spy dump --pid PID --json [--native]`` in a session of its own, killed with its
-    group at ``until`` (monotonic)."""
+def _run_py_spy(exe: str, pid: int, native: bool, until: float) -> Ran:
+    """``py-spy dump --pid PID --json [--native]``, killed with its group at ``until``
+    (monotonic)."""
     argv = [exe, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
     env = {k: v for k, v in os.environ.items() if k not in _NOISY_ENV}
     env["RUST_BACKTRACE"] = "0"  # one line of error, not a Rust backtrace
-    try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, close_fds=True, env=env,
-        )
-    except OSError as exc:
-        return _Ran(False, None, b"", b"", start_error=f"{exc.strerror or exc}: {exe}")
-    try:
-        out, err = proc.communicate(timeout=os_timeout(until - time.monotonic()))
-        return _Ran(False, proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        pass
-    # Not reaped yet, so its pid (and group id) cannot have been reused: killpg is safe.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        out, err = proc.communicate(timeout=_REAP_S)
-    except subprocess.TimeoutExpired:  # stuck in the kernel: leave it, keep the bound
-        out, err = b"", b""
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-    return _Ran(True, proc.returncode, out, err)
+    ran = bounded.run(argv, env, until, reaper="py-spy-reaper")
+    return ran if ran.start_error is None else replace(ran, start_error=f"{ran.start_error}: {exe}")
 
 
-def _reason(ran: _Ran, allowed_s: float) -> str:
+def _reason(ran: Ran, allowed_s: float) -> str:
     """Why a py-spy run gave no stacks, in a few words (the keys of _TARGET_SPECIFIC first)."""
     if ran.start_error is not None:
         return f"could not be started ({ran.start_error})"
-    if ran.timed_out:
+    if ran.hung:
         return f"timed out after {max(0.0, allowed_s):.1f} s, killed"
     said = ran.stderr.decode(errors="replace")
     for reason, needles in _TARGET_SPECIFIC.items():
         if any(needle in said for needle in needles):
             return reason
-    return f"failed (exit {ran.returncode})"
+    return f"failed (exit {ran.status})"
 
 
-def _said(ran: _Ran) -> list[str]:
+def _said(ran: Ran) -> list[str]:
     """The first lines a py-spy wrote to stderr (empty ones dropped)."""
     lines = [line.strip() for line in ran.stderr.decode(errors="replace").splitlines()]
     return [line[:300] for line in lines if line][:_SAID_LINES]
