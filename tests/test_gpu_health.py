@@ -39,6 +39,7 @@ from fsm.testing.nvidia_smi import (
     FakeNvidiaSmi,
     render,
 )
+from fsm.worker import bounded
 
 #: One H100 row, in GPU_FIELDS order, with the values the H100 capture printed for them
 #: (utkuozdemir/nvidia_gpu_exporter, internal/captures/...h100-80gb-hbm3__590.48.01.txt).
@@ -440,7 +441,7 @@ def test_a_silent_apps_query_is_killed_at_its_bound_and_leaves_only_its_part_unk
     snap = gpus.snapshot(fake.env(), timeout_s=1.0)
     took = time.monotonic() - started
 
-    assert 1.0 <= took < 1.0 + gpus.KILL_GRACE_S + 1.0, took
+    assert 1.0 <= took < 1.0 + bounded.KILL_GRACE_S + 1.0, took
     assert snap.problem is None and snap.listed and len(snap.gpus) == 8
     assert snap.apps is None and not gpus.busy(snap)
     assert any("--query-compute-apps did not answer within 1s" in w for w in snap.warnings)
@@ -498,7 +499,7 @@ def test_a_hung_nvidia_smi_is_its_own_outcome_not_failed(fake: FakeNvidiaSmi) ->
     started = time.monotonic()
     snap = gpus.snapshot(fake.env(), timeout_s=0.5)
 
-    assert time.monotonic() - started < 0.5 + gpus.KILL_GRACE_S + 1.0
+    assert time.monotonic() - started < 0.5 + bounded.KILL_GRACE_S + 1.0
     assert snap.problem == "hung" and not snap.listed and snap.gpus == ()
     assert {q.outcome for q in snap.queries} == {"hung"}
 
@@ -519,7 +520,7 @@ def test_a_child_that_escaped_the_process_group_holding_the_pipe_does_not_hold_t
         started = time.monotonic()
         snap = gpus.snapshot({"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"},
                              timeout_s=0.5)
-        assert time.monotonic() - started < 0.5 + gpus.KILL_GRACE_S + 1.0
+        assert time.monotonic() - started < 0.5 + bounded.KILL_GRACE_S + 1.0
         assert snap.problem == "hung"
     finally:
         for pid in pidfile.read_text().split() if pidfile.exists() else []:

@@ -71,7 +71,8 @@ PER_PROCESS_S: Final = 5.0
 """At most this long for py-spy on one process (issue 23)."""
 
 _NATIVE_SHARE = 0.6  # of a process's time, what ``--native`` may take before plain gets the rest
-_REAP_S = bounded.KILL_GRACE_S  # after SIGKILL to a py-spy's group: waited for it to be gone
+#: Kept for a py-spy killed at its bound: the kill's grace (bounded.KILL_GRACE_S) and more.
+_REAP_S = 0.25
 _PROC_S = 0.25  # kept back from py-spy for the /proc fallback that may follow it
 _MIN_TRY_S = 0.5  # py-spy is not started with less time than this left
 _CMDLINE_CHARS = 4_000  # a command line is cut to this (after redaction)
