@@ -109,6 +109,7 @@ def main() -> None:
         died: dict[int, float] = {}
         lost_at: dict[int, float] = {}
         live_views: dict[str, int] = {}
+        live_whys: set[str] = set()  # why a reading of the live runner said other than running
         renewed: dict[int, float] = {}
         began = time.monotonic()
         next_read = time.time()
@@ -135,6 +136,8 @@ def main() -> None:
                         view = read_attempt(store, f"sft/run-{n}/seed0", ARM, 0)
                         if n == live:
                             live_views[view.kind] = live_views.get(view.kind, 0) + 1
+                            if view.kind != "running":
+                                live_whys.add(view.why)
                         elif view.kind == "lost" and n not in died:
                             print(f"runner {n} read lost before it died", file=sys.stderr)
                         elif view.kind == "lost" and n not in lost_at:
@@ -165,6 +168,7 @@ def main() -> None:
         "death_to_lost_max_s": round(max(latencies), 1) if latencies else None,
         "goal_s": ttl + args.read_s,
         "live_runner_views": live_views,
+        "live_runner_not_running_why": sorted(live_whys),
         "live_lease": facts,
         "live_lease_commits_of_its_own": (facts["renewals"] - facts["rode"]) if facts else None,
         "live_marker_rule": marker.get("rule"),
