@@ -518,16 +518,6 @@ def _latest(store: Store, prefix: str) -> tuple[Wanted, Wanted]:
     return wanted, leases
 
 
-def _latest_rows(store: Store, prefix: str) -> list[Row]:
-    """The latest attempt of every run under ``prefix`` as rows: one bounded listing of the
-    whole tree, one download per marker shown (every arm of that attempt, when several ran
-    it) and the leases of that attempt judged (:func:`_lease_rows`), by run, attempt, arm.
-    Once ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
-    wanted, leases = _latest(store, prefix)
-    return sorted(_read_rows(store, wanted) + _lease_rows(store, leases),
-                  key=lambda r: (r.folder, r.file.attempt, r.file.arm))
-
-
 #: The why of a lease that ``status`` had no time left to judge.
 LEASE_NOT_READ = "not judged: --timeout reached"
 
