@@ -263,7 +263,7 @@ def model(plan: Plan) -> tuple[Expect, list[tuple[str, str]]]:
 
 def _marker_commit(plan: Plan) -> tuple[bool, int, bool]:
     """Whether Mark's one commit (end-of-attempt artifacts, the marker last) lands, after
-    how many tries (fsm.attempt.marker._commit), and whether the store refused it for good."""
+    how many tries (fsm.attempt.publish._commit), and whether the store refused it for good."""
     fault = next((f for f in plan.faults if f.op == "upload_marker"), None)
     if fault is None or fault.kind == "signal":
         return True, 1, False  # a signal during Mark only sets the flag: the outcome stands

@@ -120,7 +120,7 @@ def configure_transfer(environ: MutableMapping[str, str], *, accelerate: bool = 
 
     Called on ``os.environ`` (before ``huggingface_hub`` is imported: the hub freezes its
     settings then), it decides for every agent process this one starts
-    (``fsm.store.hub_agent``, which inherits the environment); if nobody called it, each
+    (``fsm.hub.agent``, which inherits the environment); if nobody called it, each
     agent sets the switch in its own environment by these rules. The hub line is
     detected from the installed distribution's metadata, without importing it:
 
