@@ -2,7 +2,7 @@
 
 * :mod:`fsm.attempt.runner`: ``flash-bootstrap run``: the context built, the machine
   driven, the exit status;
-* :mod:`fsm.attempt.watchdog`: the attempt's deadline, kept from a thread of its own;
+* :mod:`fsm.attempt._watchdog`: the attempt's deadline, kept from a thread of its own;
 * :mod:`fsm.attempt.outcome`: how the attempt ended, recorded and published once;
 * the attempt's files: :mod:`fsm.attempt.marker` (the marker's format: its name, build,
   parse and checks; pure), :mod:`fsm.attempt.result` (the local result file),

@@ -24,7 +24,7 @@ import structlog
 from fsm import driver, exits, policy, rules, table
 from fsm import interrupt as interrupts
 from fsm.attempt import outcome
-from fsm.attempt.watchdog import EXIT_DEADLINE, Watchdog
+from fsm.attempt._watchdog import EXIT_DEADLINE, Watchdog
 from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy

@@ -87,8 +87,8 @@ from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.output.log import Progress
 from fsm.prefetch import Background
+from fsm.store._hf_cache import ModelCache
 from fsm.store.base import Fence, StoreStats, WarmOutcome, removals
-from fsm.store.hf_cache import ModelCache
 
 __all__ = ["DEFAULT_ENDPOINT", "HubStore", "configure_transfer"]
 

@@ -41,8 +41,8 @@ from fsm.errors import (
 )
 from fsm.files import atomic_file
 from fsm.interrupt import InterruptFlag
+from fsm.store._hf_cache import ModelCache
 from fsm.store.base import Fence, StoreStats, WarmOutcome, WarmStart, removals
-from fsm.store.hf_cache import ModelCache
 
 _CHUNK = 1 << 20
 
