@@ -1,4 +1,4 @@
-"""The attempt's one budget (deadline, interrupt flag, clock, sleep) and the one retry.
+"""The attempt's one budget (deadline, interrupt flag, sleep) and the one retry.
 
 Every wait of the runner goes through a :class:`Budget`: it never sleeps past the
 deadline, wakes within a short slice of SIGTERM/SIGINT (the flag is set inside a signal
@@ -6,8 +6,9 @@ handler, which may not set an ``Event``), and hands the OS only timeouts it acce
 :meth:`Budget.retry` is the one retry loop: backoff with jitter or the store's
 ``Retry-After``, never a wait that would reach the deadline, never a wait after a signal.
 Callers say which failures are worth another try and how long to wait; the budget says
-whether there is time. Tests hand in a fake clock and sleep to run the deadline paths
-without waiting for them.
+whether there is time. Time is measured by one clock, the deadline's
+(:attr:`fsm.clock.Deadline.clock`); tests hand in a fake one and a fake sleep to run the
+deadline paths without waiting for them.
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ class Budget:
 
     # A plain class, not a dataclass: a dataclass costs its code generation at import, and
     # every millisecond before the worker starts is paid on every attempt.
-    __slots__ = ("clock", "deadline", "interrupt", "min_try_s", "reserve_s", "signal_s",
-                 "sleep", "split", "stops")
+    __slots__ = ("deadline", "interrupt", "min_try_s", "reserve_s", "signal_s", "sleep",
+                 "split", "stops")
 
     def __init__(
         self,
         deadline: Deadline,
         interrupt: InterruptFlag | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         split: int = 1,
         stops: bool = True,
@@ -82,15 +83,20 @@ class Budget:
         min_try_s: float = MIN_TRY_S,
         reserve_s: float = 0.0,
     ) -> None:
-        self.deadline = deadline
+        # One clock: the deadline's (``clock``, a test's fake one, goes onto it).
+        self.deadline = deadline if clock is None else deadline.on(clock)
         self.interrupt = interrupt if interrupt is not None else InterruptFlag()
-        self.clock = clock
         self.sleep = sleep
         self.split = max(1, split)
         self.stops = stops
         self.signal_s = signal_s
         self.min_try_s = min_try_s
         self.reserve_s = reserve_s
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock time is measured by: the deadline's."""
+        return self.deadline.clock
 
     def remaining(self) -> float:
         """Seconds left; negative once the deadline passed (or, with ``signal_s``, once

@@ -16,7 +16,8 @@ deadline (a short bound such as ``Deadline.after(8)``) ignores the wall clock.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 #: How long one nap lasts at most while a wait watches the interrupt flag (between naps
 #: the main thread runs the handler of a signal another thread caught).
@@ -32,13 +33,16 @@ DEADLINE_RECHECK_S = 1.0
 
 @dataclass(frozen=True)
 class Deadline:
-    """An absolute deadline, anchored on both clocks when it is created."""
+    """An absolute deadline, anchored on both clocks when it is created. ``clock`` is the
+    one clock the runner measures time left by (``time.monotonic``; a test's fake one,
+    :meth:`on`): a :class:`fsm.budget.Budget` reads its deadline's."""
 
     at: float  # epoch seconds
     _mono_at: float = field(repr=False, compare=False)
     #: Follows backward wall-clock steps (the attempt's deadline and what derives from it).
     #: Then ``at - _mono_at`` is the wall clock's lead over the monotonic one when fixed.
     _follows_wall: bool = field(default=False, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
     @classmethod
     def at_epoch(cls, at: float) -> Deadline:
@@ -88,9 +92,13 @@ class Deadline:
         back = (self.at - self._mono_at) - (wall - mono)
         return min(max(back, 0.0), CLOCK_STEP_TOLERANCE_S)
 
+    def on(self, clock: Callable[[], float]) -> Deadline:
+        """The same deadline, its time left measured by ``clock``."""
+        return self if clock is self.clock else replace(self, clock=clock)
+
     def remaining(self) -> float:
-        """Seconds left; negative once passed."""
-        return self.mono_at - time.monotonic()
+        """Seconds left by :attr:`clock`; negative once passed."""
+        return self.mono_at - self.clock()
 
     def expired(self) -> bool:
         return self.remaining() <= 0
@@ -99,7 +107,7 @@ class Deadline:
         """The same deadline moved ``seconds`` earlier (the worker's share of the budget);
         it follows the wall clock when this one does."""
         return Deadline(at=self.at - seconds, _mono_at=self._mono_at - seconds,
-                        _follows_wall=self._follows_wall)
+                        _follows_wall=self._follows_wall, clock=self.clock)
 
     def bound(self, seconds: float) -> float:
         """``seconds``, cut so that it never reaches past this deadline (never below 0)."""
