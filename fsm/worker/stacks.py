@@ -32,7 +32,8 @@ signal to the worker's group.
 
 Every section is redacted whole (before any cut) with the caller's ``redact``, and so is
 every other text :class:`Stacks` carries. Imports only the standard library (and
-``fsm.clock``): Train imports this module lazily, when a capture is needed.
+``fsm.clock``, ``fsm.worker.bounded``): Train imports this module lazily, when a capture
+is needed.
 """
 
 from __future__ import annotations
