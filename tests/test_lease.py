@@ -25,7 +25,7 @@ from conftest import ARM, PREFIX, Layout, make_store, read_until, survivors
 from hubrun import REPO, HubRun
 from test_attempt_budget import faketime, libfaketime_mt  # noqa: F401 - fixtures
 
-from fsm.attempt.lease import GRACE_S, lease_name
+from fsm.attempt.lease import GRACE_S, LANDING_S, lease_name
 from fsm.attempts import read_attempt
 from fsm.clock import Deadline
 from fsm.store import open_store
@@ -215,7 +215,8 @@ def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
     stays as it was. The reader says running until the lease is ttl_s old by the store's
     clock (a file's mtime, the Hub's commit date), unknown while no other commit shows the
     store working, and lost once one does, though commits keep landing up to the reading
-    (the evidence is the repo's newest commit before the grace, not its last)."""
+    (the evidence is the repo's newest commit before the grace, not its last); with a
+    commit of the repo while the renewal was late, lost well before the expiry's grace."""
     world.write_worker(SAVES_ON_STOP)
     proc = world.start(LEASE_ENV)
     pgid = None
@@ -243,6 +244,17 @@ def test_a_dead_runner_reads_lost_only_after_its_ttl_by_the_stores_clock(
         assert view.host is not None and view.host["hostname"] == socket.gethostname()
         early = read_attempt(world.reader(), PREFIX, ARM, 0, now=changed + TTL_S - 1)
         assert early.kind == "running"
+        # Not GRACE_S after the expiry, but as soon as the repo shows a commit after it and
+        # one a live runner's late renewal would have followed by now (issue 40's latency):
+        # another run's commit LANDING_S after the renewal fell due, read GRACE_S later.
+        witness = changed + LEASE_S + LANDING_S + 1
+        for k, when in enumerate([witness, changed + TTL_S + 2]):  # in the order of their dates
+            world.put(lease_name(ARM, 0), json.dumps({"attempt": 0, "seq": k, "ttl_s": TTL_S}),
+                      prefix=f"sft/run-{k + 9}/seed0", when=when)
+        soon = read_attempt(world.reader(), PREFIX, ARM, 0, now=witness + GRACE_S + 1)
+        assert (soon.kind, soon.since) == ("lost", pytest.approx(changed + TTL_S, abs=0.01))
+        view = read_attempt(world.reader(), PREFIX, ARM, 0, now=witness + GRACE_S - 2)
+        assert view.kind == "unknown", view  # the witness is younger than the grace
     finally:
         if pgid is not None:
             os.killpg(pgid, signal.SIGKILL)
