@@ -50,8 +50,8 @@ it died). Each returns findings that name the GPU by index and UUID, as marker e
 (:meth:`Verdict.evidence`) and as one line for the marker's ``error``
 (:meth:`Verdict.describe`).
 
-The standard library only (and ``fsm.worker.bounded``, which runs the queries): this runs
-on the start path, before any setup.
+The standard library only (and ``fsm.worker.bounded``, which runs the queries, with
+``fsm.clock``): this runs on the start path, before any setup.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ killed with its process group when the bound passes. nvidia-smi's queries
 (``fsm.host.gpus``) and py-spy (``fsm.worker.stacks``) run through :class:`Runs`; the
 worker, which runs long and is watched, through ``fsm.worker.supervise``.
 
-Standard library only: the GPUs' reader imports it on the runner's start path.
+Standard library only (and ``fsm.clock``): the GPUs' reader imports it on the runner's
+start path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+from fsm.clock import os_timeout
 
 __all__ = ["KILL_GRACE_S", "Ran", "Runs", "run", "spawn"]
 
@@ -111,7 +114,7 @@ class Runs:
                 self._end(name, None)
             return
         exiting = any(run.open_streams == 0 for run in self._runs.values())
-        for key, _ in self._sel.select(max(0.0, min(left, EXIT_POLL_S if exiting else POLL_S))):
+        for key, _ in self._sel.select(os_timeout(min(left, EXIT_POLL_S if exiting else POLL_S))):
             name, buf = key.data
             chunk = os.read(key.fd, 65536)
             if chunk:
