@@ -136,6 +136,23 @@ def test_a_console_fault_on_host_a_then_on_host_b_is_the_jobs(
     assert_follows_job(status, second, first, 0)
 
 
+#: An error in the GPU stack's words that no row names (NVIDIA/nccl#1726: the job's own
+#: topology file, as the thread settled).
+UNNAMED = "{rank}: ncclCommInitRank failed with error: NCCL error: internal error\n"
+
+
+def test_an_unnamed_gpu_stack_error_is_retried_once_and_ended_when_it_follows_the_job(
+    hosts: tuple[Host, Host]
+) -> None:
+    a, b = hosts
+    status, first = a.attempt(dies(UNNAMED.format(rank="[rank3]")), 0)
+    assert (status, first["retriable"], first["rule"]) == (75, True, "worker-host-fault")
+    assert first["fault"]["family"] == "gpu-stack"
+    assert first["host_fault"]["signature"] == "gpu-stack-error"
+    status, second = b.attempt(dies(UNNAMED.format(rank="[rank6]")), 1)
+    assert_follows_job(status, second, first, 0)
+
+
 def _ecc_on_gpu_0(host: FakeHost) -> None:
     host.gpus[0].ecc_uncorrected = (host.gpus[0].ecc_uncorrected or 0) + 1
 

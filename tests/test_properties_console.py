@@ -143,6 +143,33 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         # NVIDIA/nccl#1176
         "1: compute-st-p4de24xlarge-2:4827:6900 [4] bootstrap.cc:77 NCCL WARN Message "
         "truncated : received 256 bytes instead of 4",
+        # NVIDIA/nccl#296
+        "init.cc:1247 NCCL WARN Mismatched collective detected, please check your collective "
+        "calls at and around rank 39.",
+    ),
+    "cuda-build-mismatch": (
+        # HRNet/HigherHRNet-Human-Pose-Estimation#95
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        # verl-project/verl#5876
+        "torch.AcceleratorError: CUDA error: device kernel image is invalid",
+        # cupy/cupy#6875
+        "cupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorUnsupportedPtxVersion: the "
+        "provided PTX was compiled with an unsupported toolchain.",
+    ),
+    "cuda-launch-config": (
+        # yandex-research/tab-ddpm#20
+        "RuntimeError: CUDA error: invalid device ordinal",
+        # open-mmlab/mmdetection3d#306
+        "RuntimeError: CUDA error: invalid configuration argument",
+        # sxyu/svox2#6
+        "RuntimeError: CUDA error: too many resources requested for launch",
+    ),
+    "cuda-library-status": (
+        # ShaoqingRen/faster_rcnn#24
+        "Check failed: status == CUBLAS_STATUS_SUCCESS (13 vs. 0)  CUBLAS_STATUS_EXECUTION_FAILED",
+        # pytorch/pytorch#3038
+        "RuntimeError: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
+        "non-contiguous input.",
     ),
     "container-gpu-setup": (
         # pytorch/pytorch#88363
@@ -731,3 +758,41 @@ def test_carriage_returns_split_lines(host: tuple[str, str], bar: str) -> None:
     frames = "\r".join([bar] * WINDOW)
     assert policy.console_verdict(host[1] + "\r" + frames) is None
     assert policy.console_verdict(host[1] + "\n" + frames) is None
+
+
+# --- (c) the GPU stack's error that no row names ---------------------------------------
+
+#: Errors in the GPU stack's words that no row names, from tuning threads (the job's, as
+#: it happened: the first attempt cannot tell, the second does).
+UNNAMED_STACK_LINES = (
+    # NVIDIA/nccl#1726
+    "ncclCommInitRank failed with error: NCCL error: internal error",
+    # daa233/generative-inpainting-pytorch#9
+    "RuntimeError: cuda runtime error (11) : invalid argument at "
+    "/pytorch/aten/src/THC/THCGeneral.cpp:383",
+)
+
+
+@given(st.sampled_from(UNNAMED_STACK_LINES), st.lists(st.sampled_from(
+    [line for _, line in HOST_LINES + JOB_LINES + WEAK_LINES]), max_size=3))
+def test_an_unnamed_gpu_stack_error_decides_only_when_no_row_matches(
+    line: str, others: list[str]
+) -> None:
+    """Alone, the GPU stack's error in words no row names is retried (``gpu-stack-error``);
+    any row's line in the window decides instead, whatever the order."""
+    alone = policy.console_verdict(line)
+    assert alone is not None and alone.signature is families.GPU_STACK_ERROR
+    assert alone.signature.retriable and alone.signature not in CONSOLE_SIGNATURES
+    if others:
+        found = policy.console_verdict("\n".join([*others, line]))
+        assert found is not None and found.signature is not families.GPU_STACK_ERROR
+        assert found == policy.console_verdict("\n".join(others))
+
+
+def test_noise_and_warnings_in_gpu_words_are_not_errors() -> None:
+    for line in (*HEALTHY_NCCL_INIT, *NEAR_MISSES,
+                 "UserWarning: Attempting to run cuBLAS, but there was no current CUDA context!",
+                 "NCCL WARN NET/Plugin: Could not find: libnccl-net.so. Using internal "
+                 "network plugin."):
+        found = policy.console_verdict(line)
+        assert found is None or found.signature is not families.GPU_STACK_ERROR, line

@@ -536,7 +536,9 @@ def render_table() -> str:
         "upload or an OOM kill. A `job` row anywhere in those lines wins (fatal, the job's",
         "own fault, on any host); otherwise the last line matching a host row decides",
         "(`worker-host-fault`, retried on a fresh host); a weak row (`nccl-timeout`, a",
-        "consequence) decides only when no other row matches. Where the words could be the",
+        "consequence) decides only when no other row matches, and the last row",
+        "(`gpu-stack-error`, the GPU stack's error in words no row names) only when no row",
+        "matches at all. Where the words could be the",
         "host's or the job's, the row is retriable: the next attempt ends a fault that",
         "follows the job (`fault-follows-job`, below). The marker's `host_fault` (or",
         "`job_fault`) evidence names the row and the line, and its `fault` the family and the",
@@ -549,7 +551,7 @@ def render_table() -> str:
     lines += [
         f"| `{sig.id}` | {sig.family} | {sig.blame} | `{_cell(sig.pattern)}` | {sig.meaning} | "
         f"{'retriable' if sig.retriable else 'fatal'} | {_sources(sig.sources)} |"
-        for sig in CONSOLE_SIGNATURES
+        for sig in (*CONSOLE_SIGNATURES, families.GPU_STACK_ERROR)
     ]
     lines += [
         "",

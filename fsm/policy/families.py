@@ -142,12 +142,48 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
          "the 'fork' start method): CUDA cannot run in the child, on any host; the child's "
          "'initialization error' beside it is this, not the driver",
          ("https://github.com/graphnet-team/graphnet/pull/614",)),
+    _job("cuda-build-mismatch", "job-build",
+         "|".join((
+             cuda_error(209, r"no kernel image is available for execution on the device",
+                        "cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU"),
+             cuda_error(200, r"device kernel image is invalid", "cudaErrorInvalidKernelImage",
+                        "CUDA_ERROR_INVALID_IMAGE"),
+             cuda_error(222, r"PTX was compiled with an unsupported toolchain",
+                        "cudaErrorUnsupportedPtxVersion", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
+         )),
+         "the program's compiled GPU code does not fit the GPU or the driver: built for other "
+         "architectures (209), an image the driver cannot load (200), PTX from a toolkit "
+         "newer than the driver (222): the job's build, the same on every host of the run's "
+         "GPU type",
+         (CUDA_ERRORS, *_gh("HRNet/HigherHRNet-Human-Pose-Estimation#95",
+                            "verl-project/verl#5876"))),
+    _job("cuda-launch-config", "job-kernel",
+         "|".join((
+             cuda_error(101, r"invalid device ordinal", "cudaErrorInvalidDevice",
+                        "CUDA_ERROR_INVALID_DEVICE"),
+             cuda_error(9, r"invalid configuration argument", "cudaErrorInvalidConfiguration"),
+             cuda_error(701, r"too many resources requested for launch",
+                        "cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+         )),
+         "the program asked for what no GPU gives it: a GPU index it was not given (101), a "
+         "block or grid shape out of range (9), more registers or shared memory than a block "
+         "may use (701)", (CUDA_ERRORS, *_gh("yandex-research/tab-ddpm#20", "sxyu/svox2#6"))),
+    _job("cuda-library-status", "job-cuda-library",
+         r"\b(?:CUDNN|CUBLAS|CUSOLVER|CUSPARSE|CUFFT)_STATUS_(?!SUCCESS\b)[A-Z_]+\b",
+         "cuDNN or cuBLAS refused or failed the program's call (its shapes, its workspace, its "
+         "memory, its build): in every thread of the corpus that settled one, 12 of 12, the "
+         "job's; a consequence that decides only when no row names a cause (a GPU fault "
+         "beside it is retried)",
+         (CUDA_ERRORS, *_gh("pytorch/pytorch#3038", "ShaoqingRen/faster_rcnn#24")),
+         weak=True),
     _job("nccl-collective-mismatch", "job-collective",
-         r"collective mismatch error|Message truncated : receiv(?:ed|ing) \d+ bytes instead "
-         r"of \d+|\bncclInvalidUsage\b|\bncclInvalidArgument\b"
+         r"Mismatched collective detected|collective mismatch error"
+         r"|Message truncated : receiv(?:ed|ing) \d+ bytes instead of \d+"
+         r"|\bncclInvalidUsage\b|\bncclInvalidArgument\b"
          r"|NCCL error[^\n]*\binvalid (?:usage|argument)\b",
          "NCCL: the ranks disagree on a collective, its sizes or their configuration (invalid "
-         "usage or argument)", (NCCL_ERRORS, *_gh("NVIDIA/nccl#969", "NVIDIA/nccl#1176"))),
+         "usage or argument)",
+         (NCCL_ERRORS, *_gh("NVIDIA/nccl#969", "NVIDIA/nccl#1176", "NVIDIA/nccl#296"))),
     _job("shm-exhausted", "shm",
          r"insufficient shared memory \(shm\)|out of shared memory\. Please try to raise your "
          r"shared memory limit|Error while creating shared memory segment|failed to extend "
@@ -417,23 +453,42 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "NCCL: the network or InfiniBand transport failed, or a peer became unreachable "
           "(ncclRemoteError)", (NCCL_ERRORS, *_gh("NVIDIA/nccl#902", "NVIDIA/nccl#2076"))),
 )
+#: The last row, a tier of its own: an error in the GPU stack's words (CUDA, its libraries,
+#: NCCL, NVML, the kernel driver, the InfiniBand verbs) that no row above names. It decides
+#: only when nothing else in the window does, and it is retried: a fresh host tells a
+#: host's fault from a job's, which fails the same way there (``fault-follows-job``).
+GPU_STACK_ERROR = _host(
+    "gpu-stack-error", "gpu-stack", "driver",
+    r"\bCUDA(?: driver| runtime)? error\b|\bcuda runtime error\b|\bCUDA_ERROR_[A-Z_]+\b"
+    r"|\bcudaError[A-Z]\w*\b|\bCUDARuntimeError\b|\bcuDNN error\b|\bNCCL error\b"
+    r"|\bnccl\w*Error\b|\bNCCL WARN\b[^\n]*\b(?:fail\w*|error)\b"
+    r"|\bNVML\w*\b[^\n]*\berror\b|\bNVRM: [^\n]*\b(?:fail\w*|error)\b"
+    r"|\bibv_\w+\b[^\n]*\bfail|\bmlx5\w*\b[^\n]*\berr",
+    "an error in the GPU stack's own words (CUDA, cuDNN, NCCL, NVML, the kernel driver, the "
+    "InfiniBand verbs) that no row names: retried once, since one attempt cannot tell the "
+    "host's fault from the job's, and a job's follows it to the next host "
+    "(fault-follows-job)", (CUDA_ERRORS, NCCL_ERRORS), weak=True)
 #: NCCL's informational lines (``NCCL_DEBUG=INFO``) report, they never fail: a healthy
 #: start prints "NET/Plugin: Failed to find ncclNetPlugin_v8 symbol" and the like.
-CONSOLE = Table(CONSOLE_SIGNATURES, ignore_case=True, skip=r"\bNCCL INFO\b")
+CONSOLE = Table((*CONSOLE_SIGNATURES, GPU_STACK_ERROR), ignore_case=True, skip=r"\bNCCL INFO\b")
 
 
 def console_verdict(tail: str) -> Match | None:
     """What the console's last ``CONSOLE_WINDOW_LINES`` lines say: a job fault if any line
     shows one (fatal rows win), else the last line naming a host fault, else the last line
     of a fault whose words name no cause (a weak retriable row), else the first line of a
-    consequence (a weak fatal row, such as an NCCL timeout), else None."""
+    consequence (a weak fatal row, such as an NCCL timeout), else the last GPU-stack error
+    no row names (``GPU_STACK_ERROR``), else None."""
     job: Match | None = None
     host: Match | None = None
     unnamed: Match | None = None
     consequence: Match | None = None
+    stack: Match | None = None
     for match in CONSOLE.lines(tail, last=CONSOLE_WINDOW_LINES):
         sig = match.signature
-        if sig.weak and sig.retriable:
+        if sig is GPU_STACK_ERROR:
+            stack = match
+        elif sig.weak and sig.retriable:
             unnamed = match
         elif sig.weak:
             consequence = consequence or match
@@ -441,7 +496,7 @@ def console_verdict(tail: str) -> Match | None:
             host = match
         elif job is None:
             job = match
-    return job or host or unnamed or consequence
+    return job or host or unnamed or consequence or stack
 
 
 # --- what makes two occurrences the same fault ------------------------------------------
