@@ -168,12 +168,11 @@ def stop_all(procs: Iterable[Proc], sig: int, *, wait_until: float | None = None
             fd = _pidfd(proc)
             if fd is None:
                 continue
+            fds[fd] = proc.pid
             try:
                 signal.pidfd_send_signal(fd, sig)
             except OSError:
-                os.close(fd)
-                continue
-            fds[fd] = proc.pid
+                os.close(fds.pop(fd))
         if wait_until is None:
             return list(fds.values())
         pending = await_exit(fds, wait_until)

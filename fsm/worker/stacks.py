@@ -45,7 +45,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -151,16 +151,15 @@ def artifact_name(phase: str) -> str:
     return f"stacks_{phase}.txt"
 
 
-def find_py_spy(env: Mapping[str, str] | None = None) -> str | None:
+def find_py_spy() -> str | None:
     """The py-spy executable to run, or None: ``py-spy`` next to the runner's interpreter
     (where ``pip install 'flash-bootstrap[fast]'`` puts the wheel's binary), else ``py-spy``
-    on the ``PATH`` of ``env`` (default: the runner's environment). The order
+    on the runner's ``PATH``. The order
     :func:`fsm.extras.installer.find_uv` follows (py-spy's wheel has no Python module to ask)."""
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    path = (os.environ if env is None else env).get("PATH", os.defpath)
-    return shutil.which("py-spy", path=path)
+    return shutil.which("py-spy", path=os.environ.get("PATH", os.defpath))
 
 
 def capture(
