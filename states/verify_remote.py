@@ -140,7 +140,8 @@ def _reason(
         return (f"worker {exited} and wrote metrics.json locally, but {missing} never reached "
                 "the store (a lost upload, not a code failure)")
     if rule is rules.WORKER_OOM_KILLED:
-        killed = "the worker" if _killed_by_sigkill(ctx) else "a process of the worker"
+        sigkill = ctx.worker.exit is not None and ctx.worker.exit.signal == signal.SIGKILL
+        killed = "the worker" if sigkill else "a process of the worker"
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
@@ -323,11 +324,6 @@ def _console_tail(ctx: Context) -> str:
         return ""
 
 
-def _killed_by_sigkill(ctx: Context) -> bool:
-    result = ctx.worker.exit
-    return result is not None and result.signal == signal.SIGKILL
-
-
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     """Which completion artifacts the store has; without both, the heartbeat's verdict.
     One listing of the run's folder answers both (and whether there is a heartbeat)."""
@@ -335,17 +331,12 @@ def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     present = {name: name in listed for name in COMPLETION_ARTIFACTS}
     if all(present.values()) or HEARTBEAT not in listed:
         return present, False
-    return present, _heartbeat_says_retriable(ctx, p)
-
-
-def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
-    """Whether the worker's own heartbeat for this attempt judged its failure retriable."""
     target = ctx.scratch / "heartbeat"
-    try:
+    try:  # the worker's own heartbeat for this attempt, typed strictly
         local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
-        return heartbeat_says_retriable(local, p.dest.attempt)  # typed strictly
+        return present, heartbeat_says_retriable(local, p.dest.attempt)
     except (StoreNotFound, OSError, ValueError):
-        return False
+        return present, False
     finally:
         shutil.rmtree(target, ignore_errors=True)
 
