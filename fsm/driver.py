@@ -21,14 +21,7 @@ import structlog
 from fsm import policy, rules, table
 from fsm.attempt import marker, outcome, result
 from fsm.context import Context, Failure
-from fsm.errors import (
-    AttemptBusy,
-    DeadlineExceeded,
-    FatalError,
-    FlashError,
-    HostFault,
-    Interrupted,
-)
+from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, HostFault, Interrupted
 from fsm.machine import RunMachine
 from fsm.output import log as log_config
 

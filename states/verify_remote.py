@@ -21,7 +21,6 @@ from pathlib import Path
 
 from fsm import rules, table
 from fsm.attempt import marker
-from fsm.attempt.marker import MARKER_MAX_BYTES
 from fsm.context import Context, GpuChange
 from fsm.errors import (
     DeadlineExceeded,
@@ -305,7 +304,7 @@ def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)
-        before = json_object(local.read_bytes(), limit=MARKER_MAX_BYTES)
+        before = json_object(local.read_bytes(), limit=marker.MARKER_MAX_BYTES)
     except (StoreNotFound, StoreUnavailable, DeadlineExceeded, Interrupted, OSError,
             JsonProblem):
         # A signal meanwhile only cuts the evidence short: the worker had already ended on
