@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
 
 from fsm import table
-from fsm.context import Ahead, Context
-
-Handler = Callable[[Context], str]
+from fsm.context import Ahead
+from fsm.driver import Handler
 
 
 def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:

@@ -44,7 +44,6 @@ from fsm.policy import (
     previous_of,
     same_host,
 )
-from fsm.rules import Rule
 from fsm.worker.console import console_path
 from fsm.worker.files import heartbeat_says_retriable
 from fsm.worker.supervise import TAIL_BYTES
@@ -114,7 +113,7 @@ def verify_remote(ctx: Context) -> str:
 
 
 def _reason(
-    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, missing: str
+    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, missing: str
 ) -> str:
     """Why the worker's attempt failed, in the words an engineer on call needs."""
     exited = _exit_text(ctx)
@@ -159,7 +158,7 @@ def _reason(
 
 
 def _space_reason(
-    ctx: Context, rule: Rule, match: ConsoleMatch, exited: str, missing: str
+    ctx: Context, rule: rules.Rule, match: ConsoleMatch, exited: str, missing: str
 ) -> str:
     """A full disk or /dev/shm, with the filesystem's own figures."""
     if match.signature.id == "shm-exhausted":
@@ -241,7 +240,7 @@ def _space(fs: storage.Usage) -> dict[str, object]:
             "free_mib": fs.free_bytes // MIB, "free_inodes": fs.free_inodes}
 
 
-def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
+def _stall_reason(ctx: Context, p: Payload, rule: rules.Rule, missing: str) -> str:
     stall = ctx.worker.stall
     where = (stall.place if stall is not None else None) or "a place the stacks do not show"
     text = (f"worker made no progress for {stall.silent_s if stall else 0:g}s (FLASH_STALL_S; "
@@ -259,8 +258,8 @@ def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
 
 
 def _across_attempts(
-    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, facts: WorkerFacts
-) -> Rule:
+    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, facts: WorkerFacts
+) -> rules.Rule:
     """This attempt's rule with the previous attempt as evidence (CONTRACT section 9), and
     the marker's ``fault``. The previous marker is read only when it could change the
     verdict: a retriable fault only the console or the worker witnessed."""
