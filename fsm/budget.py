@@ -115,13 +115,6 @@ class Budget:
         """Whether a signal ended this budget's waits (only when it ``stops``)."""
         return self.stops and self.interrupt.is_set()
 
-    def until(self, deadline: Deadline) -> Budget:
-        """The same budget, ending at ``deadline`` (or at its own deadline, if earlier)."""
-        return Budget(self.deadline.earliest(deadline), self.interrupt, clock=self.clock,
-                      sleep=self.sleep, split=self.split, stops=self.stops,
-                      signal_s=self.signal_s, min_try_s=self.min_try_s,
-                      reserve_s=self.reserve_s)
-
     def reserving(self, seconds: float) -> Budget:
         """The same budget, ending ``seconds`` earlier: what comes after it (the marker's
         read-back) keeps that time whatever the tries before it take."""
@@ -149,9 +142,7 @@ class Budget:
         """Sleep ``seconds``, in slices that watch the flag; True when the whole wait
         passed, False when a signal (if the budget ``stops``) or its end came first."""
         end = self.clock() + seconds
-        while True:
-            if self.stopped():
-                return False
+        while not self.stopped():
             now = self.clock()
             if now >= end:
                 return True
@@ -159,6 +150,7 @@ class Budget:
             if left <= 0:
                 return False
             self.sleep(os_timeout(min(end - now, left, SLICE_S)))
+        return False
 
     def retry(
         self,

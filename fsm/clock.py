@@ -78,8 +78,6 @@ class Deadline:
     def mono_at(self) -> float:
         """The deadline on the ``time.monotonic`` clock (now: it moves with a backward
         wall-clock step when the deadline follows the wall clock)."""
-        if not self._follows_wall:
-            return self._mono_at
         return self._mono_at + self.step_back(time.time(), time.monotonic())
 
     def step_back(self, wall: float, mono: float) -> float:
@@ -106,8 +104,7 @@ class Deadline:
     def earlier_by(self, seconds: float) -> Deadline:
         """The same deadline moved ``seconds`` earlier (the worker's share of the budget);
         it follows the wall clock when this one does."""
-        return Deadline(at=self.at - seconds, _mono_at=self._mono_at - seconds,
-                        _follows_wall=self._follows_wall, clock=self.clock)
+        return replace(self, at=self.at - seconds, _mono_at=self._mono_at - seconds)
 
     def bound(self, seconds: float) -> float:
         """``seconds``, cut so that it never reaches past this deadline (never below 0)."""

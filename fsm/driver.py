@@ -21,14 +21,7 @@ import structlog
 from fsm import policy, rules, table
 from fsm.attempt import marker, outcome, result
 from fsm.context import Context, Failure
-from fsm.errors import (
-    AttemptBusy,
-    DeadlineExceeded,
-    FatalError,
-    FlashError,
-    HostFault,
-    Interrupted,
-)
+from fsm.errors import AttemptBusy, DeadlineExceeded, FatalError, FlashError, HostFault, Interrupted
 from fsm.machine import RunMachine
 from fsm.output import log as log_config
 
@@ -95,9 +88,9 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
 
 
 def _step(ctx: Context, state: str, handler: Handler | None) -> str:
+    if handler is None:
+        return _internal(ctx, state, f"no handler for state {state}")
     try:
-        if handler is None:
-            raise LookupError(f"no handler for state {state}")
         if ctx.interrupt.is_set() and state not in table.RUN_AFTER_SIGNAL:
             raise Interrupted(ctx.interrupt.signum or 15)
         if ctx.work_deadline.expired() and state not in table.RUN_AFTER_DEADLINE:
@@ -117,8 +110,6 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
     except BaseException as exc:  # every failure is classified, none escapes the machine
         if isinstance(exc, SystemExit | AttemptBusy):
             raise
-        if isinstance(exc, LookupError) and handler is None:
-            return _internal(ctx, state, str(exc))
         if ctx.halt is not None:
             # What setup raised after the GPUs reported a fault (an install or download
             # stopped for it) came of that fault: the fault decides.

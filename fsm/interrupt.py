@@ -8,8 +8,8 @@ sets the flag and calls the listeners, so a supervisor waiting on the worker wak
 once; handlers that are interruptible get ``Interrupted`` raised in the main thread. A
 signal of :data:`IGNORED_SIGNALS` is caught and counted, nothing more: no one who sends it
 means "stop the attempt", and a handler (unlike ``SIG_IGN``) is reset at ``exec``, so the
-worker still gets the default action. :data:`SIGNAL_TABLE` is the documented whole
-(docs/lifecycle.md, "Signals").
+worker still gets the default action. The documented whole, every signal whose default
+action ends the process and why, is the table of docs/container.md ("Every signal").
 
 ``trigger`` runs inside a signal handler, on the main thread, between two bytecodes of
 whatever the main thread was doing, so it takes no lock the main thread could be holding:
@@ -35,26 +35,6 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (
 IGNORED_SIGNALS: tuple[int, ...] = (
     signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF,
     signal.SIGIO, signal.SIGSTKFLT, *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),
-)
-
-#: Every signal whose default action ends the process: what the runner does with it, and why.
-SIGNAL_TABLE: tuple[tuple[str, str, str], ...] = (
-    ("SIGTERM, SIGINT", "stop", "the host or an operator stops the container (docker stop, "
-     "Ctrl-C)"),
-    ("SIGHUP", "stop", "the session or terminal in front of the runner went away"),
-    ("SIGQUIT", "stop", "an operator asks it to quit (its default would dump core)"),
-    ("SIGPWR", "stop", "the host is losing power (UPS, hypervisor)"),
-    ("SIGXCPU", "stop", "the CPU-time limit's soft bound passed; the kernel kills at the hard one"),
-    ("SIGUSR1, SIGUSR2", "ignored", "tools send them to ask for something (a dump, a reload); "
-     "never a stop"),
-    ("SIGALRM, SIGVTALRM, SIGPROF", "ignored", "the runner sets no timers; a stray one is no stop"),
-    ("SIGIO, SIGSTKFLT, SIGRTMIN..SIGRTMAX", "ignored", "no meaning for the runner"),
-    ("SIGPIPE, SIGXFSZ", "ignored (by Python)", "a write then fails with an error the runner "
-     "handles where it writes"),
-    ("SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS", "default",
-     "a fault of the runner itself, which no handler can continue from; sent from outside to a "
-     "runner that is PID 1, the kernel drops them"),
-    ("SIGKILL", "default", "cannot be caught: the persisted start lets a restart continue"),
 )
 
 #: How many of each ignored signal arrived (signal number -> count); read for evidence.

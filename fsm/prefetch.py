@@ -76,7 +76,6 @@ class Branch(Background[_T]):
     interrupt flag triggers it too, see :meth:`follow`)."""
 
     def __init__(self, name: str, work: Callable[[], _T], flag: InterruptFlag) -> None:
-        self.name = name
         self.flag = flag
         super().__init__(work, f"prefetch-{name}")
 

@@ -12,25 +12,17 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
-from typing import cast
 
 from fsm import table
-from fsm.context import Ahead, Context
-
-Handler = Callable[[Context], str]
-
-
-def module_name(state: str) -> str:
-    """``VerifyRemote`` -> ``verify_remote``: the module and the function of its handler."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", state).lower()
+from fsm.context import Ahead
+from fsm.driver import Handler
 
 
 def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
     found: dict[str, Handler] = {}
     ahead: dict[str, Ahead] = {}
     for state in table.WORKING:
-        name = module_name(state)
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", state).lower()  # VerifyRemote: verify_remote
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
@@ -39,10 +31,10 @@ def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
             continue
         handler = getattr(module, name, None)
         if callable(handler):
-            found[state] = cast(Handler, handler)
+            found[state] = handler
         plan = getattr(module, "ahead", None)
         if callable(plan):
-            ahead[state] = cast(Ahead, plan)
+            ahead[state] = plan
     return found, ahead
 
 
@@ -50,4 +42,4 @@ def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
 #: started ahead of it (``table.PREFETCH``), its module's ``ahead(ctx)``.
 HANDLERS, AHEAD = _handlers()
 
-__all__ = ["AHEAD", "HANDLERS", "module_name"]
+__all__ = ["AHEAD", "HANDLERS"]

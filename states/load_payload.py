@@ -52,12 +52,12 @@ def load_payload(ctx: Context) -> str:
     ctx.host = HostProbe.for_attempt(ctx.environ)
     with ctx.interrupts_handled():
         raw = payload.read_raw(ctx.settings.payload_path)
-        _learn_secrets(ctx, raw.get("env"))  # before anything can fail with one in its text
-        if isinstance(raw.get("run_id"), str):
-            ctx.evidence["run_id"] = ctx.redactor.keep_first(raw["run_id"], 200)
         env = raw.get("env")
         if isinstance(env, dict):
             ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
+            _learn_secrets(ctx)  # before anything can fail with one in its text
+        if isinstance(raw.get("run_id"), str):
+            ctx.evidence["run_id"] = ctx.redactor.keep_first(raw["run_id"], 200)
         retries = payload.engine_retries(ctx.environ)  # AWS Batch's own retries
         dest = payload.require_destination(raw, retries)  # unusable: no marker anywhere
         try:
@@ -176,13 +176,9 @@ def _cache_dir(ctx: Context, p: payload.Payload) -> Path:
     return Path(cache) if cache else Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface"
 
 
-def _learn_secrets(ctx: Context, env: object) -> None:
+def _learn_secrets(ctx: Context) -> None:
     """Mask the payload env's secret values from here on, even if the payload is invalid."""
-    if not isinstance(env, dict):
-        return
-    text_env = {str(k): v for k, v in env.items() if isinstance(v, str)}
-    listed = ",".join(
-        (ctx.environ.get("FLASH_SECRET_ENV_KEYS", ""), text_env.get("FLASH_SECRET_ENV_KEYS", ""))
-    )
-    keys = ctx.redactor.learn(text_env, listed.split(","))
+    listed = ",".join((ctx.environ.get("FLASH_SECRET_ENV_KEYS", ""),
+                       ctx.raw_env.get("FLASH_SECRET_ENV_KEYS", "")))
+    keys = ctx.redactor.learn(ctx.raw_env, listed.split(","))
     log.info("secrets.keys", keys=sorted(keys))  # which keys: never their values

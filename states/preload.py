@@ -30,7 +30,6 @@ from fsm.prefetch import Branch
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
 from fsm.worker.console import start_lease
 
-RESULT_NAME = PRELOAD_RESULT_NAME
 #: How long the end of the warming waits for a lease write in flight (it is fenced).
 LEASE_CLOSE_S = 1.0
 log = structlog.get_logger("states.preload")
@@ -39,9 +38,8 @@ log = structlog.get_logger("states.preload")
 def preload(ctx: Context) -> str:
     p = ctx.require_payload()
     hf_home = ctx.merged_env().get("HF_HOME", "")
-    mount = Path(hf_home.rstrip("/")).parent if hf_home else None
     result: dict[str, Any] = {"preloaded": [], "already_cached": [], "failed": {}}
-    problem = _mount_problem(hf_home, mount, p.cache_mount_marker, p.cache_block_device)
+    problem = _mount_problem(hf_home, p.cache_mount_marker, p.cache_block_device)
     if problem is None:
         cache_dir = Path(hf_home) / "hub"
         # The lease, kept while the models warm (a later attempt found halts the state).
@@ -69,7 +67,7 @@ def preload(ctx: Context) -> str:
     ctx.evidence["preload"] = {k: v for k, v in result.items() if k != "error"}
     # The warm driver polls preload_result.json: it goes up in the marker's own commit, so
     # it has landed exactly when the marker has.
-    ctx.end_artifacts[RESULT_NAME] = ctx.redactor.text(json.dumps(result))
+    ctx.end_artifacts[PRELOAD_RESULT_NAME] = ctx.redactor.text(json.dumps(result))
     # The verdict waits for the GPUs' (whichever came first, the same marker).
     ctx.settle_host(p.expect_gpus)
     if problem is not None:
@@ -139,10 +137,9 @@ def _in_cache(cache_dir: Path, repo_id: str) -> dict[str, int]:
     return {"files": files, "bytes": nbytes}
 
 
-def _mount_problem(
-    hf_home: str, mount: Path | None, sentinel: str | None, block_device: bool
-) -> str | None:
-    if not hf_home or mount is None or not mount.is_dir():
+def _mount_problem(hf_home: str, sentinel: str | None, block_device: bool) -> str | None:
+    mount = Path(hf_home.rstrip("/")).parent
+    if not hf_home or not mount.is_dir():
         return f"weight cache not mounted (HF_HOME={hf_home!r}); refusing to warm ephemeral disk"
     if sentinel and not (mount / sentinel).exists():
         kind = "block volume" if block_device else "NFS filesystem"

@@ -83,10 +83,8 @@ def arg_max() -> int:
     """The kernel's limit on argv plus environment (strings, NULs, pointers) for exec."""
     try:
         limit = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError):
+    except (ValueError, OSError):  # unknown: what the kernel always allows
         limit = -1
-    if limit <= 0:  # unknown
-        return _MIN_ARG_MAX
     return max(_MIN_ARG_MAX, min(limit, _KERNEL_ARG_CAP))
 
 
@@ -116,13 +114,11 @@ def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     total += sum(entry + _POINTER for entry in entries.values()) + 2 * _POINTER  # NULL ends
     limit = arg_max() - ARG_MAX_MARGIN
     if total > limit:
-        largest = max(entries, key=lambda name: entries[name], default=None)
-        which = (
-            ""
-            if largest is None
-            else f"; the largest variable is {largest} "
-            f"({_value_bytes(largest, entries[largest])} bytes)"
-        )
+        which = ""
+        if entries:
+            largest = max(entries, key=entries.__getitem__)
+            which = (f"; the largest variable is {largest} "
+                     f"({_value_bytes(largest, entries[largest])} bytes)")
         return (
             f"the worker's argv and environment are {total} bytes, over the kernel's limit of "
             f"{limit} bytes (ARG_MAX less a margin){which}"

@@ -26,7 +26,6 @@ VerifyRemote: what is in the prefix now belongs to the later attempt.
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 
 from fsm import table
@@ -55,8 +54,7 @@ def train(ctx: Context) -> str:
     assert env is not None, "ResolveSpec builds the worker environment"
     ctx.settle_host(ctx.require_payload().expect_gpus)
     for stale in ("metrics.json", "train_meta.json", progress_path(ctx).name):
-        with contextlib.suppress(FileNotFoundError):
-            (ctx.scratch / stale).unlink()
+        (ctx.scratch / stale).unlink(missing_ok=True)
     tuning = ctx.tuning
 
     periodic = PeriodicTail(ctx) if tuning.upload_console else None

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from fsm import rules, table
 from fsm.attempt import marker
-from fsm.attempt.marker import MARKER_MAX_BYTES
 from fsm.context import Context, GpuChange
 from fsm.errors import (
     DeadlineExceeded,
@@ -45,7 +44,6 @@ from fsm.policy import (
     previous_of,
     same_host,
 )
-from fsm.rules import Rule
 from fsm.worker.console import console_path
 from fsm.worker.files import heartbeat_says_retriable
 from fsm.worker.supervise import TAIL_BYTES
@@ -115,7 +113,7 @@ def verify_remote(ctx: Context) -> str:
 
 
 def _reason(
-    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, missing: str
+    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, missing: str
 ) -> str:
     """Why the worker's attempt failed, in the words an engineer on call needs."""
     exited = _exit_text(ctx)
@@ -140,7 +138,8 @@ def _reason(
         return (f"worker {exited} and wrote metrics.json locally, but {missing} never reached "
                 "the store (a lost upload, not a code failure)")
     if rule is rules.WORKER_OOM_KILLED:
-        killed = "the worker" if _killed_by_sigkill(ctx) else "a process of the worker"
+        sigkill = ctx.worker.exit is not None and ctx.worker.exit.signal == signal.SIGKILL
+        killed = "the worker" if sigkill else "a process of the worker"
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
@@ -159,7 +158,7 @@ def _reason(
 
 
 def _space_reason(
-    ctx: Context, rule: Rule, match: ConsoleMatch, exited: str, missing: str
+    ctx: Context, rule: rules.Rule, match: ConsoleMatch, exited: str, missing: str
 ) -> str:
     """A full disk or /dev/shm, with the filesystem's own figures."""
     if match.signature.id == "shm-exhausted":
@@ -241,7 +240,7 @@ def _space(fs: storage.Usage) -> dict[str, object]:
             "free_mib": fs.free_bytes // MIB, "free_inodes": fs.free_inodes}
 
 
-def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
+def _stall_reason(ctx: Context, p: Payload, rule: rules.Rule, missing: str) -> str:
     stall = ctx.worker.stall
     where = (stall.place if stall is not None else None) or "a place the stacks do not show"
     text = (f"worker made no progress for {stall.silent_s if stall else 0:g}s (FLASH_STALL_S; "
@@ -259,8 +258,8 @@ def _stall_reason(ctx: Context, p: Payload, rule: Rule, missing: str) -> str:
 
 
 def _across_attempts(
-    ctx: Context, p: Payload, rule: Rule, match: ConsoleMatch | None, facts: WorkerFacts
-) -> Rule:
+    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, facts: WorkerFacts
+) -> rules.Rule:
     """This attempt's rule with the previous attempt as evidence (CONTRACT section 9), and
     the marker's ``fault``. The previous marker is read only when it could change the
     verdict: a retriable fault only the console or the worker witnessed."""
@@ -304,7 +303,7 @@ def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
     target = ctx.scratch / "previous-attempt"
     try:
         local = ctx.verify_store().download_file(p.dest.path(name), target)
-        before = json_object(local.read_bytes(), limit=MARKER_MAX_BYTES)
+        before = json_object(local.read_bytes(), limit=marker.MARKER_MAX_BYTES)
     except (StoreNotFound, StoreUnavailable, DeadlineExceeded, Interrupted, OSError,
             JsonProblem):
         # A signal meanwhile only cuts the evidence short: the worker had already ended on
@@ -323,11 +322,6 @@ def _console_tail(ctx: Context) -> str:
         return ""
 
 
-def _killed_by_sigkill(ctx: Context) -> bool:
-    result = ctx.worker.exit
-    return result is not None and result.signal == signal.SIGKILL
-
-
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     """Which completion artifacts the store has; without both, the heartbeat's verdict.
     One listing of the run's folder answers both (and whether there is a heartbeat)."""
@@ -335,17 +329,12 @@ def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     present = {name: name in listed for name in COMPLETION_ARTIFACTS}
     if all(present.values()) or HEARTBEAT not in listed:
         return present, False
-    return present, _heartbeat_says_retriable(ctx, p)
-
-
-def _heartbeat_says_retriable(ctx: Context, p: Payload) -> bool:
-    """Whether the worker's own heartbeat for this attempt judged its failure retriable."""
     target = ctx.scratch / "heartbeat"
-    try:
+    try:  # the worker's own heartbeat for this attempt, typed strictly
         local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
-        return heartbeat_says_retriable(local, p.dest.attempt)  # typed strictly
+        return present, heartbeat_says_retriable(local, p.dest.attempt)
     except (StoreNotFound, OSError, ValueError):
-        return False
+        return present, False
     finally:
         shutil.rmtree(target, ignore_errors=True)
 

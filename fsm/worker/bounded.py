@@ -124,13 +124,9 @@ class Runs:
             self._sel.unregister(key.fileobj)
             self._runs[name].open_streams -= 1
         for name, run in list(self._runs.items()):
-            if run.open_streams == 0:
-                status = run.proc.poll()
-                if status is None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        status = run.proc.wait(EXIT_POLL_S)
-                if status is not None:
-                    self._end(name, status)
+            if run.open_streams == 0:  # at once when it has exited already
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._end(name, run.proc.wait(EXIT_POLL_S))
 
     def _end(self, name: str, status: int | None) -> None:
         run = self._runs.pop(name)

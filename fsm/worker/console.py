@@ -175,12 +175,10 @@ class PeriodicTail:
         """The tail, with the lease when it is due (one commit carries both)."""
         ctx, lease = self._ctx, self._ctx.lease
         name = console_name(ctx)
-        body = lease.riding() if lease is not None else None
         tail = tail.decode("utf-8", "replace").encode("utf-8")
-        if body is None:
+        if lease is None or (body := lease.riding()) is None:
             _commit_fenced(ctx, {name: tail}, f"Console tail {name}")
             return
-        assert lease is not None
         landed = False
         try:
             landed = _commit_fenced(ctx, {name: tail, lease.name: body},

@@ -24,16 +24,12 @@ MAX_HEARTBEAT_BYTES = 1 << 20
 log = structlog.get_logger("fsm.worker_files")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def heartbeat_problem(beat: object, attempt: int) -> str | None:
     """Why ``beat`` (parsed JSON) is not a well-typed heartbeat of ``attempt``, or None."""
     if not isinstance(beat, dict):
         return "not a JSON object"
     number = beat.get("attempt")
-    if not _is_int(number):
+    if not isinstance(number, int) or isinstance(number, bool):
         return f"'attempt' is not an integer (got {type(number).__name__})"
     if number != attempt:
         return f"'attempt' is {number}, not this attempt ({attempt})"

@@ -17,8 +17,9 @@ zombies count against the worker's own forks). :func:`reap_orphans` reaps the zo
 worker's process group, never its leader (whose status the supervisor reads), and never a
 child the runner started itself (those are leaders of their own groups).
 
-**OOM.** A supervised process is started with ``oom_score_adj`` :data:`CHILD_OOM_SCORE_ADJ`
-and the runner lowers its own (``fsm.oom``, re-exported here).
+**OOM.** A supervised process is started with ``oom_score_adj``
+:data:`fsm.oom.CHILD_OOM_SCORE_ADJ` (``fsm.oom.oom_first``) and the runner lowers its own
+(``fsm.oom``, its :func:`lower_own_oom_score` re-exported here).
 
 Standard library only: the supervisor imports it while a worker starts.
 """
@@ -29,18 +30,16 @@ import contextlib
 import ctypes
 import math
 import os
-import secrets
 import select
 import signal
 import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from fsm.oom import CHILD_OOM_SCORE_ADJ, RUNNER_OOM_SCORE_ADJ, lower_own_oom_score, oom_first
+from fsm.clock import os_timeout
+from fsm.oom import lower_own_oom_score
 
 __all__ = [
-    "CHILD_OOM_SCORE_ADJ",
-    "RUNNER_OOM_SCORE_ADJ",
     "TOKEN_VAR",
     "Proc",
     "await_exit",
@@ -48,8 +47,6 @@ __all__ = [
     "descendants",
     "group_members",
     "lower_own_oom_score",
-    "new_token",
-    "oom_first",
     "reap_orphans",
     "stop_all",
 ]
@@ -82,15 +79,17 @@ def become_subreaper() -> bool:
         return False
 
 
-def new_token() -> str:
-    return secrets.token_hex(8)
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _stat(pid: int) -> Proc | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
         return None
     # pid (comm) state ppid pgrp session tty tpgid flags 11 counters priority nice threads
     # itreal starttime: comm may hold anything, so split after its last ')'.
@@ -102,15 +101,12 @@ def _stat(pid: int) -> Proc | None:
 
 
 def _table() -> dict[int, Proc]:
-    procs: dict[int, Proc] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return procs
-    for name in names:
-        if name.isdigit() and (proc := _stat(int(name))) is not None:
-            procs[proc.pid] = proc
-    return procs
+        return {}
+    stats = (_stat(int(name)) for name in names if name.isdigit())
+    return {proc.pid: proc for proc in stats if proc is not None}
 
 
 def group_members(pgid: int) -> list[int]:
@@ -121,15 +117,10 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _has_token(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
-    except OSError:
-        return False
-    return (b"\0" + environ).find(needle) >= 0
+    return needle in b"\0" + (_read(f"/proc/{pid}/environ") or b"")
 
 
-def descendants(leader: int, token: str | None) -> list[Proc]:
+def descendants(leader: int, token: str) -> list[Proc]:
     """Every live process of a run but its leader: the leader's descendants by parent
     chain (whatever their group or session), and the runner's children that carry the
     run's ``token`` (orphans re-parented to it), with their descendants."""
@@ -138,10 +129,9 @@ def descendants(leader: int, token: str | None) -> list[Proc]:
     children: dict[int, list[int]] = {}
     for proc in procs.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
-    roots = [leader]
-    if token is not None:
-        needle = f"\0{TOKEN_VAR}={token}\0".encode()
-        roots += [pid for pid in children.get(me, ()) if pid != leader and _has_token(pid, needle)]
+    needle = f"\0{TOKEN_VAR}={token}\0".encode()
+    roots = [leader, *(pid for pid in children.get(me, ())
+                       if pid != leader and _has_token(pid, needle))]
     found: dict[int, Proc] = {}
     todo = list(roots)
     while todo:
@@ -178,12 +168,11 @@ def stop_all(procs: Iterable[Proc], sig: int, *, wait_until: float | None = None
             fd = _pidfd(proc)
             if fd is None:
                 continue
+            fds[fd] = proc.pid
             try:
                 signal.pidfd_send_signal(fd, sig)
             except OSError:
-                os.close(fd)
-                continue
-            fds[fd] = proc.pid
+                os.close(fds.pop(fd))
         if wait_until is None:
             return list(fds.values())
         pending = await_exit(fds, wait_until)
@@ -208,25 +197,25 @@ def await_exit(pidfds: Iterable[int], until_mono: float) -> set[int]:
         left = until_mono - time.monotonic()
         if left <= 0:
             break
-        # At most a day per wait: poll refuses timeouts of about a month (TRAPS).
-        for fd, _ in poll.poll(math.ceil(min(left, 86_400.0) * 1000)):
+        # Within what poll accepts (TRAPS): a longer wait loops.
+        for fd, _ in poll.poll(math.ceil(os_timeout(left) * 1000)):
             poll.unregister(fd)
             pending.discard(fd)
     return pending
 
 
-def reap_orphans(pgid: int, leader: int) -> int:
+def reap_orphans(pgid: int, *, leader_too: bool = False) -> int:
     """Reap the zombies of group ``pgid`` that are this process's children (orphans
-    re-parented to a PID 1 or subreaper runner), never ``leader``: its status is the
-    supervisor's to read. Looked at without reaping first, so the leader's exit is never
-    taken. Returns how many were reaped."""
+    re-parented to a PID 1 or subreaper runner), never its leader (pid ``pgid``) unless
+    ``leader_too``: its status is the supervisor's to read. Looked at without reaping
+    first, so the leader's exit is never taken. Returns how many were reaped."""
     reaped = 0
     while True:
         try:
             info = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except (ChildProcessError, OSError):
             return reaped
-        if info is None or info.si_pid == leader:
+        if info is None or (info.si_pid == pgid and not leader_too):
             return reaped  # nothing to reap, or the leader first: the supervisor's turn
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info.si_pid, 0)

@@ -45,7 +45,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -141,14 +141,9 @@ class Stacks:
             {"pid": p.pid, "method": p.method, **({"why": p.why} if p.why else {})}
             for p in self.processes[:_EVIDENCE_MAX]
         ]
-        evidence: dict[str, Any] = {
-            "seconds": round(self.seconds, 3),
-            "where": self.where,
-            "processes": listed,
-        }
-        if len(self.processes) > _EVIDENCE_MAX:
-            evidence["more"] = len(self.processes) - _EVIDENCE_MAX
-        return evidence
+        more = len(self.processes) - _EVIDENCE_MAX
+        return {"seconds": round(self.seconds, 3), "where": self.where, "processes": listed,
+                **({"more": more} if more > 0 else {})}
 
 
 def artifact_name(phase: str) -> str:
@@ -156,16 +151,15 @@ def artifact_name(phase: str) -> str:
     return f"stacks_{phase}.txt"
 
 
-def find_py_spy(env: Mapping[str, str] | None = None) -> str | None:
+def find_py_spy() -> str | None:
     """The py-spy executable to run, or None: ``py-spy`` next to the runner's interpreter
     (where ``pip install 'flash-bootstrap[fast]'`` puts the wheel's binary), else ``py-spy``
-    on the ``PATH`` of ``env`` (default: the runner's environment). The order
+    on the runner's ``PATH``. The order
     :func:`fsm.extras.installer.find_uv` follows (py-spy's wheel has no Python module to ask)."""
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    path = (os.environ if env is None else env).get("PATH", os.defpath)
-    return shutil.which("py-spy", path=path)
+    return shutil.which("py-spy", path=os.environ.get("PATH", os.defpath))
 
 
 def capture(
@@ -192,8 +186,40 @@ def capture(
     """
     started = time.monotonic()
     try:
-        return _capture(pids, leader, code_dir, redact, budget_s, per_process_s, py_spy,
-                        native, parallel, started)
+        order = list(dict.fromkeys(int(p) for p in pids))
+        if leader in order:
+            order.remove(leader)
+            order.insert(0, leader)
+        shared = _Shared(
+            exe=find_py_spy() if py_spy is FIND else py_spy,
+            end=started + os_timeout(budget_s),
+            per_process_s=os_timeout(per_process_s),
+            leader=leader,
+            code_dir=code_dir,
+            redact=redact,
+            native=native,
+        )
+        width = parallel if parallel is not None else min(_PARALLEL_MAX, os.cpu_count() or 1)
+        results = _run_all(order, shared, max(1, width))
+        ran_out = "the capture's time ran out while this process was being read"
+        taken = [r or _unread(pid, shared, ran_out) for pid, r in zip(order, results, strict=True)]
+        lead = taken[0] if order and order[0] == leader else None
+        where = lead.where if lead else None
+        seconds = time.monotonic() - started
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        spy = (f"{shared.exe} (dump --json, shown in py-spy dump's format with full file names)"
+               if shared.exe else "not installed: /proc only")
+        header = "\n".join([
+            _TITLE,
+            f"taken {when}: {len(order)} processes, leader {leader}, in {seconds:.2f} s "
+            f"(at most {budget_s:g} s, {per_process_s:g} s a process)",
+            f"py-spy: {spy}",
+            f"where: {where or 'unknown'}",
+            "",
+        ])
+        processes = tuple(t.stacks for t in taken)
+        text = "\n".join([_redacted(redact, header), *(p.text for p in processes)])
+        return Stacks(text, where, lead.where_in_code if lead else None, processes, seconds)
     except Exception as exc:  # the evidence is optional; the marker is not
         note = _redacted(redact, f"stack capture failed: {type(exc).__name__}: {exc}")
         text = f"{_TITLE}\n{note}\n"
@@ -229,49 +255,6 @@ class _Taken:
     where_in_code: str | None = None
 
 
-def _capture(
-    pids: Sequence[int],
-    leader: int,
-    code_dir: Path,
-    redact: Callable[[str], str],
-    budget_s: float,
-    per_process_s: float,
-    py_spy: str | _Find | None,
-    native: bool,
-    parallel: int | None,
-    started: float,
-) -> Stacks:
-    order = list(dict.fromkeys(int(p) for p in pids))
-    if leader in order:
-        order.remove(leader)
-        order.insert(0, leader)
-    shared = _Shared(
-        exe=find_py_spy() if py_spy is FIND else py_spy,
-        end=started + os_timeout(budget_s),
-        per_process_s=os_timeout(per_process_s),
-        leader=leader,
-        code_dir=code_dir,
-        redact=redact,
-        native=native,
-    )
-    width = parallel if parallel is not None else min(_PARALLEL_MAX, os.cpu_count() or 1)
-    results = _run_all(order, shared, max(1, width))
-    taken = [r or _unfinished(pid, shared) for pid, r in zip(order, results, strict=True)]
-    lead = taken[0] if order and order[0] == leader else None
-    where = lead.where if lead else None
-    seconds = time.monotonic() - started
-    header = _header(order, leader, shared, seconds, budget_s, per_process_s, where)
-    processes = tuple(t.stacks for t in taken)
-    text = "\n".join([_redacted(redact, header), *(p.text for p in processes)])
-    return Stacks(
-        text=text,
-        where=where,
-        where_in_code=lead.where_in_code if lead else None,
-        processes=processes,
-        seconds=seconds,
-    )
-
-
 def _run_all(order: list[int], shared: _Shared, width: int) -> list[_Taken | None]:
     """Each pid taken on one of ``width`` daemon threads, the first pids first; waits until
     all are done or the budget is gone, and returns what is done by then."""
@@ -288,7 +271,7 @@ def _run_all(order: list[int], shared: _Shared, width: int) -> list[_Taken | Non
             try:
                 taken = _take(order[i], shared)
             except Exception as exc:  # a bug here must not cost the other processes
-                taken = _failed(order[i], shared, exc)
+                taken = _unread(order[i], shared, f"failed: {type(exc).__name__}: {exc}")
             with done:
                 results[i] = taken
                 done.notify_all()
@@ -318,39 +301,12 @@ def _take(pid: int, shared: _Shared) -> _Taken:
         dump, why = _py_spy(shared.exe, pid, shared, t0, tried)
         if dump is not None:
             return _from_dump(proc, dump, why, tried, shared, t0)
-    body = _proc_body(proc)
-    stacks = ProcessStacks(pid, "proc", why, _section(proc, shared, "proc", why, tried + body),
-                           time.monotonic() - t0)
-    return _Taken(stacks)
+    return _Taken(_section(proc, shared, "proc", why, tried + _proc_body(proc), t0))
 
 
-def _unfinished(pid: int, shared: _Shared) -> _Taken:
-    why = "the capture's time ran out while this process was being read"
-    text = _section(_Proc(pid, read=False), shared, "none", why, [])
-    return _Taken(ProcessStacks(pid, "none", why, text, 0.0))
-
-
-def _failed(pid: int, shared: _Shared, exc: Exception) -> _Taken:
-    why = f"failed: {type(exc).__name__}: {exc}"
-    text = _section(_Proc(pid, read=False), shared, "none", why, [])
-    return _Taken(ProcessStacks(pid, "none", why, text, 0.0))
-
-
-def _header(
-    order: list[int], leader: int, shared: _Shared, seconds: float, budget_s: float,
-    per_process_s: float, where: str | None,
-) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    spy = (f"{shared.exe} (dump --json, shown in py-spy dump's format with full file names)"
-           if shared.exe else "not installed: /proc only")
-    return "\n".join([
-        _TITLE,
-        f"taken {when}: {len(order)} processes, leader {leader}, in {seconds:.2f} s "
-        f"(at most {budget_s:g} s, {per_process_s:g} s a process)",
-        f"py-spy: {spy}",
-        f"where: {where or 'unknown'}",
-        "",
-    ])
+def _unread(pid: int, shared: _Shared, why: str) -> _Taken:
+    """A process whose stacks could not be read (``why``): its header, method ``none``."""
+    return _Taken(_section(_Proc(pid, read=False), shared, "none", why, []))
 
 
 # --- py-spy -----------------------------------------------------------------------------------
@@ -493,7 +449,7 @@ def _from_dump(
     lines = list(tried)
     for thread in reversed(dump.threads):  # py-spy dump prints them in this order
         lines.append(_thread_line(thread))
-        lines.extend(_frame_line(frame) for frame in thread.frames)
+        lines.extend(f"    {_frame_text(f.name, f.filename, f.line)}" for f in thread.frames)
     shown = {t.os_thread_id for t in dump.threads if t.os_thread_id is not None}
     others = [tid for tid in proc.tids() if tid not in shown]
     if others:
@@ -503,9 +459,7 @@ def _from_dump(
     where = where_in_code = None
     if proc.pid == shared.leader:
         where, where_in_code = _where(proc.pid, dump.threads, shared)
-    text = _section(proc, shared, dump.method, why or None, lines)
-    stacks = ProcessStacks(proc.pid, dump.method, why or None, text, time.monotonic() - t0)
-    return _Taken(stacks, where, where_in_code)
+    return _Taken(_section(proc, shared, dump.method, why or None, lines, t0), where, where_in_code)
 
 
 def _thread_line(thread: _Thread) -> str:
@@ -517,12 +471,8 @@ def _thread_line(thread: _Thread) -> str:
     return f"Thread {tid} ({status}){name}"
 
 
-def _frame_line(frame: _Frame) -> str:
-    """py-spy dump's frame line, with the full file name."""
-    return f"    {_frame_text(frame.name, frame.filename, frame.line)}"
-
-
 def _frame_text(name: str, filename: str, line: int) -> str:
+    """A frame as py-spy dump prints it (indented there, under its thread)."""
     return f"{name} ({filename}:{line})" if line else f"{name} ({filename})"
 
 
@@ -533,9 +483,8 @@ def _where(pid: int, threads: tuple[_Thread, ...], shared: _Shared) -> tuple[str
     main = main or next((t for t in threads if t.name == "MainThread"), None)
     if main is None:
         return None, None
-    python = [f for f in main.frames if not f.native]
     where = in_code = None
-    for frame in python:
+    for frame in (f for f in main.frames if not f.native):
         relative = _relative(frame.filename, shared.code_dir)
         text = _redacted(shared.redact, _frame_text(frame.name, relative or frame.filename,
                                                     frame.line))
@@ -656,10 +605,11 @@ def _task_groups(pid: int, tids: list[int]) -> list[str]:
 # --- text ---------------------------------------------------------------------------------------
 
 
-def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None,
-             body: list[str]) -> str:
+def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None, body: list[str],
+             t0: float | None = None) -> ProcessStacks:
     """One process's part of the file: a header naming it, then ``body``; redacted whole,
-    then cut (so no cut leaves a piece of a secret)."""
+    then cut (so no cut leaves a piece of a secret). Its seconds count from ``t0`` (none
+    without it)."""
     role = " (the worker)" if proc.pid == shared.leader else ""
     cmdline = _redacted(shared.redact, proc.cmdline)
     if len(cmdline) > _CMDLINE_CHARS:
@@ -675,7 +625,8 @@ def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None,
     if len(text) > _SECTION_CHARS:
         cut = len(text) - _SECTION_CHARS
         text = f"{text[:_SECTION_CHARS]}\n[... {cut} more characters of this section cut]\n"
-    return text
+    seconds = time.monotonic() - t0 if t0 is not None else 0.0
+    return ProcessStacks(proc.pid, method, why, text, seconds)
 
 
 def _redacted(redact: Callable[[str], str], text: str) -> str:

@@ -59,6 +59,7 @@ import fcntl
 import math
 import os
 import random
+import secrets
 import select
 import signal
 import subprocess
@@ -74,6 +75,7 @@ import structlog
 
 from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
 from fsm.interrupt import InterruptFlag, wakeup_fd
+from fsm.oom import oom_first
 from fsm.output.outlet import STDOUT_CAPACITY, Outlet
 from fsm.worker import procs
 
@@ -87,7 +89,6 @@ _PIPE_SIZE = 1 << 20  # asked of the kernel for the console pipe (the unprivileg
 _KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the group to be gone
 _ESCAPEE_ROUNDS = 4  # looks for processes outside the group, each after killing those found
 _JOIN_S = 2.0  # how long to wait for the pump thread to finish once told to stop
-_OUT_CAPACITY = STDOUT_CAPACITY  # an out_fd given as a number: its outlet's buffer
 _OUT_WAIT_S = 1.0  # how long a chunk may wait for room there (a slow reader is followed)
 _OUT_DRAIN_S = 2.0  # how long such an outlet gets to write what it holds, at the end
 
@@ -215,8 +216,6 @@ def supervise(
     gone or stuck never blocks the pump, so never the worker; what it cannot take is
     dropped there and counted (the console file keeps everything).
     """
-    if tail_interval_s <= 0:
-        raise ValueError(f"tail_interval_s must be positive, got {tail_interval_s!r}")
     if not stall_s >= 0:  # NaN too
         raise ValueError(f"stall_s must be 0 (off) or positive, got {stall_s!r}")
     log = structlog.get_logger()
@@ -226,11 +225,10 @@ def supervise(
     )
     # Read back through this descriptor, never by the path: the worker may empty its
     # scratch dir, and the console is the runner's evidence (issue 26).
-    held = Path(f"/proc/self/fd/{console_fd}")
-    if not held.exists():  # no /proc: the path is all there is
-        held = console_path
+    fd_path = Path(f"/proc/self/fd/{console_fd}")
+    held = fd_path if fd_path.exists() else None  # no /proc: the path is all there is
     keep_open = False
-    out = Outlet(out_fd, "out", capacity=_OUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
+    out = Outlet(out_fd, "out", capacity=STDOUT_CAPACITY, wait_s=_OUT_WAIT_S) if isinstance(
         out_fd, int) else out_fd
     waker = _Waker()
     unsubscribe = interrupt.subscribe(lambda _signum: waker.wake())
@@ -241,7 +239,7 @@ def supervise(
             log.warning(f"{name}.not_started", reason=reason)
             _append_console(console_fd, _cap_line(reason, interrupt, name, after=b""), name)
             keep_open = True
-            return _result(reason, None, started, console_path, console_fd, held=held)
+            return _result(reason, None, started, console_path, console_fd, held)
         run = _Run(
             argv,
             cwd=cwd,
@@ -254,12 +252,11 @@ def supervise(
             name=name,
         )
         log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
-        stop_ticks = _start_ticks(tail_sink, held, tail_interval_s, name)
+        stop_ticks = _start_ticks(tail_sink, held or console_path, tail_interval_s, name)
         try:
             watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
             reason, silent_s = _wait_and_stop(
                 run,
-                waker=waker,
                 deadline=deadline,
                 stop_by=stop_by,
                 interrupt=interrupt,
@@ -279,8 +276,8 @@ def supervise(
         finally:
             stop_ticks.set()
             run.close()
-        result = _result(reason, run.proc.returncode, started, console_path, console_fd,
-                         silent_s, held=held)
+        result = _result(reason, run.proc.returncode, started, console_path, console_fd, held,
+                         silent_s)
         keep_open = True
         log.info(
             f"{name}.exited",
@@ -305,7 +302,6 @@ def supervise(
 def _wait_and_stop(
     run: _Run,
     *,
-    waker: _Waker,
     deadline: Deadline,
     stop_by: Deadline,
     interrupt: InterruptFlag,
@@ -320,9 +316,8 @@ def _wait_and_stop(
 
     Returns why it ended, and for a stall how long the worker had been silent."""
     log = structlog.get_logger()
-    exited, eof = run.exited.is_set, run.pump.eof.is_set
-    reason, silent_s = _wait(run, waker=waker, deadline=deadline, interrupt=interrupt,
-                             watch=watch, watches=watches)
+    waker, exited, eof = run.waker, run.exited.is_set, run.pump.eof.is_set
+    reason, silent_s = _wait(run, deadline, interrupt, watch, watches)
     if reason == "superseded":
         log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=0)
     elif reason != "exited":
@@ -333,10 +328,8 @@ def _wait_and_stop(
                 log.error(f"{run.name}.before_stop_failed", why=reason,
                           error=f"{type(exc).__name__}: {exc}")
         # Reckoned after before_stop: it may have taken its time, and a signal may have come.
-        grace_end = time.monotonic() + stop_by.bound(grace_s)
-        cut = _signal_cut(interrupt, signal_stop_s)
-        if cut is not None:
-            grace_end = min(grace_end, cut)
+        grace_end = min(time.monotonic() + stop_by.bound(grace_s),
+                        _signal_cut(interrupt, signal_stop_s))
         log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid,
                     grace_s=round(max(0.0, grace_end - time.monotonic()), 3))
         _killpg(run.pid, signal.SIGTERM)
@@ -345,12 +338,10 @@ def _wait_and_stop(
 
         # The grace ends early when the leader exits, and is cut when a signal comes now.
         def over() -> bool:
-            return exited() or (cut is None and signal_stop_s is not None and interrupt.is_set())
+            return exited() or _signal_cut(interrupt, signal_stop_s) < grace_end
 
         while waker.wait_until(over, grace_end) and not exited():
-            cut = _signal_cut(interrupt, signal_stop_s)
-            assert cut is not None  # over() said a signal came
-            grace_end = min(grace_end, cut)
+            grace_end = min(grace_end, _signal_cut(interrupt, signal_stop_s))
         # The rest of the group got the same SIGTERM: it may close the pipe within the grace.
         if exited():
             waker.wait_until(eof, min(grace_end, time.monotonic() + drain_timeout_s))
@@ -378,12 +369,10 @@ def _wait_and_stop(
 
 def _wait(
     run: _Run,
-    *,
-    waker: _Waker,
     deadline: Deadline,
     interrupt: InterruptFlag,
     watch: _StallWatch | None,
-    watches: Sequence[tuple[StopReason, Watch]] = (),
+    watches: Sequence[tuple[StopReason, Watch]],
 ) -> tuple[ExitReason, float | None]:
     """Wait until the leader exits, a signal comes, the deadline passes, the worker stalls
     or a watch says it must be stopped.
@@ -395,18 +384,17 @@ def _wait(
     def ended() -> bool:
         # Every wake (a SIGCHLD wakes the signal descriptor too) reaps the group's orphans
         # that died meanwhile: as PID 1 or subreaper nobody else would (fsm.worker.procs).
-        procs.reap_orphans(run.pid, run.pid)
+        procs.reap_orphans(run.pid)
         return exited() or interrupt.is_set()
 
     while True:
         # The deadline is looked at again after every wake: it can move while it is waited
         # for (the attempt's deadline follows a backward wall-clock step, fsm.clock).
-        until = min(deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S)
+        until = min([deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S,
+                     *(other.due() for _, other in watches)])
         if watch is not None:
             until = min(until, watch.due())
-        for _, other in watches:
-            until = min(until, other.due())
-        if not waker.wait_until(ended, until):
+        if not run.waker.wait_until(ended, until):
             silent_s = watch.stalled() if watch is not None else None
             deadline_at = deadline.mono_at
             if ended():
@@ -436,11 +424,21 @@ def _looked(watches: Sequence[tuple[StopReason, Watch]]) -> StopReason | None:
     return None
 
 
-def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float | None:
-    """When the stop must be over after a signal (monotonic), or None: no signal, no bound."""
+def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float:
+    """When the stop must be over after a signal (monotonic); infinity: no signal, no bound."""
     if signal_stop_s is None or interrupt.at_mono is None:
-        return None
+        return math.inf
     return interrupt.at_mono + signal_stop_s
+
+
+#: What the cap line says for each reason the supervisor ended the worker.
+_CAPS = {
+    "deadline": "{name} hit the run wall deadline; stopped",
+    "stalled": "{name} made no progress for {silent}; stopped",
+    "host": "the host's GPUs failed under the {name}; stopped",
+    "superseded": "a later attempt of the run took over; {name} killed",
+    "interrupted": "runner got {sig}; {name} stopped",
+}
 
 
 def _cap_line(
@@ -448,41 +446,28 @@ def _cap_line(
     silent_s: float | None = None,
 ) -> bytes:
     """The line that says why the console ends here, on a line of its own after ``after``."""
-    if reason == "deadline":
-        text = f"--- flash-bootstrap: {name} hit the run wall deadline; stopped ---\n"
-    elif reason == "stalled":
-        silent = f"{silent_s or 0:.0f} s"
-        text = f"--- flash-bootstrap: {name} made no progress for {silent}; stopped ---\n"
-    elif reason == "host":
-        text = f"--- flash-bootstrap: the host's GPUs failed under the {name}; stopped ---\n"
-    elif reason == "superseded":
-        text = (f"--- flash-bootstrap: a later attempt of the run took over; {name} "
-                "killed ---\n")
-    else:
-        sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
-        text = f"--- flash-bootstrap: runner got {sig}; {name} stopped ---\n"
+    sig = signal.Signals(interrupt.signum).name if interrupt.signum else "a signal"
+    why = _CAPS[reason].format(name=name, silent=f"{silent_s or 0:.0f} s", sig=sig)
+    text = f"--- flash-bootstrap: {why} ---\n"
     return (b"\n" if after not in (b"", b"\n") else b"") + text.encode()
 
 
-def _append_console(console_fd: int, line: bytes, name: str) -> None:
+def _append_console(console_fd: int, data: bytes | memoryview, name: str) -> bool:
+    """Write ``data`` to the console file; False (and logged) when that failed."""
+    view = memoryview(data)
     try:
-        _write_all(console_fd, memoryview(line))
+        while view:
+            view = view[os.write(console_fd, view) :]
     except OSError as exc:
         structlog.get_logger().error(
             f"{name}.console_write_failed", target="console", error=str(exc)
         )
+        return False
+    return True
 
 
-def _result(
-    reason: ExitReason,
-    returncode: int | None,
-    started: float,
-    console_path: Path,
-    console_fd: int,
-    silent_s: float | None = None,
-    *,
-    held: Path | None = None,
-) -> WorkerExit:
+def _result(reason: ExitReason, returncode: int | None, started: float, console_path: Path,
+            console_fd: int, held: Path | None, silent_s: float | None = None) -> WorkerExit:
     """The result; it owns ``console_fd`` from here on (closed when it is collected)."""
     sig = -returncode if returncode is not None and returncode < 0 else None
     result = WorkerExit(
@@ -493,7 +478,7 @@ def _result(
         console_path=console_path,
         console_bytes=os.fstat(console_fd).st_size,
         silent_s=silent_s,
-        console_held=held if held != console_path else None,
+        console_held=held,
     )
     weakref.finalize(result, _close_fds, console_fd)
     return result
@@ -667,7 +652,7 @@ class _Pump:
         #: When the last chunk was read from the pipe (monotonic); the start before any.
         self.last_read = time.monotonic()
         self._pipe_fd = pipe_fd
-        self._targets = {"console": console_fd}
+        self._console_fd: int | None = console_fd  # None once a write to it failed
         self._out = out
         self._on_output = on_output
         self._waker = waker
@@ -718,14 +703,8 @@ class _Pump:
             self._waker.wake()
 
     def _copy(self, chunk: memoryview) -> None:
-        for name, fd in list(self._targets.items()):
-            try:
-                _write_all(fd, chunk)
-            except OSError as exc:
-                structlog.get_logger().error(
-                    f"{self.name}.console_write_failed", target=name, error=str(exc)
-                )
-                del self._targets[name]
+        if self._console_fd is not None and not _append_console(self._console_fd, chunk, self.name):
+            self._console_fd = None
         self.last_byte = bytes(chunk[-1:])
         data = bytes(chunk) if self._out is not None or self._on_output is not None else b""
         if self._out is not None:
@@ -756,13 +735,14 @@ class _Run:
         name: str,
     ) -> None:
         self.name = name
+        self.waker = waker
         #: Marks every process of this run, so an orphan that left the group is found.
-        self.token = procs.new_token()
+        self.token = secrets.token_hex(8)
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
             with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
                 fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-            with procs.oom_first():  # the OOM killer's first choice, and its children's
+            with oom_first():  # the OOM killer's first choice, and its children's
                 self.proc = subprocess.Popen(
                     list(argv),
                     cwd=cwd,
@@ -825,7 +805,7 @@ class _Run:
                 self.reap(_KILL_WAIT_S)
         if hasattr(self, "pump"):  # absent when the pump thread could not be started
             self.pump.finish()
-        _reap_zombies(self.pid)
+        procs.reap_orphans(self.pid, leader_too=True)
 
 
 def _start_ticks(
@@ -861,11 +841,6 @@ def _wait_event(event: threading.Event, seconds: float) -> bool:
     return True
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
@@ -890,10 +865,3 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
         return procs.group_members(pgid) if fds else []
     finally:
         _close_fds(*fds)
-
-
-def _reap_zombies(pgid: int) -> None:
-    """Reap the group's zombies that are our children (orphans re-parented to a PID 1 runner)."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:
-            pass

@@ -16,6 +16,7 @@ has ended, and this is the one write that may fail without a word.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Mapping
@@ -52,14 +53,10 @@ def message(fields: Mapping[str, Any], redactor: Redactor, limit: int = MAX_BYTE
     out = encoded(reason)
     if len(out) <= limit:
         return out
-    low, high = 0, len(reason)  # the longest prefix of the reason that fits, cut with "..."
-    while low < high:
-        mid = (low + high + 1) // 2
-        if len(encoded(reason[:mid] + "...")) <= limit:
-            low = mid
-        else:
-            high = mid - 1
-    return encoded(reason[:low] + "...")[:limit]
+    # The longest prefix of the reason that fits, cut with "..." (none fits: the empty one).
+    fits = bisect.bisect_right(range(len(reason) + 1), limit,
+                               key=lambda n: len(encoded(reason[:n] + "...")))
+    return encoded(reason[: max(0, fits - 1)] + "...")[:limit]
 
 
 def write(
@@ -79,12 +76,10 @@ def write(
     try:
         data = message(fields, redactor)
         fd = os.open(where[0], flags, 0o644)
+        try:
+            os.write(fd, data)  # far below a pipe's or a file's one-write size
+        finally:
+            os.close(fd)
     except (OSError, ValueError):  # absent, unwritable, a FIFO nobody reads, a NUL in it
         return False
-    try:
-        os.write(fd, data)  # far below a pipe's or a file's one-write size
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return True
