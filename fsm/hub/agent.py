@@ -6,11 +6,11 @@ thread of the runner it would not overlap the runner's own start, it would add t
 the runner starts one Python process for the library at its first instruction
 (:func:`start`), which imports it on the other core while the runner reads its payload
 and checks the host, and every call of ``fsm.hub.client.HubClient`` the adapter
-makes is sent to it (:class:`AgentClient`, the same methods: ``fsm.hub.client``). The
+makes is sent to it (:meth:`Agent.call`, :meth:`Agent.each`). The
 adapter (``fsm.store.hub``) keeps everything else: bounds, retries, the fence.
 
-The two talk over the agent's stdin and stdout in frames (a 4-byte length, a pickle of
-plain data: the runner's own types, paths, strings). The runner sends ``("call", id, key,
+The two talk over the agent's stdin and stdout in frames (one pickle each, of plain
+data: the runner's own types, paths, strings). The runner sends ``("call", id, key,
 method, args, kwargs)``, ``("configure", id, settings)`` and ``("probe", id, names)``
 (what the agent holds for those settings); the agent answers
 ``("ready", at, seconds, error)`` once, when the library is loaded (or failed to load),
@@ -20,13 +20,12 @@ order they come, before any call sent after them, so the runner sends them witho
 waiting for the library to load. A failure travels as the
 adapter's classification of the exception (``fsm.hub.library.classify``: the status, the
 asked wait, the error code, the transport type's name), never as the exception's text,
-which may hold a URL; the runner's own exceptions (a digest mismatch, files the repo's
-``.gitignore`` matched) travel as themselves, and so does an error of the agent's own
-filesystem writes (its errno, message and path: a full code root is judged as the
-runner's own writes are). ``key`` is the endpoint, the token and the
-metadata timeout: the token the runner took from the payload goes to the agent only
-through the pipe, never into its argv or environment (the agent inherits the runner's own
-environment, as the runner was given it).
+which may hold a URL (a digest mismatch reads as a transport failure, by its type's
+name); an error of the agent's own filesystem writes travels as itself (its errno,
+message and path: a full code root is judged as the runner's own writes are). ``key`` is
+the endpoint, the token and the metadata timeout: the token the runner took from the
+payload goes to the agent only through the pipe, never into its argv or environment (the
+agent inherits the runner's own environment, as the runner was given it).
 
 The agent is the runner's to stop: it ignores the signals that stop a runner (the runner
 decides, and still needs it for the marker), runs in a session of its own (a terminal's
@@ -47,12 +46,12 @@ loads nothing of the runner's but ``fsm.hub``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
 import pickle
 import signal
-import struct
 import sys
 import threading
 import time
@@ -64,15 +63,13 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from queue import SimpleQueue
 
-__all__ = ["Agent", "AgentClient", "AgentGone", "current", "process", "serve",
-           "start"]
+__all__ = ["Agent", "AgentGone", "current", "serve", "start"]
 
-_HEADER = struct.Struct("!I")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fsm package
 #: The signals that stop a runner: the agent ignores them (the runner stops it by closing
 #: its stdin, after the marker).
-_IGNORED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPWR", "SIGXCPU", "SIGUSR1",
-            "SIGUSR2", "SIGALRM", "SIGPIPE")
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPWR,
+            signal.SIGXCPU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)
 _TAIL_LINES = 20  # of the agent's stderr, kept for the event that says it exited
 #: The agent's own, as the runner's (``fsm.output.log.QUIET_SETTINGS``; a test keeps them equal):
 #: no progress bars on a stderr that becomes the runner's events.
@@ -87,51 +84,40 @@ class AgentGone(ConnectionError):
 
 
 def _write(stream: IO[bytes], message: tuple[Any, ...]) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    pickle.dump(message, stream, protocol=pickle.HIGHEST_PROTOCOL)
     stream.flush()
 
 
 def _read(stream: IO[bytes]) -> tuple[Any, ...] | None:
-    """The next frame, or None at the end of the stream."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
+    """The next frame (a pickle ends itself), or None at the end of the stream."""
+    try:
+        message = pickle.load(stream)
+    except (EOFError, pickle.UnpicklingError):  # the end, or a frame cut by an exit
         return None
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        return None
-    message = pickle.loads(data)
     return message if isinstance(message, tuple) else None
 
 
 # --- the runner's side ---------------------------------------------------------------------
 
 
-class Pending:
-    """A request sent to the agent, its reply still to come (:meth:`Agent.result`)."""
-
-    __slots__ = ("_queue", "done", "reply")
+class Pending(threading.Event):
+    """A request sent to the agent, its reply still to come (:meth:`Agent.result`): set
+    once it has come."""
 
     def __init__(self, queue: SimpleQueue[Pending] | None = None) -> None:
-        self.done = threading.Event()
+        super().__init__()
         self.reply: tuple[Any, ...] | None = None
         self._queue = queue
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Whether the reply has come, within ``timeout``."""
-        return self.done.wait(timeout)
 
     def settle(self, reply: tuple[Any, ...] | None) -> None:
         """The reply came (None: the agent is gone): waiters are told, and the queue."""
         self.reply = reply
-        self.done.set()
+        self.set()
         if self._queue is not None:
             self._queue.put(self)
 
 
-def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = ()
-            ) -> tuple[int, int, int, int]:
+def _launch(switch: bool, not_ours: Sequence[int]) -> tuple[int, int, int, int]:
     """Start the agent: its pid, and the runner's ends of its stdin, stdout and stderr
     (close-on-exec: no installer or worker the runner starts holds the agent's stdin open
     after the runner is gone).
@@ -141,18 +127,16 @@ def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = 
     a process with threads may copy a lock some other thread holds). Either way the agent
     has a session of its own. A fork copies every descriptor: the agent closes
     ``not_ours`` (the runner's ends of pipes to its other children)."""
-    ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
-    (req_r, req_w), (rep_r, rep_w), (err_r, err_w) = ends
+    (req_r, req_w), (rep_r, rep_w), (err_r, err_w) = (os.pipe2(os.O_CLOEXEC) for _ in range(3))
     child_ends, ours = (req_r, rep_w, err_w), (req_w, rep_r, err_r)
-    if threading.active_count() == 1 and environ is os.environ:
+    if threading.active_count() == 1:
         pid = os.fork()
         if pid == 0:  # the agent
             try:
                 for target, fd in enumerate(child_ends):
                     os.dup2(fd, target)
-                for fd in (*child_ends, *ours):
-                    os.close(fd)
-                for fd in not_ours:  # another child's: gone already is as good as closed
+                # not_ours: another child's (gone already is as good as closed)
+                for fd in (*child_ends, *ours, *not_ours):
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 os.setsid()
@@ -165,7 +149,7 @@ def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = 
         code = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
                 f"from fsm.hub.agent import serve; serve(switch={switch!r})")
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(child_ends)]
-        pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], dict(environ),
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ,
                              file_actions=actions, setsid=True)
     for fd in child_ends:
         os.close(fd)
@@ -175,8 +159,8 @@ def _launch(environ: Mapping[str, str], switch: bool, not_ours: Sequence[int] = 
 class Agent:
     """One agent process, from the runner's side."""
 
-    def __init__(self, environ: Mapping[str, str], *, switch: bool = True,
-                 hold_output: bool = False, not_ours: Sequence[int] = ()) -> None:
+    def __init__(self, *, switch: bool = True, hold_output: bool = False,
+                 not_ours: Sequence[int] = ()) -> None:
         self.started_at = time.time()
         #: When the library was loaded (epoch seconds), how long it took, and the type of
         #: the error if it failed: set by the ``ready`` frame.
@@ -194,24 +178,17 @@ class Agent:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pending: dict[int, Pending] = {}
-        self._alive = True
+        self.alive = True
         self._on_ready: list[Callable[[Agent], None]] = []
-        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        #: The agent's last lines of stderr.
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._held: list[str] | None = [] if hold_output else None
-        self._pid, stdin, stdout, stderr = _launch(environ, switch, not_ours)
+        self.pid, stdin, stdout, stderr = _launch(switch, not_ours)
         self._stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
-        self._stdout = os.fdopen(stdout, "rb")
-        self._stderr_pipe = os.fdopen(stderr, "rb")
-        threading.Thread(target=self._replies, name="hub-agent", daemon=True).start()
-        threading.Thread(target=self._stderr, name="hub-agent-stderr", daemon=True).start()
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    @property
-    def pid(self) -> int:
-        return self._pid
+        threading.Thread(target=self._replies, args=(os.fdopen(stdout, "rb"),),
+                         name="hub-agent", daemon=True).start()
+        threading.Thread(target=self._stderr, args=(os.fdopen(stderr, "rb"),),
+                         name="hub-agent-stderr", daemon=True).start()
 
     def when_ready(self, callback: Callable[[Agent], None]) -> None:
         """Call ``callback(self)`` once the ``ready`` frame has come (at once if it has)."""
@@ -221,22 +198,61 @@ class Agent:
                 return
         callback(self)
 
-    def call(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
-             kwargs: Mapping[str, Any]) -> Any:
+    def submit(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
+               kwargs: Mapping[str, Any], queue: SimpleQueue[Pending] | None = None,
+               ) -> Pending:
+        """``HubClient(*key).<method>(*args, **kwargs)`` sent to the agent, without waiting:
+        its reply is :meth:`result`'s (and the request is put on ``queue`` once it has one)."""
+        return self._send("call", key, method, args, dict(kwargs), queue=queue)
+
+    def call(self, key: tuple[str, str | bool, float], method: str, *args: Any,
+             **kwargs: Any) -> Any:
         """``HubClient(*key).<method>(*args, **kwargs)`` in the agent; its value, or its
         failure raised here. Unbounded: the adapter bounds the thread that waits here."""
         return self.result(self.submit(key, method, args, kwargs))
 
-    def submit(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
-               kwargs: Mapping[str, Any], queue: SimpleQueue[Pending] | None = None,
-               ) -> Pending:
-        """:meth:`call`, sent without waiting: its reply is :meth:`result`'s (and the
-        request is put on ``queue`` once it has one)."""
-        return self._send("call", key, method, args, dict(kwargs), queue=queue)
+    def each(self, key: tuple[str, str | bool, float], method: str,
+             calls: Iterable[tuple[tuple[Any, ...], Mapping[str, Any]]], *, window: int,
+             before: Callable[[], None]) -> Iterator[Any]:
+        """:meth:`call` of ``method(*args, **kwargs)`` for each of ``calls``, up to
+        ``window`` at once, from this one thread (the agent runs each in a thread of its
+        own): their values as they arrive, in the order they arrive. ``before()`` runs
+        before each call is sent (a signal, a cancelled branch: it raises there). The first
+        failure is raised once the calls in flight have ended, as a pool's ``map`` would:
+        nothing of the batch still writes after it (a retry of the batch, a mismatched
+        blob's removal)."""
+        from queue import SimpleQueue
+
+        arrived: SimpleQueue[Pending] = SimpleQueue()
+        todo = iter(calls)
+        in_flight = 0
+        failure: BaseException | None = None
+        while True:
+            # Up to the window, until a failure: then only the calls in flight are awaited.
+            while failure is None and in_flight < window and (call := next(todo, None)):
+                try:
+                    before()
+                    self.submit(key, method, *call, arrived)
+                    in_flight += 1
+                except BaseException as exc:  # raised once the calls in flight have ended
+                    failure = exc
+            if not in_flight:
+                break
+            pending = arrived.get()
+            in_flight -= 1
+            try:
+                value = self.result(pending)
+            except BaseException as exc:
+                failure = failure or exc
+                continue
+            if failure is None:
+                yield value
+        if failure is not None:
+            raise failure
 
     def result(self, pending: Pending) -> Any:
         """The value of a request sent, once its reply has come; its failure raised here."""
-        pending.done.wait()
+        pending.wait()
         reply = pending.reply
         if reply is None:
             raise AgentGone(self._gone())
@@ -261,7 +277,7 @@ class Agent:
         """What the agent holds for each setting in ``names``: the library's constant of
         that name (``constant``, absent when it has none) and its environment's value
         (``environ``). For diagnosis, and for tests that the settings arrived."""
-        value: dict[str, dict[str, Any]] = self._request("probe", list(names))
+        value: dict[str, dict[str, Any]] = self.result(self._send("probe", list(names)))
         return value
 
     def stop(self) -> None:
@@ -279,10 +295,10 @@ class Agent:
         yet let it die (an uninterruptible wait); its requests in flight fail as
         :class:`AgentGone` once it has."""
         with self._lock:
-            self._alive = False
+            self.alive = False
             self.killed = True
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self._pid, signal.SIGKILL)
+            os.kill(self.pid, signal.SIGKILL)
 
     def finish(self, bound_s: float) -> bool:
         """Stop the agent and reap it within ``bound_s`` (so its CPU is counted with the
@@ -291,14 +307,11 @@ class Agent:
         self.stop()
         return self._exited.wait(bound_s)
 
-    def _request(self, kind: str, *body: Any) -> Any:
-        return self.result(self._send(kind, *body))
-
     def _send(self, kind: str, *body: Any, queue: SimpleQueue[Pending] | None = None,
               ) -> Pending:
         pending = Pending(queue)
         with self._lock:
-            if not self._alive or self._stdin is None:
+            if not self.alive or self._stdin is None:
                 raise AgentGone(self._gone())
             ident = next(self._ids)
             self._pending[ident] = pending
@@ -313,11 +326,11 @@ class Agent:
         status = self.returncode
         how = ("no status yet" if status is None else f"killed by signal {-status}"
                if status < 0 else f"exit status {status}")
-        return f"the huggingface_hub process (pid {self._pid}) is gone ({how})"
+        return f"the huggingface_hub process (pid {self.pid}) is gone ({how})"
 
-    def _replies(self) -> None:
-        try:
-            while (message := _read(self._stdout)) is not None:
+    def _replies(self, stdout: IO[bytes]) -> None:
+        with contextlib.suppress(Exception):  # a frame that does not read: of no further use
+            while (message := _read(stdout)) is not None:
                 if message[0] == "ready":
                     self._got_ready(message)
                     continue
@@ -325,10 +338,7 @@ class Agent:
                     pending = self._pending.pop(message[1], None)
                 if pending is not None:
                     pending.settle(message)
-        except Exception:  # a frame that does not read: the agent is of no further use
-            pass
-        finally:
-            self._ended()
+        self._ended()
 
     def _got_ready(self, message: tuple[Any, ...]) -> None:
         _, self.import_s, self.error, self.accelerator = message
@@ -341,9 +351,12 @@ class Agent:
 
     def _ended(self) -> None:
         with self._lock:
-            self._alive = False
+            self.alive = False
             pending, self._pending = list(self._pending.values()), {}
-        self.returncode = _reap(self._pid)
+        # The exit status, once stdout has closed (by its exit: the wait is short); none
+        # when someone else reaped it (a PID 1's reaper).
+        with contextlib.suppress(ChildProcessError):
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         self._exited.set()
         for each in pending:
             each.settle(None)  # AgentGone
@@ -351,10 +364,10 @@ class Agent:
         if not self.ready.is_set():
             self._got_ready(("ready", None, "AgentGone", None))
 
-    def _stderr(self) -> None:
-        for raw in self._stderr_pipe:
+    def _stderr(self, stderr: IO[bytes]) -> None:
+        for raw in stderr:
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            self._tail.append(line)
+            self.tail.append(line)
             with self._lock:
                 held = self._held
                 if held is not None:
@@ -368,21 +381,6 @@ class Agent:
             held, self._held = self._held or [], None
         for line in held:
             _say(line)
-
-    @property
-    def tail(self) -> list[str]:
-        """The agent's last lines of stderr."""
-        return list(self._tail)
-
-
-def _reap(pid: int) -> int | None:
-    """The agent's exit status (negative: the signal), once its stdout has closed: it
-    closes it by exiting, so the wait is short (this is the reply thread's last act)."""
-    try:
-        _, status = os.waitpid(pid, 0)
-    except ChildProcessError:  # reaped by someone else (a PID 1's reaper)
-        return None
-    return os.waitstatus_to_exitcode(status)
 
 
 def _say(line: str) -> None:
@@ -403,19 +401,9 @@ def start(*, switch: bool = True, hold_output: bool = False, not_ours: Sequence[
     global _agent, _agent_pid
     with _agent_lock:
         if _agent is None or not _agent.alive or _agent_pid != os.getpid():
-            _agent = Agent(os.environ, switch=switch, hold_output=hold_output,
-                           not_ours=not_ours)
+            _agent = Agent(switch=switch, hold_output=hold_output, not_ours=not_ours)
             _agent_pid = os.getpid()
         return _agent
-
-
-def process(new: Callable[[], Agent] = start) -> Agent:
-    """The running agent, or ``new()`` when there is none (or it is gone)."""
-    with _agent_lock:
-        agent = _agent if _agent_pid == os.getpid() else None
-    if agent is not None and agent.alive:
-        return agent
-    return new()
 
 
 def current() -> Agent | None:
@@ -423,130 +411,10 @@ def current() -> Agent | None:
     return _agent if _agent_pid == os.getpid() else None
 
 
-class AgentClient:
-    """``fsm.hub.client.HubClient``'s calls, made by the agent.
-
-    Each call goes to the process's agent of the moment: after an agent exited, the next
-    call starts another, which is sent ``settings`` first."""
-
-    def __init__(self, endpoint: str, token: str | bool, *, timeout_s: float,
-                 settings: Mapping[str, str], restart: Callable[[], Agent],
-                 agent: Agent) -> None:
-        self._key = (endpoint, token, timeout_s)
-        self._settings = dict(settings)
-        self._restart = restart
-        self._agent = agent
-
-    @property
-    def alive(self) -> bool:
-        """Whether the agent this client last spoke to still runs."""
-        return self._agent.alive
-
-    @property
-    def agent(self) -> Agent:
-        """The agent this client last spoke to."""
-        return self._agent
-
-    def _current(self) -> Agent:
-        agent = self._agent
-        if not agent.alive:
-            agent = process(self._restart)
-            if agent is not self._agent:
-                agent.ready.wait()  # in the adapter's bounded thread
-                agent.result(agent.configure(self._settings))
-                self._agent = agent
-        return agent
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._current().call(self._key, method, args, kwargs)
-
-    def each(self, method: str, calls: Iterable[tuple[tuple[Any, ...], Mapping[str, Any]]],
-             *, window: int, before: Callable[[], None]) -> Iterator[Any]:
-        """``method(*args, **kwargs)`` for each of ``calls``, up to ``window`` at once, from
-        this one thread (the agent runs each in a thread of its own): their values as
-        they arrive, in the order they arrive. ``before()`` runs before each call is sent
-        (a signal, a cancelled branch: it raises there). The first failure is raised once
-        the calls in flight have ended, as a pool's ``map`` would: nothing of the batch
-        still writes after it (a retry of the batch, a mismatched blob's removal)."""
-        from queue import SimpleQueue
-
-        agent = self._current()
-        arrived: SimpleQueue[Pending] = SimpleQueue()
-        todo = iter(calls)
-        in_flight = 0
-        failure: BaseException | None = None
-
-        def send() -> None:
-            nonlocal in_flight, failure
-            call = next(todo, None) if failure is None else None
-            if call is None:
-                return
-            try:
-                before()
-                agent.submit(self._key, method, call[0], call[1], arrived)
-            except BaseException as exc:  # raised once the calls in flight have ended
-                failure = exc
-                return
-            in_flight += 1
-
-        for _ in range(window):
-            send()
-        while in_flight:
-            pending = arrived.get()
-            in_flight -= 1
-            try:
-                value = agent.result(pending)
-            except BaseException as exc:
-                failure = failure or exc
-                continue
-            if failure is None:
-                yield value
-                send()
-        if failure is not None:
-            raise failure
-
-    def main_commit(self, *args: Any, **kwargs: Any) -> str | None:
-        value: str | None = self._call("main_commit", *args, **kwargs)
-        return value
-
-    def tree(self, *args: Any, **kwargs: Any) -> list[Any]:
-        value: list[Any] = self._call("tree", *args, **kwargs)
-        return value
-
-    def changes(self, *args: Any, **kwargs: Any) -> dict[str, float | None]:
-        value: dict[str, float | None] = self._call("changes", *args, **kwargs)
-        return value
-
-    def last_modified(self, *args: Any, **kwargs: Any) -> float | None:
-        value: float | None = self._call("last_modified", *args, **kwargs)
-        return value
-
-    def last_commit_before(self, *args: Any, **kwargs: Any) -> float | None:
-        value: float | None = self._call("last_commit_before", *args, **kwargs)
-        return value
-
-    def exists(self, *args: Any, **kwargs: Any) -> bool:
-        return bool(self._call("exists", *args, **kwargs))
-
-    def download(self, *args: Any, **kwargs: Any) -> int:
-        return int(self._call("download", *args, **kwargs))
-
-    def commit(self, *args: Any, **kwargs: Any) -> None:
-        self._call("commit", *args, **kwargs)
-
-    def cached_offline(self, *args: Any, **kwargs: Any) -> bool:
-        return bool(self._call("cached_offline", *args, **kwargs))
-
-
 def _decode(failure: tuple[Any, ...]) -> BaseException:
-    from fsm.hub.client import ContentMismatch, Ignored
     from fsm.hub.library import RemoteFailure
 
     kind = failure[0]
-    if kind == "ignored":
-        return Ignored(failure[1])
-    if kind == "mismatch":
-        return ContentMismatch(failure[1])
     if kind == "oserror":
         return OSError(failure[1], failure[2], failure[3])
     if kind == "import":
@@ -562,12 +430,10 @@ def serve(*, switch: bool = True) -> None:
     answer requests until stdin closes."""
     requests = os.fdopen(os.dup(0), "rb")
     replies = os.fdopen(os.dup(1), "wb")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)  # a library's print goes to stderr, never between the frames
-    for name in _IGNORED:
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for signum in _IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
     write_lock = threading.Lock()
 
     def reply(message: tuple[Any, ...]) -> None:
@@ -595,18 +461,13 @@ def serve(*, switch: bool = True) -> None:
         gc.freeze()  # never looked at again: only what the calls make is collected
         gc.enable()
     reply(("ready", round(time.monotonic() - began, 6), error, accelerator))
-    clients: dict[tuple[Any, ...], Any] = {}
-    clients_lock = threading.Lock()
 
+    @functools.cache  # one client per endpoint, token and timeout
     def client(key: tuple[Any, ...]) -> Any:
         from fsm.hub.client import HubClient
 
-        with clients_lock:
-            found = clients.get(key)
-            if found is None:
-                endpoint, token, timeout_s = key
-                found = clients[key] = HubClient(endpoint, token, timeout_s=timeout_s)
-            return found
+        endpoint, token, timeout_s = key
+        return HubClient(endpoint, token, timeout_s=timeout_s)
 
     def run(message: tuple[Any, ...]) -> None:
         kind, ident = message[0], message[1]
@@ -634,14 +495,9 @@ def serve(*, switch: bool = True) -> None:
 
 
 def _encode(exc: Exception) -> tuple[Any, ...]:
-    from fsm.hub.client import ContentMismatch, Ignored
     from fsm.hub.library import classify
 
-    if isinstance(exc, Ignored):
-        return ("ignored", sorted(exc.paths))
-    if isinstance(exc, ContentMismatch):
-        return ("mismatch", str(exc))
-    failure = classify(exc)
+    failure = classify(exc)  # a digest mismatch (ContentMismatch) reads as a transport one
     if failure.kind == "unknown" and isinstance(exc, OSError) and exc.errno is not None:
         # The agent's own disk (a full code root, a read-only one): the runner judges it
         # by its errno and path as it judges its own writes (fsm.host.storage).

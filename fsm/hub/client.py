@@ -15,7 +15,7 @@ call through the library and adds what the library does not do:
   :class:`ContentMismatch`, a transport failure (retried);
 * a commit is ``create_commit`` (with ``parent_commit`` for a fenced one), and afterwards
   the files the repo's ``.gitignore`` made the library leave out (preupload's
-  ``shouldIgnore``) are looked at: one that must land is :class:`Ignored`. Its deletions
+  ``shouldIgnore``) are named to the adapter, which refuses one that must land. Its deletions
   are ``CommitOperationDelete``; the Hub refuses the whole commit when one of them names a
   missing file (404 ``EntryNotFound``), so then the paths are looked up
   (``get_paths_info``) and the commit is made again without the missing ones;
@@ -32,24 +32,27 @@ is passed explicitly on every call.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-import inspect
-from collections.abc import Collection, Iterable, Mapping
+import itertools
+import re
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from fsm.errors import causes
 from fsm.files import atomic_file
+from fsm.hub.library import classify
 
 if TYPE_CHECKING:
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
 
-__all__ = ["ContentMismatch", "Entry", "HubClient", "Ignored", "git_blob_id", "write_if_empty"]
+__all__ = ["ContentMismatch", "Entry", "HubClient"]
 
-_CHUNK = 1 << 20
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty file
 #: How far back :meth:`HubClient.last_commit_before` reads a repo's history: commits, newest
 #: first (the Hub pages them by 50). A fleet's repo takes at most about 128 an hour.
@@ -70,14 +73,6 @@ class ContentMismatch(ConnectionError):
     """A download whose bytes are not the store's: cut or corrupted on the way."""
 
 
-class Ignored(Exception):
-    """Files of a commit the repo's ``.gitignore`` matches (the library left them out)."""
-
-    def __init__(self, paths: Collection[str]) -> None:
-        super().__init__(", ".join(sorted(paths)) + " ignored by the repo's .gitignore")
-        self.paths = frozenset(paths)
-
-
 class HubClient:
     """The Hub's calls at one endpoint with one token, through ``huggingface_hub``."""
 
@@ -85,20 +80,18 @@ class HubClient:
         self.endpoint = endpoint.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
-        self._api: HfApi | None = None
 
+    @functools.cached_property
     def api(self) -> HfApi:
-        if self._api is None:
-            from huggingface_hub import HfApi
+        from huggingface_hub import HfApi
 
-            self._api = HfApi(endpoint=self.endpoint, token=self._token)
-        return self._api
+        return HfApi(endpoint=self.endpoint, token=self._token)
 
     # --- reads ----------------------------------------------------------------------------
 
     def main_commit(self, repo_type: str, repo_id: str) -> str | None:
         """The commit ``main`` points at, or None when the repo names no ``main``."""
-        refs = self.api().list_repo_refs(repo_id, repo_type=repo_type, token=self._token)
+        refs = self.api.list_repo_refs(repo_id, repo_type=repo_type, token=self._token)
         return next((str(b.target_commit) for b in refs.branches if b.name == "main"), None)
 
     def tree(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
@@ -106,20 +99,14 @@ class HubClient:
         """The files of ``folder`` (below it too when ``recursive``), every page (with
         ``limit``: no further page once more than that many were found; the library's
         listing is an iterator that reads a page when it needs one)."""
-        from huggingface_hub.hf_api import RepoFile
-
-        items = self.api().list_repo_tree(
-            repo_id, path_in_repo=folder or None, recursive=recursive, expand=False,
-            revision=revision, repo_type=repo_type, token=self._token)
         entries = []
-        for item in items:
-            if isinstance(item, RepoFile):
-                lfs = item.lfs
-                sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-                entries.append(Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
-                                     str(sha) if sha else None))
-                if limit is not None and len(entries) > limit:
-                    break
+        for item in self._files(repo_type, repo_id, folder, revision=revision,
+                                recursive=recursive, expand=False):
+            sha = getattr(item.lfs, "sha256", None)  # an LFS/Xet file's (BlobLfsInfo)
+            entries.append(Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
+                                 str(sha) if sha else None))
+            if limit is not None and len(entries) > limit:
+                break
         return entries
 
     def changes(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
@@ -127,38 +114,34 @@ class HubClient:
         """The files directly in ``folder``, by name, each with the date of the commit that
         last touched it (seconds since the epoch; None where the listing names none, as a
         mirror may): one listing with ``expand=True``, every page (50 entries each)."""
+        files = self._files(repo_type, repo_id, folder, revision=revision, recursive=False,
+                            expand=True)
+        return {item.path.rsplit("/", 1)[-1]: _epoch(getattr(item.last_commit, "date", None))
+                for item in files}
+
+    def _files(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
+               recursive: bool, expand: bool) -> Iterator[RepoFile]:
+        """The files (not folders) of a listing of ``folder``, read a page at a time."""
         from huggingface_hub.hf_api import RepoFile
 
-        items = self.api().list_repo_tree(
-            repo_id, path_in_repo=folder or None, recursive=False, expand=True,
+        items = self.api.list_repo_tree(
+            repo_id, path_in_repo=folder or None, recursive=recursive, expand=expand,
             revision=revision, repo_type=repo_type, token=self._token)
-        dated: dict[str, float | None] = {}
-        for item in items:
-            if isinstance(item, RepoFile):
-                dated[item.path.rsplit("/", 1)[-1]] = _epoch(
-                    getattr(item.last_commit, "date", None))
-        return dated
+        return (item for item in items if isinstance(item, RepoFile))
 
-    def last_modified(self, repo_type: str, repo_id: str) -> float | None:
-        """When the repo last took a commit (its ``lastModified``, seconds since the epoch),
+    def last_modified(self, repo_id: str) -> float | None:
+        """When the dataset repo last took a commit (its ``lastModified``, seconds since the epoch),
         or None when the answer names no date. Only that field is asked for where the
-        library can ask for it (``expand``): the repo's whole info lists every file."""
-        api = self.api()
-        if repo_type == "dataset" and _takes(api.dataset_info, "expand"):
-            info: Any = api.dataset_info(repo_id, expand=["lastModified"], token=self._token)
-        elif repo_type == "model" and _takes(api.model_info, "expand"):
-            info = api.model_info(repo_id, expand=["lastModified"], token=self._token)
-        else:  # no expand: the info without file metadata (the file names still come)
-            info = api.repo_info(repo_id, repo_type=repo_type, files_metadata=False,
-                                 token=self._token)
+        library asks for it (``expand``): the repo's whole info lists every file."""
+        info = self.api.dataset_info(repo_id, expand=["lastModified"], token=self._token)
         return _epoch(getattr(info, "last_modified", None))
 
     def last_commit_before(self, repo_type: str, repo_id: str, until: float, *,
-                           revision: str, scan: int = COMMITS_SCANNED) -> float | None:
+                           revision: str) -> float | None:
         """The date of the newest commit of ``revision`` at or before ``until`` (seconds
         since the epoch): its history read newest first (``GET /api/<type>s/<repo>/commits/
         <rev>``, the library's ``paginate``), stopping at the first such commit. None when
-        the history has none, or the first ``scan`` commits are all later (a page is
+        the history has none, or the first :data:`COMMITS_SCANNED` are all later (a page is
         fetched only when needed)."""
         from huggingface_hub.utils import (  # type: ignore[attr-defined]
             build_hf_headers,
@@ -168,26 +151,17 @@ class HubClient:
 
         url = f"{self.endpoint}/api/{repo_type}s/{repo_id}/commits/{quote(revision, safe='')}"
         items = paginate(url, params={}, headers=build_hf_headers(token=self._token))
-        for seen, item in enumerate(items, 1):
+        for item in itertools.islice(items, COMMITS_SCANNED):
             date = item.get("date") if isinstance(item, dict) else None
-            try:
+            with contextlib.suppress(ValueError):  # not a date: this commit says nothing
                 when = _epoch(parse_datetime(date)) if isinstance(date, str) else None
-            except ValueError:  # not a date: this commit says nothing
-                when = None
-            if when is not None and when <= until:
-                return when
-            if seen >= scan:
-                break
+                if when is not None and when <= until:
+                    return when
         return None
 
     def exists(self, repo_type: str, repo_id: str, path: str, *, revision: str) -> bool:
         """Whether the file is there: a HEAD of it (a 404 raises, for the caller to read)."""
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
-        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
-                         endpoint=self.endpoint)
-        get_hf_file_metadata(url, token=self._token, timeout=self.timeout_s,
-                             endpoint=self.endpoint)
+        self._metadata(repo_type, repo_id, path, revision)
         return True
 
     # --- downloads ------------------------------------------------------------------------
@@ -207,12 +181,18 @@ class HubClient:
         """
         if expect is None:
             expect = self._metadata(repo_type, repo_id, path, revision)
-        if write_if_empty(expect, dest):
+        if expect.size == 0 and expect.oid == _EMPTY_BLOB:  # its id is its content: no GET
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(b"")
             return 0
         # The mode a file the process creates gets (the worker's code tree is read by
         # whoever runs it); ".part", which the store clears after a killed agent.
+        from huggingface_hub.file_download import http_get
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
         with atomic_file(dest, mode=0o666, suffix=".part") as file:
-            self._get(repo_type, repo_id, path, revision, file)
+            http_get(self._url(repo_type, repo_id, path, revision), file,
+                     headers=build_hf_headers(token=self._token))
             file.flush()
             return verify(Path(file.name), expect, path)
 
@@ -221,26 +201,21 @@ class HubClient:
         of it (``get_hf_file_metadata``, as ``hf_hub_download`` asks first): its size and
         its ETag (the git blob id of a regular file, the sha256 of an LFS/Xet one). Bytes
         of another version (``revision`` moved on meanwhile) do not pass the check."""
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub import get_hf_file_metadata
 
-        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
-                         endpoint=self.endpoint)
-        meta = get_hf_file_metadata(url, token=self._token, timeout=self.timeout_s,
+        meta = get_hf_file_metadata(self._url(repo_type, repo_id, path, revision),
+                                    token=self._token, timeout=self.timeout_s,
                                     endpoint=self.endpoint)
         etag = str(meta.etag or "").lower()
         size = meta.size if isinstance(meta.size, int) else -1
-        return Entry(path, size, etag if _is_hex(etag, 40) else "",
-                     etag if _is_hex(etag, 64) else None)
+        return Entry(path, size, etag if re.fullmatch("[0-9a-f]{40}", etag) else "",
+                     etag if re.fullmatch("[0-9a-f]{64}", etag) else None)
 
-    def _get(self, repo_type: str, repo_id: str, path: str, revision: str,
-             into: BinaryIO) -> None:
+    def _url(self, repo_type: str, repo_id: str, path: str, revision: str) -> str:
         from huggingface_hub import hf_hub_url
-        from huggingface_hub.file_download import http_get
-        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
-        url = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
-                         endpoint=self.endpoint)
-        http_get(url, into, headers=build_hf_headers(token=self._token))
+        return hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision,
+                          endpoint=self.endpoint)
 
     def warm(self, repo_id: str, entry: Entry, *, revision: str, cache_dir: Path) -> int:
         """One model file into the Hugging Face cache at ``cache_dir`` (the library's own
@@ -265,18 +240,17 @@ class HubClient:
         snapshot against the tree listing they cached; 0.x accept any snapshot folder)."""
         from huggingface_hub import snapshot_download
 
-        try:
+        with contextlib.suppress(Exception):  # else not (completely) in the cache
             snapshot_download(repo_id, cache_dir=str(cache_dir), ignore_patterns=patterns,
                               token=self._token, local_files_only=True)
-        except Exception:  # not (completely) in the cache
-            return False
-        return True
+            return True
+        return False
 
     # --- commits --------------------------------------------------------------------------
 
     def commit(self, repo_type: str, repo_id: str, files: Mapping[str, Path], *,
                message: str, parent: str | None = None,
-               optional: Collection[str] = (), delete: Collection[str] = ()) -> None:
+               delete: Collection[str] = ()) -> list[str]:
         """One commit of ``files`` (path in repo -> local file) that also removes the files
         ``delete`` names, ``parent_commit=parent`` when given (the Hub answers 412 when the
         branch moved).
@@ -286,16 +260,21 @@ class HubClient:
         commit is made again without the missing ones (nothing at all when it only deleted
         missing files); when none of them is missing the refusal stands.
 
-        The library leaves out, silently, a file the repo's ``.gitignore`` matches: when
-        one of them is not in ``optional``, :class:`Ignored` names them (the commit, if it
-        was made, holds the others)."""
+        The library leaves out, silently, a file the repo's ``.gitignore`` matches: the
+        paths it left out are returned (the commit, if it was made, holds the others)."""
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
         removing = list(dict.fromkeys(delete))
         while True:
-            adds, operations = _operations(files, removing)
+            # Fresh operations for each try: the library marks them as it sends them.
+            adds = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
+                    for path, local in files.items()]
+            operations: list[CommitOperationAdd | CommitOperationDelete] = [
+                *adds, *(CommitOperationDelete(path_in_repo=path) for path in removing)]
             if not operations:
-                return  # it only deleted files that are not there: nothing to commit
+                return []  # it only deleted files that are not there: nothing to commit
             try:
-                self.api().create_commit(
+                self.api.create_commit(
                     repo_id=repo_id, repo_type=repo_type, operations=operations,
                     commit_message=message, token=self._token, parent_commit=parent)
             except ValueError as exc:
@@ -305,62 +284,20 @@ class HubClient:
                 if "Unable to retrieve user and repo ID" not in str(exc):
                     raise
             except Exception as exc:
-                if not removing or not _entry_not_found(exc):
+                # The Hub's 404 EntryNotFound: the answer to deleting a file not there.
+                if not removing or classify(exc).error_code != "EntryNotFound":
                     raise
-                present = self._present(repo_type, repo_id, removing, revision=parent or "main")
+                # Which of them are there: one request (the Hub leaves out the others).
+                found = self.api.get_paths_info(repo_id, removing, revision=parent or "main",
+                                                  repo_type=repo_type, token=self._token)
+                present = {item.path for item in found} & set(removing)
                 if len(present) == len(removing):  # not about a deletion: it stands
                     raise
                 removing = [path for path in removing if path in present]
                 continue
             break
-        ignored = [op.path_in_repo for op in adds if getattr(op, "_should_ignore", False)]
-        if any(path not in optional for path in ignored):
-            raise Ignored(ignored)
+        return [op.path_in_repo for op in adds if getattr(op, "_should_ignore", False)]
 
-    def _present(self, repo_type: str, repo_id: str, paths: list[str], *,
-                 revision: str) -> set[str]:
-        """Which of ``paths`` are in the repo at ``revision``: one request (the Hub answers
-        for the paths that exist and leaves out the others)."""
-        found = self.api().get_paths_info(repo_id, paths, revision=revision,
-                                          repo_type=repo_type, token=self._token)
-        return {item.path for item in found} & set(paths)
-
-
-def _operations(files: Mapping[str, Path], delete: list[str],
-                ) -> tuple[list[CommitOperationAdd],
-                           list[CommitOperationAdd | CommitOperationDelete]]:
-    """A commit's operations, fresh (the library marks them as it sends them): the
-    additions, and every operation (additions, then deletions)."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
-    adds = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
-            for path, local in files.items()]
-    removals = [CommitOperationDelete(path_in_repo=path) for path in delete]
-    return adds, [*adds, *removals]
-
-
-def _entry_not_found(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is the Hub's 404 ``EntryNotFound``: the answer
-    to a commit that deletes a file that is not there."""
-    from huggingface_hub.errors import EntryNotFoundError
-
-    for current in causes(exc):
-        if isinstance(current, EntryNotFoundError):
-            return True
-        response = getattr(current, "response", None)
-        headers = getattr(response, "headers", None)
-        if (getattr(response, "status_code", None) == 404 and headers is not None
-                and headers.get("X-Error-Code") == "EntryNotFound"):
-            return True
-    return False
-
-
-def _takes(method: Any, parameter: str) -> bool:
-    """Whether the library's ``method`` has ``parameter`` (it differs between lines)."""
-    try:
-        return parameter in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _epoch(date: object) -> float | None:
@@ -373,57 +310,21 @@ def _epoch(date: object) -> float | None:
     return date.timestamp()
 
 
-def write_if_empty(entry: Entry, dest: Path) -> bool:
-    """Write ``dest`` empty when ``entry`` is git's empty blob (nothing to download: its
-    id is its content's); False, and nothing written, otherwise."""
-    if entry.size != 0 or entry.oid != _EMPTY_BLOB:
-        return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_bytes(b"")
-    return True
-
-
-def git_blob_id(data: bytes) -> str:
-    """The id git (and the Hub's ``oid``) gives a file's content."""
-    digest = hashlib.sha1(f"blob {len(data)}\0".encode(), usedforsecurity=False)
-    digest.update(data)
-    return digest.hexdigest()
-
-
-def verify(local: Path, expect: Entry | None, path: str) -> int:
-    """``local``'s size, once its bytes are checked against ``expect`` (or, without one,
-    against the digest its blob name is: 64 hex a sha256, 40 hex a git blob id)."""
+def verify(local: Path, expect: Entry, path: str) -> int:
+    """``local``'s size, once its bytes are checked against ``expect``: its size, and its
+    sha256 (an LFS/Xet file) or else its git blob id (when the store named one)."""
     size = local.stat().st_size
-    want_sha256: str | None = None
-    want_oid: str | None = None
-    if expect is not None:
-        if expect.size >= 0 and size != expect.size:
-            raise ContentMismatch(f"{path}: {size} bytes arrived, the store has {expect.size}")
-        want_sha256, want_oid = expect.sha256, (expect.oid or None)
-    elif _is_hex(local.name, 64):
-        want_sha256 = local.name
-    elif _is_hex(local.name, 40):
-        want_oid = local.name
-    if want_sha256 is not None:
-        got = _digest(local, hashlib.sha256(), ())
-        if got != want_sha256.lower():
-            raise ContentMismatch(f"{path}: the bytes that arrived are not the store's")
-    elif want_oid is not None:
-        got = _digest(local, hashlib.sha1(usedforsecurity=False),
-                      (f"blob {size}\0".encode(),))
-        if got != want_oid.lower():
+    if expect.size >= 0 and size != expect.size:
+        raise ContentMismatch(f"{path}: {size} bytes arrived, the store has {expect.size}")
+    if expect.sha256 is not None:
+        want, digest = expect.sha256, hashlib.sha256()
+    elif expect.oid:
+        want = expect.oid
+        digest = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
+    else:
+        return size
+    with local.open("rb") as f:
+        if hashlib.file_digest(f, lambda: digest).hexdigest() != want.lower():
             raise ContentMismatch(f"{path}: the bytes that arrived are not the store's")
     return size
 
-
-def _digest(local: Path, digest: Any, prefix: Iterable[bytes]) -> str:
-    for part in prefix:
-        digest.update(part)
-    with local.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return str(digest.hexdigest())
-
-
-def _is_hex(text: str, length: int) -> bool:
-    return len(text) == length and all(c in "0123456789abcdef" for c in text.lower())

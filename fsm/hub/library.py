@@ -76,26 +76,24 @@ def switch_transfer(environ: MutableMapping[str, str], *, accelerate: bool = Tru
     from the installed distribution's metadata, without importing it."""
     environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     major = hub_major()
-    accelerator: Accelerator = "none"
-    frozen = "huggingface_hub.constants" in sys.modules
-    if major is not None:
-        candidate: Accelerator
-        if major == 0:
-            switch, candidate, allowed = "HF_HUB_ENABLE_HF_TRANSFER", "hf_transfer", True
-        else:
-            environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
-            disabled = environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
-            switch, candidate = "HF_XET_HIGH_PERFORMANCE", "hf_xet"
-            allowed = disabled not in ("1", "true", "yes", "on")
-        on = accelerate and allowed and importlib.util.find_spec(candidate) is not None
-        environ[switch] = "1" if on else "0"
-        accelerator = candidate if on else "none"
-        constants = sys.modules.get("huggingface_hub.constants")
-        if environ is os.environ and hasattr(constants, switch):
-            # Too late for the environment to count: set the frozen setting too (it is
-            # read from the constants module at call time).
-            setattr(constants, switch, on)
-    return accelerator, frozen
+    constants = sys.modules.get("huggingface_hub.constants")
+    if major is None:
+        return "none", constants is not None
+    candidate: Accelerator
+    if major == 0:
+        switch, candidate, allowed = "HF_HUB_ENABLE_HF_TRANSFER", "hf_transfer", True
+    else:
+        environ.pop("HF_HUB_ENABLE_HF_TRANSFER", None)  # only earns a deprecation warning
+        disabled = environ.get("HF_HUB_DISABLE_XET", "").strip().lower()
+        switch, candidate = "HF_XET_HIGH_PERFORMANCE", "hf_xet"
+        allowed = disabled not in ("1", "true", "yes", "on")
+    on = accelerate and allowed and importlib.util.find_spec(candidate) is not None
+    environ[switch] = "1" if on else "0"
+    if environ is os.environ and hasattr(constants, switch):
+        # Too late for the environment to count: set the frozen setting too (it is read
+        # from the constants module at call time).
+        setattr(constants, switch, on)
+    return (candidate if on else "none"), constants is not None
 
 
 #: Imported by the library at its import and used by none of the adapter's calls
@@ -130,10 +128,18 @@ def load_library() -> None:
     warnings.filterwarnings("ignore", message=_NO_GUESSER_WARNING)
     with deferred.without(OPTIONAL_FOR_THE_CALLS):
         from huggingface_hub import constants
-        from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
+        from huggingface_hub.utils import (  # type: ignore[attr-defined]
+            disable_progress_bars,
+            get_session,
+        )
 
-        _online(constants)
-        session = Background(_make_session, "hub-session") if (hub_major() or 0) >= 1 else None
+        # The frozen offline switch off: the store is what the runner must reach.
+        constants.HF_HUB_OFFLINE = False
+        # The library's one shared HTTP client (1.x/2.x; 0.x keeps one per thread), made
+        # beside the rest of the import: building it reads the system's certificate store
+        # (OpenSSL parsing every CA, some 50 ms, with the GIL released), which then
+        # overlaps importing ``hf_api``.
+        session = Background(get_session, "hub-session") if (hub_major() or 0) >= 1 else None
         from huggingface_hub import HfApi, hf_hub_download
 
         del HfApi, hf_hub_download  # imported for their modules (hf_api, file_download)
@@ -141,22 +147,6 @@ def load_library() -> None:
         if session is not None:
             session.done.wait()
             session.result()  # its failure is the import's, as if it had been made in line
-
-
-def _make_session() -> None:
-    """The library's one shared HTTP client (1.x/2.x; 0.x keeps one per thread), made
-    beside the rest of the import: building it reads the system's certificate store
-    (OpenSSL parsing every CA, some 50 ms, with the GIL released), which then overlaps
-    importing ``hf_api``."""
-    from huggingface_hub.utils import get_session  # type: ignore[attr-defined]
-
-    get_session()
-
-
-def _online(constants: object) -> None:
-    """The frozen offline switch off: the store is what the runner must reach."""
-    if getattr(constants, "HF_HUB_OFFLINE", False):
-        setattr(constants, "HF_HUB_OFFLINE", False)  # noqa: B010  # a module's setting
 
 
 def apply_settings(settings: Mapping[str, str]) -> list[str]:
@@ -179,81 +169,64 @@ def apply_settings(settings: Mapping[str, str]) -> list[str]:
     transport = {key: value for key, value in wanted.items() if key in TRANSPORT_SETTINGS}
     if transport:
         os.environ.update(transport)
-        _new_session()
+        # The library's shared HTTP client closed, to be made again from the environment.
+        close = (getattr(sys.modules.get("huggingface_hub"), "close_session", None)  # 1.x, 2.x
+                 or getattr(sys.modules.get("huggingface_hub.utils"), "reset_sessions", None))
+        if close is not None:
+            close()
     late = []
-    for key, value in ((k, v) for k, v in wanted.items() if k not in transport):
-        current = getattr(constants, key, _MISSING)
-        if current is _MISSING or not _set_constant(constants, key, current, value):
+    for key in wanted.keys() - transport.keys():
+        typed = _typed(getattr(constants, key, _MISSING), wanted[key])
+        if typed is _MISSING:
             late.append(key)
+        else:
+            setattr(constants, key, typed)
     return sorted(late)
 
 
 _MISSING = object()
 
 
-def _new_session() -> None:
-    """The library's shared HTTP client closed, to be made again from the environment."""
-    hub = sys.modules.get("huggingface_hub")
-    close = getattr(hub, "close_session", None)  # 1.x, 2.x
-    if close is None:
-        utils = sys.modules.get("huggingface_hub.utils")
-        close = getattr(utils, "reset_sessions", None)  # 0.x
-    if close is not None:
-        close()
-
-
 def probe(names: list[str]) -> dict[str, dict[str, object]]:
     """For each setting in ``names``: the library's constant of that name (when it has
     one; plain values only) and this process's environment's value."""
     constants = sys.modules.get("huggingface_hub.constants")
-    found: dict[str, dict[str, object]] = {}
-    for name in names:
-        entry: dict[str, object] = {"environ": os.environ.get(name)}
+    found: dict[str, dict[str, object]] = {name: {"environ": os.environ.get(name)}
+                                            for name in names}
+    for name, entry in found.items():
         value = getattr(constants, name, _MISSING)
         if value is None or isinstance(value, str | int | float | bool):
             entry["constant"] = value
-        found[name] = entry
     return found
 
 
-def _set_constant(constants: object, key: str, current: object, value: str) -> bool:
-    """``constants.<key>`` set from the text ``value``, typed as it is now; False when the
-    text does not fit that type."""
-    typed: object
+def _typed(current: object, value: str) -> object:
+    """The text ``value`` typed as a constant's ``current`` value is; ``_MISSING`` when it
+    does not fit that type (or there is no such constant)."""
     if isinstance(current, bool):
-        typed = value.strip().upper() in ("1", "ON", "YES", "TRUE")
-    elif isinstance(current, int | float):
+        return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+    if isinstance(current, int | float):
         try:
-            typed = type(current)(value)
+            return type(current)(value)
         except ValueError:
-            return False
-    elif current is None or isinstance(current, str):
-        typed = value
-    else:
-        return False
-    setattr(constants, key, typed)
-    return True
+            return _MISSING
+    return value if current is None or isinstance(current, str) else _MISSING
 
 
 FailureKind = Literal["retriable", "auth", "not_found", "rejected", "unknown"]
 
-# Transport failures by (top-level module, class name) anywhere in the MRO: the libraries
-# may not be installed, so they are not imported to compare types.
-_TRANSPORT_TYPES = frozenset({
-    ("requests", "ConnectionError"),
-    ("requests", "Timeout"),
-    ("requests", "ChunkedEncodingError"),
-    ("urllib3", "ProtocolError"),
-    ("urllib3", "TimeoutError"),
-    ("urllib3", "NewConnectionError"),
-    ("httpx2", "TransportError"),
-    ("httpx", "TransportError"),
-    ("httpcore", "NetworkError"),
-    ("httpcore", "TimeoutException"),
-    ("httpcore", "RemoteProtocolError"),
-    ("socket", "gaierror"),  # a name that does not resolve (the adapter's own reads)
-    ("ssl", "SSLError"),
-})
+# Transport failures by top-level module and class name anywhere in the MRO (every class
+# of hf_transfer's): the libraries may not be installed, so they are not imported to
+# compare types.
+_TRANSPORT_TYPES = {
+    "requests": ("ConnectionError", "Timeout", "ChunkedEncodingError"),
+    "urllib3": ("ProtocolError", "TimeoutError", "NewConnectionError"),
+    "httpx2": ("TransportError",),
+    "httpx": ("TransportError",),
+    "httpcore": ("NetworkError", "TimeoutException", "RemoteProtocolError"),
+    "socket": ("gaierror",),  # a name that does not resolve (the adapter's own reads)
+    "ssl": ("SSLError",),
+}
 
 
 class RemoteFailure(Exception):
@@ -276,13 +249,6 @@ class Failure:
     error_code: str | None = None  # the answer's X-Error-Code (RepoNotFound, EntryNotFound)
 
 
-def _response_of(exc: BaseException) -> object | None:
-    try:
-        return getattr(exc, "response", None)
-    except Exception:  # httpx raises when a request/response was never attached
-        return None
-
-
 _RATELIMIT = re.compile(r'"[^"]*"\s*;\s*r\s*=\s*(\d+)\s*;\s*t\s*=\s*(\d+)')
 
 
@@ -290,18 +256,10 @@ def _retry_after(response: object) -> float | None:
     """The wait the answer asks for, if any: ``Retry-After`` (seconds or an HTTP date), else
     the reset of an exhausted ``RateLimit`` window (``"api";r=0;t=<seconds>``, the IETF
     draft the Hub follows; its 429 may carry no ``Retry-After`` at all)."""
-    headers = getattr(response, "headers", None)
-    try:
-        value: object = headers.get("Retry-After") if headers is not None else None
-        limit: object = headers.get("RateLimit") if headers is not None else None
-    except Exception:
-        return None
-    if (not isinstance(value, str) or not value.strip()) and isinstance(limit, str):
-        found = _RATELIMIT.search(limit)
-        if found is not None and int(found.group(1)) == 0:
-            return float(found.group(2))
-    if not isinstance(value, str) or not value.strip():
-        return None
+    value = (_header(response, "Retry-After") or "").strip()
+    if not value:
+        found = _RATELIMIT.search(_header(response, "RateLimit") or "")
+        return float(found.group(2)) if found is not None and int(found.group(1)) == 0 else None
     try:
         return max(0.0, float(value))
     except ValueError:
@@ -327,20 +285,20 @@ def _is_transport(exc: BaseException) -> bool:
         return True  # 0.x wraps every hf_transfer failure in a RuntimeError
     for cls in type(exc).__mro__:
         root = cls.__module__.split(".")[0]
-        if (root, cls.__name__) in _TRANSPORT_TYPES or root == "hf_transfer":
+        if cls.__name__ in _TRANSPORT_TYPES.get(root, ()) or root == "hf_transfer":
             return True
     return False
 
 
 
 
-def _error_code(response: object) -> str | None:
+def _header(response: object, name: str) -> str | None:
     headers = getattr(response, "headers", None)
     try:
-        code = headers.get("X-Error-Code") if headers is not None else None
+        value = headers.get(name) if headers is not None else None
     except Exception:
         return None
-    return code if isinstance(code, str) else None
+    return value if isinstance(value, str) else None
 
 
 def classify(exc: BaseException) -> Failure:
@@ -350,18 +308,19 @@ def classify(exc: BaseException) -> Failure:
         return exc.failure
     chain = list(causes(exc))
     for current in chain:
-        response = _response_of(current)
+        try:
+            response = getattr(current, "response", None)
+        except Exception:  # httpx raises when a request/response was never attached
+            continue
         status = getattr(response, "status_code", None)
         if not isinstance(status, int) or isinstance(status, bool):
             continue
-        reason = f"HTTP {status}"
-        if status in AUTH_STATUSES:
-            return Failure("auth", reason, status, error_code=_error_code(response))
-        if status == 404:
-            return Failure("not_found", reason, status)
-        if status in TRANSIENT_STATUSES:
-            return Failure("retriable", reason, status, _retry_after(response))
-        return Failure("rejected", reason, status)
+        kind: FailureKind = (
+            "auth" if status in AUTH_STATUSES else "not_found" if status == 404
+            else "retriable" if status in TRANSIENT_STATUSES else "rejected")
+        wait = _retry_after(response) if kind == "retriable" else None
+        return Failure(kind, f"HTTP {status}", status, wait,
+                       error_code=_header(response, "X-Error-Code"))
     for current in chain:
         if _is_transport(current):
             return Failure("retriable", type(current).__name__)

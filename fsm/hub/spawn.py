@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from fsm.hub import agent as hub_agent
 
 __all__ = ["finish", "report", "start"]
 
-_lock = threading.Lock()
-_reporting = False
+_FINISH_BOUND_S = 0.5
 
 
-def _local_store(argv: list[str], environ: Mapping[str, str]) -> bool:
+def _local_store(argv: list[str]) -> bool:
     """Whether the command line (or the environment) names a local directory store: then
     no Hub call is made, and the import would only take CPU from the attempt."""
     for i, arg in enumerate(argv):
@@ -38,30 +36,23 @@ def _local_store(argv: list[str], environ: Mapping[str, str]) -> bool:
             return argv[i + 1].startswith("file:")
         if arg.startswith("--store="):
             return arg.removeprefix("--store=").startswith("file:")
-    return environ.get("FLASH_STORE", "").startswith("file:")
+    return os.environ.get("FLASH_STORE", "").startswith("file:")
 
 
-def start(argv: list[str] | None = None, not_ours: Sequence[int] = ()) -> bool:
+def start(not_ours: Sequence[int] = ()) -> bool:
     """Start the agent (once); False when there is no Hub to call. ``not_ours``: the
     runner's descriptors the agent, a fork, must not keep."""
     if hub_agent.current() is not None:
         return True
-    if _local_store(sys.argv[1:] if argv is None else argv, os.environ):
+    if _local_store(sys.argv[1:]):
         return False
-    hub_agent.start(hold_output=True, not_ours=not_ours).when_ready(_loaded)
+    hub_agent.start(hold_output=True, not_ours=not_ours)
     return True
 
 
-def _loaded(agent: hub_agent.Agent) -> None:
-    with _lock:
-        late = _reporting
-    if late:
-        _finished(agent)
-
-
 def report() -> None:
-    """Log the agent's start (and its load, once done); call once logging is set up."""
-    global _reporting
+    """Log the agent's start, and its load once done (now, or when the agent says so);
+    call once logging is set up."""
     agent = hub_agent.current()
     if agent is None:
         return
@@ -70,11 +61,7 @@ def report() -> None:
     structlog.get_logger("fsm.hub_import").info(
         "hub.import_started", at=round(agent.started_at, 6), pid=agent.pid)
     agent.release_output()
-    with _lock:
-        _reporting = True
-        loaded = agent.ready.is_set()
-    if loaded:
-        _finished(agent)
+    agent.when_ready(_finished)
 
 
 def _finished(agent: hub_agent.Agent) -> None:
@@ -93,6 +80,3 @@ def finish() -> None:
     agent = hub_agent.current()
     if agent is not None and agent.ready.is_set():
         agent.finish(_FINISH_BOUND_S)
-
-
-_FINISH_BOUND_S = 0.5

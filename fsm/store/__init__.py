@@ -17,12 +17,9 @@ from fsm.budget import Budget
 from fsm.clock import Deadline
 from fsm.errors import PayloadError
 from fsm.interrupt import InterruptFlag
-from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Fence, Store, StoreStats, WarmOutcome
+from fsm.store.base import PRELOAD_IGNORE_PATTERNS, Store, StoreStats
 
-__all__ = [
-    "PRELOAD_IGNORE_PATTERNS", "Fence", "Store", "StoreStats", "WarmOutcome", "open_store",
-    "retry_delays",
-]
+__all__ = ["PRELOAD_IGNORE_PATTERNS", "open_store", "retry_delays"]
 
 
 def open_store(
@@ -61,20 +58,16 @@ def open_store(
 
         return LocalStore(Path(path), deadline=deadline, stats=stats, interrupt=interrupt,
                           budget=budget)
+    scheme = urlsplit(url or "").scheme
+    if url and scheme not in ("http", "https"):
+        raise PayloadError(
+            f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
+        )
     from fsm.store.hub import HubStore
 
-    if not url:
-        return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
-                        interrupt=interrupt, endpoint=environ.get("HF_ENDPOINT") or None,
-                        stats=stats, budget=budget, **_hub_tuning(environ))
-    scheme = urlsplit(url).scheme
-    if scheme in ("http", "https"):
-        return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
-                        interrupt=interrupt, endpoint=url, stats=stats, budget=budget,
-                        **_hub_tuning(environ))
-    raise PayloadError(
-        f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
-    )
+    return HubStore(repo_id, token=token, deadline=deadline, environ=environ,
+                    interrupt=interrupt, endpoint=url or environ.get("HF_ENDPOINT") or None,
+                    stats=stats, budget=budget, **_hub_tuning(environ))
 
 
 #: Environment knobs of the Hub adapter's time bounds and retries (all optional):

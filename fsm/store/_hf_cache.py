@@ -17,6 +17,7 @@ warm stopped half-way leaves no reference to an incomplete snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,20 +33,14 @@ class ModelCache:
     def __init__(self, cache_dir: Path, repo_id: str) -> None:
         self.folder = cache_dir / ("models--" + repo_id.replace("/", "--"))
 
-    def snapshot(self, commit: str) -> Path:
-        return self.folder / "snapshots" / commit
-
     def complete(self, commit: str, paths: Iterable[str]) -> bool:
         """Whether ``refs/main`` names ``commit`` and its snapshot has every file in
         ``paths`` (links followed: a link to a missing blob does not count)."""
-        ref = self.folder / "refs" / "main"
-        try:
-            if ref.read_text().strip() != commit:
-                return False
-        except OSError:
-            return False
-        snapshot = self.snapshot(commit)
-        return all((snapshot / path).is_file() for path in paths)
+        with contextlib.suppress(OSError):
+            if (self.folder / "refs" / "main").read_text().strip() == commit:
+                snapshot = self.folder / "snapshots" / commit
+                return all((snapshot / path).is_file() for path in paths)
+        return False
 
     def blob(self, blob_id: str) -> Path:
         """Where blob ``blob_id`` lives (its folder exists once this returns)."""
@@ -55,7 +50,7 @@ class ModelCache:
 
     def link(self, commit: str, path: str, blob_id: str) -> None:
         """``snapshots/<commit>/<path>`` as a relative link to the blob (replaced if there)."""
-        link = self.snapshot(commit) / path
+        link = self.folder / "snapshots" / commit / path
         link.parent.mkdir(parents=True, exist_ok=True)
         target = os.path.relpath(self.folder / "blobs" / blob_id, link.parent)
         temp = link.with_name(f".{link.name}.{os.getpid()}.link")

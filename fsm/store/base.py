@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -42,15 +43,10 @@ PRELOAD_RESULT_NAME = "preload_result.json"
 
 #: Files a preload never warms (CONTRACT section 6).
 PRELOAD_IGNORE_PATTERNS: tuple[str, ...] = (
-    "*.pth",
-    "*.gguf",
-    "original/*",
-    "*.onnx",
-    "*.msgpack",
-    "*.h5",
-)
+    "*.pth", "*.gguf", "original/*", "*.onnx", "*.msgpack", "*.h5")
 
 
+@dataclass(eq=False)
 class Fence:
     """Closes the door on optional commits: once :meth:`seal` returns, none of them lands.
 
@@ -61,22 +57,14 @@ class Fence:
     head instead: a write landed after the seal (the marker) rejects it server-side.
     """
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._sealed = False
-
-    @property
-    def sealed(self) -> bool:
-        """Whether :meth:`seal` has been called."""
-        return self._sealed
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Whether :meth:`seal` has been called.
+    sealed: bool = False
 
     def seal(self) -> None:
         """Seal the fence (idempotent); waits for an optional commit landing right now."""
         with self.lock:
-            self._sealed = True
-
-    def __repr__(self) -> str:
-        return f"Fence(sealed={self._sealed})"
+            self.sealed = True
 
 
 #: The operations of a commit (one file, several), as the adapters name them.
@@ -137,11 +125,9 @@ class Store(Protocol):
 
     def describe(self) -> str:
         """A short, secret-free description for logs, e.g. ``file:///srv/store``."""
-        ...
 
     def worker_env(self) -> Mapping[str, str]:
         """What the worker's environment needs to reach the same store (``FLASH_STORE``)."""
-        ...
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
@@ -167,16 +153,13 @@ class Store(Protocol):
         commit); the Hub removes them in the same commit. A path may not be both written
         and deleted (``ValueError``). The marker's commit removes the attempt's lease so.
         """
-        ...
 
     def exists(self, path_in_repo: str) -> bool:
         """Whether ``path_in_repo`` is a file in the repo."""
-        ...
 
     def list_folder(self, folder: str) -> frozenset[str]:
         """The names of the files directly in ``folder/`` (not below it), in one call:
         empty when the folder does not exist."""
-        ...
 
     def changes(self, folder: str) -> dict[str, float]:
         """The files directly in ``folder/`` (not below it), by name, each mapped to when it
@@ -185,7 +168,6 @@ class Store(Protocol):
         precision: up to 1 ms before the commit). One listing (paginated on the Hub);
         empty when the folder does not exist. The lease's age is read so (CONTRACT
         section 10), never by a host's clock."""
-        ...
 
     def head_time(self, until: float | None = None) -> float | None:
         """When the repo last took a commit, by the store's own clock (seconds since the
@@ -196,26 +178,21 @@ class Store(Protocol):
         ``until``: a file rewritten since shows only its newest time). None when the store
         cannot say (a local store without files, a Hub that names no date, a history with
         no such commit within the bound)."""
-        ...
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
         """The paths of the files under ``folder/`` (at any depth), relative to it, sorted:
         one listing (paginated on the Hub), empty when the folder does not exist. It stops
         once more than ``limit`` are found, and then returns ``limit + 1`` of them."""
-        ...
 
     def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
         """The content of one small file, at most ``max_bytes + 1`` bytes of it (so a longer
         one shows as longer), without laying it out under a directory."""
-        ...
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         """Fetch one file to ``dest_dir/<path_in_repo>`` and return that path."""
-        ...
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
         """Fetch every file under ``folder/`` to ``local_root/folder/...``; return how many."""
-        ...
 
     def warm_model(
         self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
@@ -230,4 +207,3 @@ class Store(Protocol):
         tells ``on_start`` how many files and bytes it will fetch; the caller measures the
         progress in the cache itself (the standard layout: ``models--<org>--<name>/``).
         """
-        ...

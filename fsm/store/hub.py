@@ -81,8 +81,6 @@ from fsm.errors import (
 )
 from fsm.hub import agent as hub_agent
 from fsm.hub import library
-from fsm.hub.agent import AgentClient
-from fsm.hub.client import Entry, Ignored, write_if_empty
 from fsm.hub.library import Failure, classify
 from fsm.interrupt import InterruptFlag
 from fsm.output.log import Progress
@@ -175,20 +173,17 @@ def _report_frozen(late: Collection[str]) -> None:
                     why="huggingface_hub was imported before these settings were known")
 
 
-def agent_switch() -> bool:
-    """Whether an agent started now sets the transfer switch in its own environment (no:
-    this process's environment was configured already, and is the agent's as it is)."""
-    return not _process_configured
-
-
 def _new_agent() -> hub_agent.Agent:
-    """An agent process for this one, in its environment (setting the switch itself, or
-    keeping the one configure_transfer set); the one before it, gone, is logged."""
+    """This process's agent, started now (in its environment, setting the switch itself
+    or keeping the one configure_transfer set) if there is none or it is gone; the one
+    before it, gone, is logged."""
     gone = hub_agent.current()
     if gone is not None and not gone.alive and not gone.killed:  # a kill is logged as such
         log.warning("hub.agent_exited", pid=gone.pid, status=gone.returncode,
-                    stderr_tail=gone.tail[-5:], why="a new one makes the store's calls")
-    return hub_agent.start(switch=agent_switch())
+                    stderr_tail=list(gone.tail)[-5:], why="a new one makes the store's calls")
+    # The switch is the agent's to set, unless this process's environment was configured
+    # already (then it is the agent's as it is).
+    return hub_agent.start(switch=not _process_configured)
 
 
 # --- failure classification ----------------------------------------------------------------
@@ -198,16 +193,13 @@ def token_problem(token: str | None) -> str | None:
     ASCII without spaces; a line break (a token read from a file with its newline), a space,
     a control or non-ASCII character makes every request fail before it is sent, or sends
     another header than the one meant."""
-    if not token:
+    char = next((c for c in token or "" if not "\x21" <= c <= "\x7e"), None)
+    if char is None:
         return None
-    for char in token:
-        if "\x21" <= char <= "\x7e":
-            continue
-        what = ("a line break" if char in "\r\n" else "a space or a tab" if char in " \t"
-                else "a non-ASCII character" if ord(char) > 0x7e else "a control character")
-        return (f"the token (HF_TOKEN) holds {what}, which an HTTP header cannot carry: "
-                "the token is unusable as given; give HF_TOKEN the token alone")
-    return None
+    what = ("a line break" if char in "\r\n" else "a space or a tab" if char in " \t"
+            else "a non-ASCII character" if ord(char) > 0x7e else "a control character")
+    return (f"the token (HF_TOKEN) holds {what}, which an HTTP header cannot carry: "
+            "the token is unusable as given; give HF_TOKEN the token alone")
 
 
 def _refusal_fix(status: int | None, repo_id: str) -> str:
@@ -288,12 +280,10 @@ class HubStore:
             raise ValueError("max_attempts must be at least 1")
         self.repo_id = repo_id
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
-        self._custom_endpoint = endpoint is not None and self.endpoint != DEFAULT_ENDPOINT
         self._token: str | bool = token if token else False
         #: Every try and every wait between tries goes through the budget: ``budget`` when
         #: given (the end of the attempt sizes its tries), else ``deadline`` and ``interrupt``.
         self.budget = budget or Budget(deadline, interrupt or InterruptFlag())
-        self.deadline = self.budget.deadline
         self.call_timeout_s = call_timeout_s
         self.transfer_timeout_s = transfer_timeout_s
         self.max_attempts = max_attempts
@@ -304,7 +294,9 @@ class HubStore:
         self._token_problem = token_problem(token)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
-        self._http: AgentClient | None = None
+        #: The agent that makes this handle's calls, and what its client is keyed by.
+        self._agent: hub_agent.Agent | None = None
+        self._key = (self.endpoint, self._token, call_timeout_s)
         #: Whether the store has answered a call of this handle (then a 401 RepoNotFound is
         #: a mirror's word for a missing path, not a refused token).
         self._answered = False
@@ -318,7 +310,7 @@ class HubStore:
         return f"{self.endpoint}/datasets/{self.repo_id}"
 
     def worker_env(self) -> Mapping[str, str]:
-        return {"HF_ENDPOINT": self.endpoint} if self._custom_endpoint else {}
+        return {"HF_ENDPOINT": self.endpoint} if self.endpoint != DEFAULT_ENDPOINT else {}
 
     def commit(
         self, files: Mapping[str, Path], *, message: str, fence: Fence | None = None,
@@ -327,28 +319,28 @@ class HubStore:
         removed = removals(files, delete)
         if fence is not None and fence.sealed:
             return False
-        items = list(files.items())
-        if not items and not removed:
+        if not files and not removed:
             return True  # nothing to land
-        size = sum(local.stat().st_size for _, local in items)
+        size = sum(local.stat().st_size for local in files.values())
         bound = self.call_timeout_s if size <= _SMALL_UPLOAD else self.transfer_timeout_s
-        op = "upload" if len(items) == 1 else "commit"
-        paths = [path for path, _ in items] + removed
+        op = "upload" if len(files) == 1 else "commit"
+        paths = [*files, *removed]
         label = paths[0] if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more"
         missing = f"repo {self.repo_id} not found"
 
         def create(parent: str | None) -> None:
-            try:
-                # The deletions ride in the same commit; the client leaves out the ones not
-                # there (the Hub refuses a commit that deletes a missing file).
-                self._client().commit("dataset", self.repo_id, dict(items), message=message,
-                                      parent=parent, optional=optional, delete=removed)
-            except Ignored as exc:
-                must = sorted(exc.paths - set(optional))
+            # The deletions ride in the same commit; the client leaves out the ones not
+            # there (the Hub refuses a commit that deletes a missing file). It names the
+            # files the repo's .gitignore made the library leave out.
+            ignored = self._client().call(
+                self._key, "commit", "dataset", self.repo_id, dict(files), message=message,
+                parent=parent, delete=removed)
+            must = sorted(set(ignored) - set(optional))
+            if must:
                 raise StoreRefused(
                     f"store {op} {label}: {', '.join(must)} ignored by the repo's .gitignore",
                     fix=f"the repo's .gitignore matches {', '.join(must)}: remove the "
-                        "pattern that matches it from the repo's .gitignore") from None
+                        "pattern that matches it from the repo's .gitignore")
 
         if fence is None:
             self._call(op, label, partial(create, None), bound, missing=missing)
@@ -358,7 +350,9 @@ class HubStore:
         # paces it, and a 429 it meets is the caller's signal to back off).
         try:
             for _ in range(2):
-                head = self._head(label, fence)
+                # The repo's refs only, one try (repo_info would list a fleet's whole repo).
+                head = self._call("head", label, self._main_commit, self.call_timeout_s,
+                                  fence=fence, missing=missing, tries=1)
                 # Checked after the head was read: a seal after this check comes before the
                 # marker, and the marker moves the head away from ``head``.
                 if fence.sealed:
@@ -387,8 +381,9 @@ class HubStore:
     def list_folder(self, folder: str) -> frozenset[str]:
         folder = folder.strip("/")
         try:
-            entries = self._call("list", f"{folder}/", partial(self._tree, folder),
-                                 self.call_timeout_s)
+            entries = self._call("list", f"{folder}/", self._via(
+                "tree", "dataset", self.repo_id, folder, revision="main", recursive=False),
+                self.call_timeout_s)
         except StoreNotFound:
             return frozenset()
         return frozenset(entry.path.rsplit("/", 1)[-1] for entry in entries)
@@ -413,7 +408,7 @@ class HubStore:
     def head_time(self, until: float | None = None) -> float | None:
         # The repo's lastModified alone (repo_info would list every file of a fleet's repo);
         # before a moment, its history newest first, stopping at the first such commit.
-        modified = (self._via("last_modified", "dataset", self.repo_id) if until is None else
+        modified = (self._via("last_modified", self.repo_id) if until is None else
                     self._via("last_commit_before", "dataset", self.repo_id, until,
                               revision="main"))
         try:
@@ -426,10 +421,8 @@ class HubStore:
     def list_tree(self, folder: str, limit: int) -> list[str]:
         folder = folder.strip("/")
         # Every page within one bound: the transfer's, since a big folder has many pages.
-        def listing() -> list[Entry]:
-            return self._client().tree("dataset", self.repo_id, folder, revision="main",
-                                       recursive=True, limit=limit)
-
+        listing = self._via("tree", "dataset", self.repo_id, folder, revision="main",
+                            recursive=True, limit=limit)
         try:
             entries = self._call("list", f"{folder}/", listing, self.transfer_timeout_s)
         except StoreNotFound:
@@ -443,17 +436,16 @@ class HubStore:
 
         # A flat name of its own in the temporary directory: no folders to make and remove.
         dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{uuid.uuid4().hex}"
-        download = self._via("download", "dataset", self.repo_id, path_in_repo, dest,
-                             revision="main")
         try:
-            self._call("download", path_in_repo, download, self.transfer_timeout_s)
-            with open(dest, "rb") as file:
+            with open(self._download(path_in_repo, dest), "rb") as file:
                 return file.read(max_bytes + 1)
         finally:
             dest.unlink(missing_ok=True)
 
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
-        dest = dest_dir / path_in_repo
+        return self._download(path_in_repo, dest_dir / path_in_repo)
+
+    def _download(self, path_in_repo: str, dest: Path) -> Path:
         download = self._via("download", "dataset", self.repo_id, path_in_repo, dest,
                              revision="main")
         self._call("download", path_in_repo, download, self.transfer_timeout_s)
@@ -468,46 +460,33 @@ class HubStore:
         sha = self._call("head", label, self._main_commit, self.call_timeout_s,
                          missing=f"repo {self.repo_id} not found")
         try:
-            wanted = self._call("list", label,
-                                partial(self._tree, folder, recursive=True, revision=sha),
-                                self.call_timeout_s)
+            wanted = self._call("list", label, self._via(
+                "tree", "dataset", self.repo_id, folder, revision=sha, recursive=True),
+                self.call_timeout_s)
         except StoreNotFound:
             wanted = []
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
-        client = self._client()
-        first = client.agent
-        total = sum(entry.size for entry in wanted)
-        with Progress("fetch", total_files=len(wanted), total_bytes=total,
-                      folder=label) as progress:
+        first = self._client()
+        with Progress("fetch", total_files=len(wanted),
+                      total_bytes=sum(entry.size for entry in wanted), folder=label) as progress:
 
             def fetch() -> None:
                 progress.set(files=0, bytes=0)  # a retry fetches every file again
-                # An empty file (a package's __init__.py) is written here: the listing's
-                # id of it is its content, and the agent would make no request for it.
-                calls = []
-                for entry in wanted:
-                    if write_if_empty(entry, local_root / entry.path):
-                        progress.advance(files=1, bytes=0)
-                    else:
-                        calls.append((("dataset", self.repo_id, entry.path,
-                                       local_root / entry.path),
-                                      {"revision": sha, "expect": entry}))
+                calls = [(("dataset", self.repo_id, entry.path, local_root / entry.path),
+                          {"revision": sha, "expect": entry}) for entry in wanted]
                 # Before each file: a signal, or a prefetch branch cancelled, stops here.
-                for size in client.each("download", calls, window=FETCH_WORKERS,
-                                        before=self._check_interrupt):
+                for size in self._client().each(self._key, "download", calls,
+                                                window=FETCH_WORKERS, before=self._check_interrupt):
                     progress.advance(files=1, bytes=int(size))
 
             self._call("fetch", label, fetch, self.transfer_timeout_s)
-        if self._client().agent is not first:
+        if self._client() is not first:
             # An agent taken away mid-download left its part files: not the worker's code.
             for entry in wanted:
                 dest = local_root / entry.path
                 for part in dest.parent.glob(f".{glob.escape(dest.name)}.*.part"):
                     part.unlink(missing_ok=True)
-        missing = [e.path for e in wanted if not (local_root / e.path).is_file()]
-        if missing:
-            raise StoreUnavailable(f"store fetch {label}: {len(missing)} file(s) not fetched")
         return len(wanted)
 
     def warm_model(
@@ -528,14 +507,21 @@ class HubStore:
         missing = f"model {repo_id} not found"
         cache = ModelCache(cache_dir, repo_id)
         try:
-            commit = self._call("head", label, partial(self._model_commit, repo_id),
+            commit = self._call("head", label, partial(self._main_commit, repo_id),
                                 self.call_timeout_s, missing=missing)
             listed = self._call("list", label, self._via(
                 "tree", "model", repo_id, "", revision=commit, recursive=True),
                 self.call_timeout_s, missing=missing)
         except StoreUnavailable:
-            if self._cached_offline(repo_id, cache_dir, ignore_patterns):
-                return "cached"
+            # The library's own offline probe (snapshot_download(local_files_only=True)):
+            # 1.x/2.x check the snapshot against the tree listing they cached; 0.x accept
+            # any snapshot folder.
+            probe = Background(self._via("cached_offline", repo_id, cache_dir,
+                                         list(ignore_patterns)), "hub-cached")
+            if self._wait(probe, self.call_timeout_s):
+                with contextlib.suppress(Exception):
+                    if probe.result():
+                        return "cached"
             raise
         kept = [entry for entry in listed
                 if not any(fnmatch.fnmatch(entry.path, p) for p in ignore_patterns)]
@@ -549,7 +535,7 @@ class HubStore:
             def fetch() -> None:
                 calls = [((repo_id, entry), {"revision": commit, "cache_dir": cache_dir})
                          for entry in kept]
-                for _ in self._client().each("warm", calls, window=FETCH_WORKERS,
+                for _ in self._client().each(self._key, "warm", calls, window=FETCH_WORKERS,
                                              before=self._check_interrupt):
                     pass
 
@@ -557,48 +543,30 @@ class HubStore:
         cache.set_main(commit)
         return "downloaded"
 
-    def _model_commit(self, repo_id: str) -> str:
-        sha = self._client().main_commit("model", repo_id)
-        if sha is None:
-            raise StoreUnavailable(f"store head of model {repo_id}: no main branch named")
-        return sha
-
-    def _cached_offline(self, repo_id: str, cache_dir: Path, patterns: Sequence[str]) -> bool:
-        """The library's own offline probe (``snapshot_download(local_files_only=True)``):
-        1.x/2.x check the snapshot against the tree listing they cached; 0.x accept any
-        snapshot folder."""
-        probe = self._via("cached_offline", repo_id, cache_dir, list(patterns))
-        call = Background(probe, "hub-cached")
-        if not self._wait(call, self.call_timeout_s):
-            return False
-        try:
-            return bool(call.result())
-        except Exception:
-            return False
-
     # --- internals ------------------------------------------------------------------------
 
     def _via(self, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        """A call of the agent's client, for :meth:`_call` to make: the client is the one
-        of the moment (a silent agent's replacement's, on a later try)."""
-        return lambda: getattr(self._client(), method)(*args, **kwargs)
+        """A call of the agent's client, for :meth:`_call` to make: the agent is the one
+        of the moment (a silent or exited agent's replacement, on a later try)."""
+        return lambda: self._client().call(self._key, method, *args, **kwargs)
 
-    def _client(self, bound_s: float | None = None) -> AgentClient:
-        """The client of the agent process (``fsm.hub.agent``), once the library is loaded
-        there: waited for within the budget (a signal ends the wait), so that no try's
-        bound covers the import. The adapter's settings go to each agent first, sent
-        without waiting for the load (the agent applies them before any later call), and
-        are answered within ``bound_s`` (a try's bound; else the call timeout), or the
-        agent is silent: it is taken away and another started."""
-        if self._http is not None and self._http.alive:
-            return self._http
+    def _client(self, bound_s: float | None = None) -> hub_agent.Agent:
+        """The agent process (``fsm.hub.agent``) that makes this handle's calls (another
+        once it is gone), once the library is loaded there: waited for within the budget
+        (a signal ends the wait), so that no try's bound covers the import. The adapter's
+        settings go to each agent first, sent without waiting for the load (the agent
+        applies them before any later call), and are answered within ``bound_s`` (a try's
+        bound; else the call timeout), or the agent is silent: it is taken away and
+        another started."""
+        if self._agent is not None and self._agent.alive:
+            return self._agent
         for _ in range(_AGENT_STARTS):
-            agent = hub_agent.process(_new_agent)
+            agent = _new_agent()  # the running one, or a new one
             configured: hub_agent.Pending | None = None
             with contextlib.suppress(hub_agent.AgentGone):  # then its error says why
                 configured = agent.configure(self._settings)
-            if not self._await(agent.ready, "waiting for huggingface_hub to load",
-                               max(self.call_timeout_s, _LOAD_BOUND_S)):
+            if not self._wait(agent.ready, max(self.call_timeout_s, _LOAD_BOUND_S),
+                              "waiting for huggingface_hub to load"):
                 self._silent(agent, "loading huggingface_hub")
                 continue
             if agent.error is not None:
@@ -615,24 +583,8 @@ class HubStore:
                 f"store {self.describe()}: the huggingface_hub process exited or fell "
                 f"silent {_AGENT_STARTS} times before it answered")
         _report_frozen(agent.result(configured))
-        self._http = AgentClient(self.endpoint, self._token, timeout_s=self.call_timeout_s,
-                                 settings=self._settings, restart=_new_agent,
-                                 agent=agent)
-        return self._http
-
-    def _await(self, event: threading.Event, what: str, bound_s: float) -> bool:
-        """Whether ``event`` was set within ``bound_s``, waited for in slices: a signal
-        that stops the budget ends the wait (:class:`~fsm.errors.Interrupted`), and so
-        does the deadline."""
-        end = time.monotonic() + bound_s
-        while not event.wait(0.05):
-            self._check_interrupt()
-            if self.budget.expired():
-                raise DeadlineExceeded(f"store {self.describe()}: the attempt deadline "
-                                       f"passed {what}")
-            if time.monotonic() >= end:
-                return False
-        return True
+        self._agent = agent
+        return agent
 
     def _unless_answering(self, agent: hub_agent.Agent, what: str) -> None:
         """After a call went unanswered in its bound: the agent is asked whether it still
@@ -654,12 +606,17 @@ class HubStore:
         log.warning("hub.agent_replaced", pid=agent.pid, silent_while=what,
                     why="it did not answer within the bound: a fresh one takes the call")
 
-    def _wait(self, call: Background[_T] | hub_agent.Pending, bound: float) -> bool:
+    def _wait(self, call: Background[_T] | threading.Event, bound: float,
+              what: str | None = None) -> bool:
         """Whether ``call`` ended within ``bound``; a signal that stops the budget ends the
-        wait at once (:class:`~fsm.errors.Interrupted`; the call runs on, abandoned)."""
+        wait at once (:class:`~fsm.errors.Interrupted`; the call runs on, abandoned), and
+        so does the deadline while ``what`` (:class:`~fsm.errors.DeadlineExceeded`)."""
         end = time.monotonic() + bound
         while not call.wait(min(0.1, max(0.0, end - time.monotonic()))):
             self._check_interrupt()
+            if what is not None and self.budget.expired():
+                raise DeadlineExceeded(f"store {self.describe()}: the attempt deadline "
+                                       f"passed {what}")
             if time.monotonic() >= end:
                 return False
         return True
@@ -668,26 +625,15 @@ class HubStore:
         if self.budget.stopped():
             raise Interrupted(self.budget.interrupt.signum or 15)
 
-    def _tree(self, folder: str, *, recursive: bool = False, revision: str = "main",
-              ) -> list[Entry]:
-        """The files in ``folder`` (below it too when ``recursive``): one call, for
-        ``_call`` to bound and retry (the client does not retry: a throttled store's
-        ``Retry-After`` reaches this adapter's own pacing)."""
-        return self._client().tree("dataset", self.repo_id, folder, revision=revision,
-                                   recursive=recursive)
-
-    def _main_commit(self) -> str:
-        sha = self._client().main_commit("dataset", self.repo_id)
+    def _main_commit(self, model: str | None = None) -> str:
+        """The commit ``main`` points at: the dataset's, or model ``model``'s."""
+        sha: str | None = self._client().call(self._key, "main_commit",
+                                              "model" if model else "dataset",
+                                              model or self.repo_id)
         if sha is None:
-            raise StoreUnavailable(f"store head of {self.repo_id}: no main branch named")
+            what = f"model {model}" if model else self.repo_id
+            raise StoreUnavailable(f"store head of {what}: no main branch named")
         return sha
-
-    def _head(self, label: str, fence: Fence) -> str:
-        """The commit ``main`` points at, for a fenced commit's parent: one try, and the
-        repo's refs only (``repo_info`` would list every file of a fleet's repo)."""
-
-        return self._call("head", label, self._main_commit, self.call_timeout_s,
-                          fence=fence, missing=f"repo {self.repo_id} not found", tries=1)
 
     def _call(
         self,
@@ -718,10 +664,9 @@ class HubStore:
                 raise StoreRefused(f"{where}: {self._token_problem}", fix=self._token_problem)
             # The library loaded and set up (a fresh agent, after a silent one was taken
             # away) before the try's bound starts.
-            client = self._client(self.budget.try_bound(self.call_timeout_s, attempt))
+            agent = self._client(self.budget.try_bound(self.call_timeout_s, attempt))
             self.stats.count(op=op)
-            remaining = self.budget.remaining()
-            if remaining <= 0:
+            if self.budget.remaining() <= 0:
                 raise DeadlineExceeded(f"{where}: the attempt deadline passed")
             # In a split budget (the end of the attempt) each try gets its share of what is
             # left: a hung connection is abandoned while another try still fits.
@@ -729,7 +674,7 @@ class HubStore:
             began = time.monotonic()
             call = Background(fn, f"hub-{op}")
             if not self._wait(call, bound):  # abandoned: it runs on, a daemon
-                self._unless_answering(client.agent, where)
+                self._unless_answering(agent, where)
                 if self.budget.expired():
                     raise DeadlineExceeded(
                         f"{where}: the attempt deadline passed while waiting for the store"
@@ -746,15 +691,14 @@ class HubStore:
                 if failure.kind == "unknown":
                     raise
             self.stats.count(throttled=failure.status == 429)
-            if (failure.kind == "auth" and failure.status == 401 and self._answered
-                    and failure.error_code == "RepoNotFound"):
-                # A mirror's answer for a path missing from a repo it has just answered
-                # for (olah: 401 RepoNotFound where the Hub answers 404 EntryNotFound).
+            # A mirror's answer for a path missing from a repo it has just answered for
+            # (olah: 401 RepoNotFound where the Hub answers 404 EntryNotFound).
+            mirror_missing = (failure.status == 401 and self._answered
+                              and failure.error_code == "RepoNotFound")
+            if failure.kind == "not_found" or mirror_missing:
                 raise StoreNotFound(f"{where}: {missing}")
             if failure.kind == "auth":
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")
-            if failure.kind == "not_found":
-                raise StoreNotFound(f"{where}: {missing}")
             if failure.kind == "rejected" and conflict and failure.status == 412:
                 raise _Conflict(where)
             if failure.kind == "rejected":

@@ -61,14 +61,10 @@ class LocalStore:
             budget.interrupt if budget.stops else InterruptFlag())
 
     def describe(self) -> str:
-        return self.url
-
-    @property
-    def url(self) -> str:
         return self.root.as_uri()
 
     def worker_env(self) -> Mapping[str, str]:
-        return {"FLASH_STORE": self.url}
+        return {"FLASH_STORE": self.describe()}
 
     # --- the port ---------------------------------------------------------------------
 
@@ -81,62 +77,43 @@ class LocalStore:
             return False
         self._check_time()
         staged: list[tuple[str, Path, Path]] = []  # (path in repo, temp file, target)
+        path_in_repo, verb = "", "write"  # what a failure names
         try:
             for path_in_repo, local_path in files.items():
                 target = self._repo_path(path_in_repo)
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    staged.append((path_in_repo, _copy_aside(local_path, target), target))
-                except OSError as exc:
-                    raise _write_error(path_in_repo, exc) from exc
+                target.parent.mkdir(parents=True, exist_ok=True)
+                staged.append((path_in_repo, _copy_aside(local_path, target), target))
             # Sealing takes the same lock: a seal() waits for the renames (and removals)
             # below, and once it has returned no optional commit gets past the check.
             with fence.lock if fence is not None else contextlib.nullcontext():
                 if fence is not None and fence.sealed:
                     return False
-                for path_in_repo, tmp, target in staged:
-                    try:
-                        os.replace(tmp, target)
-                    except OSError as exc:
-                        raise _write_error(path_in_repo, exc) from exc
+                for path_in_repo, tmp, target in staged:  # noqa: B007  # a failure names it
+                    os.replace(tmp, target)
                 # Once every written file is visible: what the commit removes (a path not
                 # there, or below a file, is nothing to remove).
-                for path_in_repo, target in removed:
-                    try:
+                verb = "remove"
+                for path_in_repo, target in removed:  # noqa: B007  # a failure names it
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                         os.unlink(target)
-                    except (FileNotFoundError, NotADirectoryError):
-                        pass
-                    except OSError as exc:
-                        raise _write_error(path_in_repo, exc, "remove") from exc
             self.stats.count(op="commit", commit=True)
             return True
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"local store: cannot {verb} {path_in_repo}: {exc.strerror}") from exc
         finally:
             for _, tmp, _ in staged:  # the temp files not renamed (sealed, or a failure)
                 tmp.unlink(missing_ok=True)
 
     def exists(self, path_in_repo: str) -> bool:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         return self._checked(path_in_repo).is_file()
 
     def list_folder(self, folder: str) -> frozenset[str]:
-        self._check_time()
-        self._root_readable()
-        folder = folder.strip("/")
-        source = self._checked(folder)
-        if not source.is_dir():
-            return frozenset()
-        names: set[str] = set()
-        for entry in source.iterdir():
-            if entry.is_symlink():  # checked as exists() would check it (unsafe: refused)
-                self._checked(f"{folder}/{entry.name}" if folder else entry.name)
-            if entry.is_file():
-                names.add(entry.name)
-        return frozenset(names)
+        return frozenset(self.changes(folder))
 
     def changes(self, folder: str) -> dict[str, float]:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -144,38 +121,31 @@ class LocalStore:
         times: dict[str, float] = {}
         with os.scandir(source) as listing:
             for entry in listing:
-                if entry.is_symlink():  # checked as list_folder checks it (unsafe: refused)
+                if entry.is_symlink():  # checked as exists() would check it (unsafe: refused)
                     self._checked(f"{folder}/{entry.name}" if folder else entry.name)
-                try:
+                with contextlib.suppress(FileNotFoundError):  # removed since it was listed
                     if entry.is_file():
                         times[entry.name] = entry.stat().st_mtime
-                except FileNotFoundError:  # removed since it was listed
-                    continue
         return times
 
     def head_time(self, until: float | None = None) -> float | None:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         # The newest regular file anywhere under the root (links are not followed): a
         # commit's files are renamed into place, so the last commit's are the newest. Before
         # ``until``, the newest of those not changed since (a file rewritten since has lost
         # its earlier times: the local store keeps no history).
-        newest: float | None = None
+        times: list[float] = []
         for directory, _, names in os.walk(self.root):
             self._check_time()
             for name in names:
-                try:
+                with contextlib.suppress(FileNotFoundError):  # removed since it was listed
                     st = os.lstat(os.path.join(directory, name))
-                except FileNotFoundError:  # removed since it was listed
-                    continue
-                if (S_ISREG(st.st_mode) and (until is None or st.st_mtime <= until)
-                        and (newest is None or st.st_mtime > newest)):
-                    newest = st.st_mtime
-        return newest
+                    if S_ISREG(st.st_mode) and (until is None or st.st_mtime <= until):
+                        times.append(st.st_mtime)
+        return max(times, default=None)
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -196,8 +166,7 @@ class LocalStore:
         return target
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -205,9 +174,7 @@ class LocalStore:
         # Every entry is checked before anything is copied: a refused tree leaves nothing.
         files = self._files(source, folder)
         for rel, path in files:
-            self._check_time()
-            if self.interrupt.is_set():
-                raise Interrupted(self.interrupt.signum or 15)
+            self._step()
             target = local_root / folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             _atomic_copy(path, target)
@@ -217,15 +184,13 @@ class LocalStore:
         self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
         on_start: WarmStart | None = None,
     ) -> WarmOutcome:
-        self._check_time()
-        self._root_readable()
+        self._ready()
         label = f"models/{repo_id}"
         source = self._checked(label)
         if not source.is_dir():
             raise StoreNotFound(f"local store: model {repo_id} not found")
-        files = self._files(
-            source, label, keep=lambda rel: not _ignored(rel, ignore_patterns)
-        )
+        files = self._files(source, label, keep=lambda rel: not any(
+            fnmatch.fnmatch(rel, pattern) for pattern in ignore_patterns))
         # The "commit" names the model's content as listed (path, size, mtime): cheap to
         # compute on every probe and different whenever the source changes.
         digest = hashlib.sha1(usedforsecurity=False)
@@ -239,10 +204,9 @@ class LocalStore:
         if on_start is not None:
             on_start(len(files), sum(path.stat().st_size for _, path in files))
         for rel, path in files:
-            self._check_time()
-            if self.interrupt.is_set():
-                raise Interrupted(self.interrupt.signum or 15)
-            blob_id = _sha256(path)
+            self._step()
+            with path.open("rb") as f:
+                blob_id = hashlib.file_digest(f, "sha256").hexdigest()
             if not cache.blob(blob_id).is_file():
                 _atomic_copy(path, cache.blob(blob_id))
             cache.link(commit, rel, blob_id)
@@ -259,8 +223,7 @@ class LocalStore:
 
     def _file(self, path_in_repo: str) -> Path:
         """The file ``path_in_repo``, checked (in time, links), else StoreNotFound."""
-        self._check_time()
-        self._root_readable()
+        self._ready()
         source = self._checked(path_in_repo)
         if not source.is_file():
             raise StoreNotFound(f"local store: {path_in_repo} not found")
@@ -271,12 +234,10 @@ class LocalStore:
         path = self._repo_path(path_in_repo)
         real_root = os.path.realpath(self.root)
         current = self.root
-        walked: list[str] = []
         for part in path.relative_to(self.root).parts:
             current = current / part
-            walked.append(part)
             if current.is_symlink():
-                _check_link(current, "/".join(walked), real_root)
+                _check_link(current, current.relative_to(self.root).as_posix(), real_root)
             elif not current.exists():
                 break  # missing: the caller answers "not found"
         return path
@@ -321,44 +282,32 @@ class LocalStore:
         visit(top, "", frozenset())
         return found
 
-    def _root_readable(self) -> None:
+    def _ready(self) -> None:
+        """Checked before a call: the deadline, and the root is a directory."""
+        self._check_time()
         if not self.root.is_dir():
-            raise StoreUnavailable(f"local store: {self.url} is not a directory")
+            raise StoreUnavailable(f"local store: {self.describe()} is not a directory")
 
     def _check_time(self) -> None:
         if self.deadline.expired():
             raise DeadlineExceeded("the attempt deadline passed before a store call")
 
+    def _step(self) -> None:
+        """Before each file a call copies: the deadline, and a signal (or a cancel)."""
+        self._check_time()
+        if self.interrupt.is_set():
+            raise Interrupted(self.interrupt.signum or 15)
+
 
 def _check_link(link: Path, label: str, real_root: str) -> None:
     """Refuse ``link`` (repo path ``label``) when it dangles or resolves outside the root."""
     target = os.path.realpath(link)
-    if not os.path.exists(target):  # dangling, or a loop of links
-        raise FatalError(
-            f"local store: {label} is a dangling link; refusing to read it",
-            rule=rules.STORE_UNSAFE_LINK,
-        )
-    if os.path.commonpath([target, real_root]) != real_root:
-        raise FatalError(
-            f"local store: {label} is a link that leaves the store's root; refusing to read it",
-            rule=rules.STORE_UNSAFE_LINK,
-        )
-
-
-def _write_error(path_in_repo: str, exc: OSError, verb: str = "write") -> StoreUnavailable:
-    return StoreUnavailable(f"local store: cannot {verb} {path_in_repo}: {exc.strerror}")
-
-
-def _ignored(rel: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatch(rel, pattern) for pattern in patterns)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    why = ("a dangling link" if not os.path.exists(target)  # dangling, or a loop of links
+           else "a link that leaves the store's root"
+           if os.path.commonpath([target, real_root]) != real_root else None)
+    if why is not None:
+        raise FatalError(f"local store: {label} is {why}; refusing to read it",
+                         rule=rules.STORE_UNSAFE_LINK)
 
 
 def _copy_aside(source: Path, target: Path) -> Path:
