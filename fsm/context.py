@@ -199,10 +199,7 @@ def watch_seconds(env: Mapping[str, str], key: str, default: float, *,
     raw = env.get(key)
     if raw is None or not raw.strip():
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value: float = _float(raw, math.nan)
     if value == 0 and can_be_off:
         return 0.0
     if not math.isfinite(value) or value < minimum:
@@ -409,10 +406,8 @@ class WorkerRun:
             if self.oom_killed is not None:
                 worker["oom_killed"] = self.oom_killed
             out["worker"] = worker
-        for key, fact in (("stall", self.stall), ("stacks", self.stacks),
-                          ("gpu_change", self.gpu_change)):
-            if fact is not None:
-                out[key] = fact.evidence()
+        facts = {"stall": self.stall, "stacks": self.stacks, "gpu_change": self.gpu_change}
+        out.update((key, fact.evidence()) for key, fact in facts.items() if fact is not None)
         if self.gpu_watch is not None:
             out["gpu_watch"] = self.gpu_watch
         return out
@@ -517,11 +512,8 @@ class Context:
         probe = self.host
         assert probe is not None, "LoadPayload starts the probe"
         probe.limit(self.tuning.gpu_query_s)
-
-        def on_fault(verdict: StartVerdict, snap: Snapshot) -> None:
-            self.halt_with(host_fault(probe.hostname, verdict, snap))
-
-        probe.watch(expected, on_fault)
+        probe.watch(expected, lambda verdict, snap: self.halt_with(
+            host_fault(probe.hostname, verdict, snap)))
 
     def halt_with(self, fault: RetriableError) -> None:
         """End the running state with ``fault`` (from any thread): the first one stays, and

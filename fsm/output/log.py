@@ -66,8 +66,6 @@ _CLEAR_LINE = "\r\x1b[K"
 
 # The attempt's identity, merged into every event (see _add_identity).
 _identity: dict[str, Any] = {}
-# The attempt's timeline: seconds in each state it left, and (at most one entry) the
-# state it is in and since when (monotonic).
 _lines: _Lines | None = None  # where readable lines go (console rendering only)
 
 
@@ -393,10 +391,8 @@ def _summary(fields: Mapping[str, Any]) -> str:
         parts.append(f"{fields['files_done']}/{'?' if total is None else total} files")
     if "bytes_done" in fields:
         done, total = fields["bytes_done"], fields.get("bytes_total")
-        if total:
-            parts.append(f"{_size(done)} of {_size(total)} ({100 * done // total}%)")
-        else:
-            parts.append(_size(done))
+        parts.append(f"{_size(done)} of {_size(total)} ({100 * done // total}%)" if total
+                     else _size(done))
     if fields.get("bytes_per_s"):
         parts.append(f"{_size(fields['bytes_per_s'])}/s")
     if "seconds" in fields:
