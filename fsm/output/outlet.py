@@ -42,10 +42,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "STDERR",
     "STDOUT",
     "Outlet",
-    "OutletStream",
     "evidence",
     "install",
     "leave",
