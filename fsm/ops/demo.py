@@ -76,11 +76,10 @@ def lay_out(root: Path, name: str) -> Path:
     }
     if name == "preload":
         model = store / "models" / DEMO_MODEL
-        model.mkdir(parents=True, exist_ok=True)
+        (model / "original").mkdir(parents=True, exist_ok=True)
         (model / "config.json").write_text(json.dumps({"hidden_size": 8}))
         (model / "tokenizer.json").write_text(json.dumps({"vocab": ["a", "b"]}))
         (model / "model.safetensors").write_bytes(os.urandom(64 * 1024))
-        (model / "original").mkdir(exist_ok=True)
         (model / "original" / "consolidated.pth").write_bytes(b"not warmed")
         mount = root / "weight-cache"
         mount.mkdir(exist_ok=True)
