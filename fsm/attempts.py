@@ -325,11 +325,8 @@ def _dict(value: Any) -> dict[str, Any] | None:
 
 def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
     """The leases among a folder's file names, as (name, arm, attempt), by attempt then arm."""
-    found = []
-    for name in names:
-        match = LEASE_RE.fullmatch(name)
-        if match is not None:
-            found.append((name, match.group(1), int(match.group(2))))
+    found = [(name, match[1], int(match[2])) for name in names
+             if (match := LEASE_RE.fullmatch(name)) is not None]
     return sorted(found, key=lambda f: (f[2], f[1], f[0]))
 
 
