@@ -51,10 +51,7 @@ from fsm.errors import (
 from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
-__all__ = [
-    "CONSOLE_RE", "TAIL_LINES", "Row", "arguments_problem", "explain", "human_age", "status",
-    "status_table",
-]
+__all__ = ["arguments_problem", "explain", "status"]
 
 #: A console tail the runner uploaded: ``console_<phase>.txt``.
 CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
@@ -163,8 +160,8 @@ class Row:
         name = host.get("hostname") if isinstance(host, dict) else None
         return name if isinstance(name, str) and name else None
 
-    def as_json(self, now: float, columns: Iterable[Column] | None = None) -> dict[str, Any]:
-        row = {c.key: c.value(self, now) for c in (COLUMNS if columns is None else columns)}
+    def as_json(self, now: float, columns: Iterable[Column]) -> dict[str, Any]:
+        row = {c.key: c.value(self, now) for c in columns}
         if self.problem is not None:
             row["problem"] = self.problem
         if self.view is not None:
@@ -375,12 +372,7 @@ def status(
     prefix = prefix.strip("/")
 
     def body(store: Store, emit: Say) -> int:
-        if recursive:
-            wanted, leases = _latest(store, prefix)
-        else:
-            markers, leased = _unmarked(_names(store, prefix))
-            wanted = [(prefix, m, 1) for m in markers]
-            leases = [(prefix, f, 1) for f in leased]
+        wanted, leases = _wanted(store, prefix, recursive)
         rows = _read_rows(store, wanted)
         unread = sum(row.problem == NOT_READ for row in rows)
         lease_rows = _lease_rows(store, leases)
@@ -418,35 +410,14 @@ def status(
 
 
 def _listed(store: Store, prefix: str) -> list[str]:
-    """Every file under ``prefix`` (paths relative to it), in one bounded listing."""
+    """Every file under ``prefix`` (paths relative to it), in one bounded listing: a file
+    that is a hostile link is listed, and refused only when it is read, so one such entry
+    does not hide the others (the runner's own listing refuses it at once)."""
     paths = store.list_tree(prefix, MAX_LISTED)
     if len(paths) > MAX_LISTED:
         raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
                            f"{store.describe()}: choose a narrower --prefix")
     return paths
-
-
-def _names(store: Store, prefix: str) -> frozenset[str]:
-    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
-    file that is a hostile link is listed, and refused only when it is read, so one such
-    entry does not hide the others (the runner's own listing refuses it at once)."""
-    paths = _listed(store, prefix)
-    return frozenset(path for path in paths if "/" not in path)
-
-
-def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) -> Row:
-    """One marker of the run in ``folder``, downloaded once."""
-    path = f"{folder}/{marker_file.name}" if folder else marker_file.name
-    marker: dict[str, Any] | None = None
-    try:
-        data = store.read_file(path, MARKER_MAX_BYTES)
-    except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
-        problem: str | None = "listed, then not found when downloaded"
-    except FatalError as exc:  # the store will not read it (a link out of its root)
-        problem = f"refused: {_printable(exc.message, 300)}"
-    else:
-        marker, problem = _parse(data)
-    return Row(marker_file, marker, problem, folder, attempts)
 
 
 def _parse(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -471,27 +442,27 @@ def _unmarked(names: Collection[str]) -> tuple[list[MarkerFile], list[MarkerFile
                      if (arm, attempt) not in marked]
 
 
-def _latest(store: Store, prefix: str) -> tuple[Wanted, Wanted]:
-    """The latest attempt of every folder under ``prefix`` that holds attempt markers or
-    leases (a run's hf_prefix), from one bounded listing of the whole tree: the markers to
-    read, and the leases of that attempt's arms that have no marker, each as (the run's
-    folder, the file, how many attempts the run holds)."""
-    paths = _listed(store, prefix)
+def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]:
+    """The markers to read, and the leases of attempts without a marker to judge, each as
+    (the run's folder, the file, how many attempts the run holds), from one bounded listing:
+    every attempt directly under ``prefix`` (a run of one attempt each); with ``recursive``,
+    the latest attempt of every folder under it that holds markers or leases (a run's
+    hf_prefix)."""
     folders: dict[str, list[str]] = {}
-    for path in paths:
+    for path in _listed(store, prefix):
         folder, _, name = path.rpartition("/")
-        folders.setdefault(folder, []).append(name)
+        if recursive or not folder:
+            folders.setdefault(folder, []).append(name)
     wanted: Wanted = []
     leases: Wanted = []
     for folder in sorted(folders):
         markers, leased = _unmarked(folders[folder])
-        if not markers and not leased:
-            continue
-        last = max(f.attempt for f in (*markers, *leased))
-        held = len({(f.arm, f.attempt) for f in (*markers, *leased)})
+        held = {(f.arm, f.attempt) for f in (*markers, *leased)}
+        last = max((attempt for _, attempt in held), default=None)
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
-        wanted += [(run, m, held) for m in markers if m.attempt == last]
-        leases += [(run, f, held) for f in leased if f.attempt == last]
+        count = len(held) if recursive else 1
+        wanted += [(run, m, count) for m in markers if not recursive or m.attempt == last]
+        leases += [(run, f, count) for f in leased if not recursive or f.attempt == last]
     return wanted, leases
 
 
@@ -548,18 +519,24 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     return rows
 
 
-def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> list[Row]:
+def _read_rows(store: Store, wanted: Wanted) -> list[Row]:
     """One download per marker (folder, marker, attempts of its run), in order; once
     ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
     rows: list[Row] = []
     for folder, m, attempts in wanted:
-        if rows and rows[-1].problem == NOT_READ:
-            rows.append(Row(m, None, NOT_READ, folder, attempts))
-            continue
+        marker: dict[str, Any] | None = None
+        problem: str | None = NOT_READ
         try:
-            rows.append(_row(store, folder, m, attempts=attempts))
+            if not rows or rows[-1].problem != NOT_READ:
+                path = f"{folder}/{m.name}" if folder else m.name
+                marker, problem = _parse(store.read_file(path, MARKER_MAX_BYTES))
         except DeadlineExceeded:
-            rows.append(Row(m, None, NOT_READ, folder, attempts))
+            pass  # not read
+        except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
+            problem = "listed, then not found when downloaded"
+        except FatalError as exc:  # the store will not read it (a link out of its root)
+            problem = f"refused: {_printable(exc.message, 300)}"
+        rows.append(Row(m, marker, problem, folder, attempts))
     return rows
 
 
@@ -628,7 +605,7 @@ def explain(
     prefix = prefix.strip("/")
 
     def body(store: Store, emit: Say) -> int:
-        names = _names(store, prefix)
+        names = frozenset(path for path in _listed(store, prefix) if "/" not in path)
         every = marker_format.listed(names)
         candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
         if not candidates:
@@ -653,15 +630,10 @@ def explain(
             emit(_printable(data.decode("utf-8", "replace"), RAW_CHARS))
         else:
             emit(_pretty(marker))
-        emit("")
-        emit(_rule_row(marker))
-        emit("")
-        stall = _stall(marker)
-        if stall:
-            emit(stall + "\n")
-        gpus = _gpus(marker)
-        if gpus:
-            emit(gpus + "\n")
+        emit("\n" + _rule_row(marker) + "\n")
+        for evidence in (_stall(marker), _gpus(marker)):
+            if evidence:
+                emit(evidence + "\n")
         stacks = _stacks_file(marker, names)
         if stacks is not None:
             emit(_stacks_head(store, prefix, stacks) + "\n")
