@@ -203,70 +203,34 @@ def _judge(
     last_commit: float | None, now: float,
 ) -> tuple[list[AttemptView], Wants]:
     """The views, and what the store could still tell that might turn an unknown lost."""
-    views: list[AttemptView | None] = []
-    readable = 0  # leases of attempts without markers whose expiry is known
-    expiries: list[tuple[int, float, float]] = []  # (index in views, expiry, renewal due)
-    for f in found:
-        if f.has_marker:
-            views.append(_marker_view(f))
-            continue
-        if not f.has_lease:
-            views.append(_view(f, "unknown", NEITHER))
-            continue
-        problem = f.lease_problem
-        lease = f.lease
-        changed = f.lease_changed
-        if lease is None or problem is not None:
-            views.append(_lease_view(f, "unknown", f"the lease is unreadable: {problem}", now))
-            continue
-        if lease.get("attempt") != f.attempt:
-            views.append(_lease_view(
-                f, "unknown", f"the lease is unreadable: it names attempt "
-                              f"{lease.get('attempt')!r}, its file {f.attempt}", now))
-            continue
-        if changed is None or not math.isfinite(changed):
-            views.append(_lease_view(f, "unknown", "the store gave no time for the lease's "
-                                                   "last change", now))
-            continue
-        readable += 1
-        ttl = float(lease["ttl_s"])
-        expires = changed + ttl
-        if now <= expires:
-            views.append(_lease_view(
-                f, "running", f"the lease changed {human_age(now - changed)} ago, within its "
-                              f"ttl_s {ttl:g}", now))
-            continue
-        views.append(None)  # decided below, against the whole reading
-        expiries.append((len(views) - 1, expires, changed + ttl / TTL_PERIODS))
-
-    expired = len(expiries)
-    together = readable >= 2 and 2 * expired > readable
+    alone = [_alone(f, now) for f in found]
+    expiries = [(index, *at) for index, at in enumerate(alone) if isinstance(at, tuple)]
+    # leases of attempts without markers whose expiry is known: running or expired
+    readable = len(expiries) + sum(isinstance(v, AttemptView) and v.kind == "running"
+                                   for v in alone)
+    together = readable >= 2 and 2 * len(expiries) > readable
     heads = {t for t in (head_time, last_commit) if t is not None and math.isfinite(t)}
     known = sorted({t for t in changes if math.isfinite(t)} | heads | {
         f.lease_changed for f in found
         if f.lease_changed is not None and math.isfinite(f.lease_changed)})
-    latest = now - GRACE_S
     wants: set[Literal["last_commit", "head_time"]] = set()
+    late: dict[int, AttemptView] = {}  # the expired leases, against the whole reading
     for index, expires, due in expiries:
-        f = found[index]
         ago = human_age(now - expires)
-        if together:
-            views[index] = _lease_view(
-                f, "unknown", f"{TOGETHER} ({expired} of {readable} leases of this reading "
-                              f"expired; this one {ago} ago)", now)
-            continue
         after = _first_after(known, expires)
         # A commit a live runner, retrying since its renewal fell due, would have followed
         # with its own by now: one landed after that try could land, GRACE_S ago or more.
-        witness = _last_within(known, due + LANDING_S, latest)
-        if after is not None and witness is not None:
-            views[index] = _lease_view(
-                f, "lost", f"the lease expired {ago} ago, and the repo took commits since "
-                           f"(one {human_age(now - after)} ago) and while its renewal was "
-                           f"late (one {human_age(now - witness)} ago): the host went silent",
-                now, since=expires)
-            continue
-        if after is None:
+        witness = _last_within(known, due + LANDING_S, now - GRACE_S)
+        kind: Kind = "unknown"
+        if together:
+            why = (f"{TOGETHER} ({len(expiries)} of {readable} leases of this reading "
+                   f"expired; this one {ago} ago)")
+        elif after is not None and witness is not None:
+            kind = "lost"
+            why = (f"the lease expired {ago} ago, and the repo took commits since (one "
+                   f"{human_age(now - after)} ago) and while its renewal was late (one "
+                   f"{human_age(now - witness)} ago): the host went silent")
+        elif after is None:
             if last_commit is None:
                 wants.add("last_commit")
             why = (f"the lease expired {ago} ago and no commit has landed in the repo since: "
@@ -277,8 +241,34 @@ def _judge(
             why = (f"the lease expired {ago} ago; the repo took a commit since "
                    f"({human_age(now - after)} ago), but none yet that a live runner's late "
                    f"renewal would have followed within the grace of {GRACE_S:g}s")
-        views[index] = _lease_view(f, "unknown", why, now)
-    return [v for v in views if v is not None], frozenset(wants)
+        late[index] = _lease_view(found[index], kind, why, now,
+                                  since=expires if kind == "lost" else None)
+    views = [late[index] if isinstance(v, tuple) else v for index, v in enumerate(alone)]
+    return views, frozenset(wants)
+
+
+def _alone(f: Found, now: float) -> AttemptView | tuple[float, float]:
+    """The attempt's view by its own files, or for an expired lease (judged against the
+    whole reading) when it expired and when its renewal fell due."""
+    if f.has_marker:
+        return _marker_view(f)
+    if not f.has_lease:
+        return _view(f, "unknown", NEITHER)
+    lease, changed = f.lease, f.lease_changed
+    if lease is None or f.lease_problem is not None:
+        why = f"the lease is unreadable: {f.lease_problem}"
+    elif lease.get("attempt") != f.attempt:
+        why = (f"the lease is unreadable: it names attempt {lease.get('attempt')!r}, its "
+               f"file {f.attempt}")
+    elif changed is None or not math.isfinite(changed):
+        why = "the store gave no time for the lease's last change"
+    else:
+        ttl = float(lease["ttl_s"])
+        if now <= changed + ttl:
+            return _lease_view(f, "running", f"the lease changed {human_age(now - changed)} "
+                                             f"ago, within its ttl_s {ttl:g}", now)
+        return changed + ttl, changed + ttl / TTL_PERIODS
+    return _lease_view(f, "unknown", why, now)
 
 
 def _last_within(times: Sequence[float], low: float, high: float) -> float | None:
@@ -333,50 +323,36 @@ def _dict(value: Any) -> dict[str, Any] | None:
 # --- reading the store ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Files:
-    """An attempt's files in one folder listing: its marker's name, its lease's name."""
-
-    arm: str
-    attempt: int
-    marker: str | None = None
-    lease: str | None = None
-
-
 def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
     """The leases among a folder's file names, as (name, arm, attempt), by attempt then arm."""
-    found = []
-    for name in names:
-        match = LEASE_RE.fullmatch(name)
-        if match is not None:
-            found.append((name, match.group(1), int(match.group(2))))
+    found = [(name, match[1], int(match[2])) for name in names
+             if (match := LEASE_RE.fullmatch(name)) is not None]
     return sorted(found, key=lambda f: (f[2], f[1], f[0]))
 
 
-def _attempt_files(names: Iterable[str]) -> list[_Files]:
-    """The attempts a folder's names hold a marker or a lease of, by attempt then arm."""
+def _attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
+    """The attempts a folder's names hold a marker or a lease of, by attempt then arm, as
+    (arm, attempt, whether it has a marker)."""
     names = list(names)
-    files: dict[tuple[str, int], _Files] = {}
-    for m in marker_format.listed(names):
-        files[(m.arm, m.attempt)] = _Files(m.arm, m.attempt, marker=m.name)
-    for name, arm, attempt in lease_files(names):
-        had = files.get((arm, attempt), _Files(arm, attempt))
-        files[(arm, attempt)] = _Files(arm, attempt, had.marker, name)
-    return sorted(files.values(), key=lambda f: (f.attempt, f.arm))
+    marked = {(m.arm, m.attempt) for m in marker_format.listed(names)}
+    every = marked | {(arm, attempt) for _, arm, attempt in lease_files(names)}
+    return [(arm, n, (arm, n) in marked) for arm, n in sorted(every, key=lambda a: (a[1], a[0]))]
 
 
 def _path(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def _read_bounded(store: Store, path: str, limit: int) -> tuple[bytes | None, str | None]:
-    """The file's bytes, or why it cannot be read: a file gone since the listing, one the
-    store refuses (a link out of its root) or too long is a problem of that file alone; the
-    store's failures (unavailable, the token refused, the deadline) are raised."""
+def _read_bounded(
+    store: Store, path: str, limit: int, gone: str = "listed, then not found when read",
+) -> tuple[bytes | None, str | None]:
+    """The file's bytes, or why it cannot be read: a file gone since the listing (``gone``),
+    one the store refuses (a link out of its root) or too long is a problem of that file
+    alone; the store's failures (unavailable, the token refused, the deadline) are raised."""
     try:
         data = store.read_file(path, limit)
     except StoreNotFound:
-        return None, "listed, then not found when read"
+        return None, gone
     except StoreAuthError:
         raise
     except FatalError as exc:
@@ -394,13 +370,9 @@ def read_marker(store: Store, path: str) -> tuple[dict[str, Any] | None, str | N
 
 def read_lease(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
     """One lease, read once: (the lease, None) or (None, why not)."""
-    data, problem = _read_bounded(store, path, LEASE_MAX_BYTES)
-    if data is None:
-        if problem == "listed, then not found when read":
-            problem = ("listed, then gone when read (the attempt's marker may have landed "
-                       "since: read again)")
-        return None, problem
-    return parse_lease(data)
+    data, problem = _read_bounded(store, path, LEASE_MAX_BYTES, gone=(
+        "listed, then gone when read (the attempt's marker may have landed since: read again)"))
+    return (None, problem) if data is None else parse_lease(data)
 
 
 def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
@@ -425,17 +397,17 @@ def decide(store: Store, found: Sequence[Found], changes: Iterable[float],
     (``head_time()``) and its newest at or before ``now - GRACE_S``
     (``head_time(until=...)``) at most once each, only when an expired lease is neither
     lost nor unknown by the listings alone."""
-    changes = list(changes)
-    views, wants = _judge(list(found), changes, None, None, now)
+    found, changes = list(found), list(changes)
+    views, wants = _judge(found, changes, None, None, now)
     if not wants:
         return views
     last = store.head_time() if "last_commit" in wants else None
     head = last if last is not None and last <= now - GRACE_S else None
-    views, wants = _judge(list(found), changes, head, last, now)
+    views, wants = _judge(found, changes, head, last, now)
     if "head_time" in wants and (last is None or last > now - GRACE_S):
         head = store.head_time(until=now - GRACE_S)
         if head is not None:
-            views = judge(found, changes=changes, head_time=head, last_commit=last, now=now)
+            views = _judge(found, changes, head, last, now)[0]
     return views
 
 
@@ -453,8 +425,8 @@ def read_attempts(
     for folder in dict.fromkeys(p.strip("/") for p in folders):
         listing = store.changes(folder)
         changes += listing.values()
-        found += [found_in(store, folder, listing, files.arm, files.attempt)
-                  for files in _attempt_files(listing)]
+        found += [found_in(store, folder, listing, arm, n)
+                  for arm, n, _ in _attempt_files(listing)]
     return decide(store, found, changes, now)
 
 
@@ -477,21 +449,14 @@ def read_attempt(
         listing = store.changes(folder)
         target = found_in(store, folder, listing, arm, attempt)
         found = [target]
-        if _expired(target, now):  # the rest of the reading matters (rule 3b)
-            found += [found_in(store, folder, listing, files.arm, files.attempt)
-                      for files in _attempt_files(listing)
-                      if files.marker is None and (files.arm, files.attempt) != (arm, attempt)]
+        if isinstance(_alone(target, now), tuple):  # expired: the rest of the reading matters
+            found += [found_in(store, folder, listing, other, n)
+                      for other, n, marked in _attempt_files(listing)
+                      if not marked and (other, n) != (arm, attempt)]
         return decide(store, found, listing.values(), now)[0]
     except (FlashError, DeadlineExceeded) as exc:
         return AttemptView(arm, attempt, "unknown", _unreadable(store, exc, redactor),
                            prefix=folder)
-
-
-def _expired(found: Found, now: float) -> bool:
-    lease, changed = found.lease, found.lease_changed
-    if found.has_marker or lease is None or changed is None:
-        return False
-    return now > changed + float(lease["ttl_s"])
 
 
 def _unreadable(store: Store, exc: BaseException, redactor: Redactor | None) -> str:

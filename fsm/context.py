@@ -13,14 +13,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from fsm import table
+from fsm import rules, table
 from fsm.attempt.lease import DEFAULT_LEASE_S, MIN_LEASE_S
 from fsm.attempt.lock import AttemptLock
 from fsm.attempt.publish import READBACK_S, Publisher
@@ -32,8 +32,7 @@ from fsm.interrupt import InterruptFlag
 from fsm.output.outlet import Outlet
 from fsm.output.redact import Redactor
 from fsm.payload import Destination, Payload
-from fsm.prefetch import Background
-from fsm.rules import Rule
+from fsm.prefetch import Background, Branch
 from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from fsm.host.gpus import Snapshot, StartVerdict
     from fsm.host.probe import HostProbe
     from fsm.policy import Fault
-    from fsm.prefetch import Branch
     from fsm.worker.supervise import WorkerExit
 
 #: Opens a store handle: (destination, budget, environment, the attempt's counters).
@@ -173,28 +171,22 @@ class Settings:
         code_root: str | None = None,
         scratch_dir: str | None = None,
     ) -> Settings:
-        def pick(arg: str | None, var: str, default: str) -> str:
-            return arg or environ.get(var) or default
-
         # Absolute: the worker runs in another directory, and the paths it is handed (its
         # scratch dir, FLASH_PROGRESS_FILE) must name the runner's files.
+        def pick(arg: str | None, var: str, default: Path) -> Path:
+            return Path(arg or environ.get(var) or default).absolute()
+
         return cls(
-            payload_path=Path(pick(payload, "FLASH_PAYLOAD_PATH", "/root/flash/payload.json"))
-            .absolute(),
+            payload_path=pick(payload, "FLASH_PAYLOAD_PATH", cls.payload_path),
             store_url=store or None,
-            code_root=Path(pick(code_root, "FLASH_CODE_ROOT", "/runcode")).absolute(),
-            scratch_dir=Path(pick(scratch_dir, "FLASH_SCRATCH_DIR", "/tmp")).absolute(),
+            code_root=pick(code_root, "FLASH_CODE_ROOT", cls.code_root),
+            scratch_dir=pick(scratch_dir, "FLASH_SCRATCH_DIR", cls.scratch_dir),
         )
 
 
-#: FLASH_STALL_S's default (CONTRACT section 7).
-DEFAULT_STALL_S = 1800.0
-#: FLASH_HOST_WATCH_S's default (CONTRACT section 8).
-DEFAULT_HOST_WATCH_S = 30.0
 #: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
 MIN_WATCH_S = 5.0
-#: FLASH_GPU_QUERY_S's default and floor (CONTRACT section 8): ``fsm.host.gpus``'s.
-DEFAULT_GPU_QUERY_S = 60.0
+#: FLASH_GPU_QUERY_S's floor (CONTRACT section 8): ``fsm.host.gpus``'s.
 MIN_GPU_QUERY_S = 5.0
 
 
@@ -207,10 +199,7 @@ def watch_seconds(env: Mapping[str, str], key: str, default: float, *,
     raw = env.get(key)
     if raw is None or not raw.strip():
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value: float = _float(raw, math.nan)
     if value == 0 and can_be_off:
         return 0.0
     if not math.isfinite(value) or value < minimum:
@@ -231,14 +220,16 @@ class Tuning:
     stop_grace_s: float = 10.0
     exit_reserve_s: float | None = None  # None: derived from the budget
     pip_backoff_s: float = 2.0
-    #: Seconds without a sign of progress before the worker is stalled (0: no watch).
-    stall_s: float = DEFAULT_STALL_S
+    #: Seconds without a sign of progress before the worker is stalled (0: no watch;
+    #: the default is CONTRACT section 7's).
+    stall_s: float = 1800.0
     #: FLASH_PY_SPY as given: the stack sampler's path, "none" for none, None to find it.
     py_spy: str | None = None
-    #: Seconds between looks at the GPUs while the worker runs (0: no host watch).
-    host_watch_s: float = DEFAULT_HOST_WATCH_S
+    #: Seconds between looks at the GPUs while the worker runs (0: no host watch; the
+    #: default is CONTRACT section 8's, as is the next one's).
+    host_watch_s: float = 30.0
     #: Each nvidia-smi query's bound (FLASH_GPU_QUERY_S): a slower answer is none.
-    gpu_query_s: float = DEFAULT_GPU_QUERY_S
+    gpu_query_s: float = 60.0
     #: Seconds between renewals of the attempt's lease (FLASH_LEASE_S; 0: no lease).
     lease_s: float = DEFAULT_LEASE_S
 
@@ -255,12 +246,12 @@ class Tuning:
             stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
             pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
-            stall_s=watch_seconds(env, "FLASH_STALL_S", DEFAULT_STALL_S),
+            stall_s=watch_seconds(env, "FLASH_STALL_S", cls.stall_s),
             py_spy=env.get("FLASH_PY_SPY") or None,
-            host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", DEFAULT_HOST_WATCH_S),
-            gpu_query_s=watch_seconds(env, "FLASH_GPU_QUERY_S", DEFAULT_GPU_QUERY_S,
+            host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", cls.host_watch_s),
+            gpu_query_s=watch_seconds(env, "FLASH_GPU_QUERY_S", cls.gpu_query_s,
                                       minimum=MIN_GPU_QUERY_S, can_be_off=False),
-            lease_s=watch_seconds(env, "FLASH_LEASE_S", DEFAULT_LEASE_S, minimum=MIN_LEASE_S),
+            lease_s=watch_seconds(env, "FLASH_LEASE_S", cls.lease_s, minimum=MIN_LEASE_S),
         )
 
     def reserve_for(self, budget_s: float) -> float:
@@ -280,18 +271,12 @@ def _float(value: str | None, default: Any) -> Any:
 def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFault:
     """The start's verdict as the attempt's failure: its rule, a message naming the GPU
     (index and UUID) and what it reported, and the findings and snapshot as evidence."""
-    from fsm import rules
-
     rule = {"short": rules.HOST_GPU_MISSING, "unresponsive": rules.HOST_GPU_UNRESPONSIVE,
             "busy": rules.HOST_GPU_BUSY}.get(verdict.kind or "", rules.HOST_GPU_UNHEALTHY)
-    if verdict.kind == "short":
-        message = f"host {hostname} is short of GPUs: {verdict.text}"
-    elif verdict.kind == "unresponsive":
-        message = (f"host {hostname}'s GPUs are not answering before the worker started, "
-                   f"retry on a fresh host: {verdict.text}")
-    else:
-        message = (f"host {hostname} is {verdict.kind} before the worker started, retry on a "
-                   f"fresh host: {verdict.text}")
+    retry = f"before the worker started, retry on a fresh host: {verdict.text}"
+    message = {"short": f"host {hostname} is short of GPUs: {verdict.text}",
+               "unresponsive": f"host {hostname}'s GPUs are not answering {retry}",
+               }.get(verdict.kind or "", f"host {hostname} is {verdict.kind} {retry}")
     evidence = {"gpu_health": {"findings": verdict.findings.evidence(),
                                "snapshot": snap.evidence()}}
     return HostFault(message, rule=rule, evidence=evidence)
@@ -353,10 +338,9 @@ class Stall:
         return self.where_in_code or self.where or None
 
     def evidence(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"silent_s": self.silent_s, "last_line": self.last_line,
-                               "where": self.where, "where_in_code": self.where_in_code}
-        if self.previous is not None:
-            out["previous"] = self.previous
+        out = asdict(self)
+        if self.previous is None:
+            del out["previous"]
         return out
 
 
@@ -372,7 +356,7 @@ class GpuChange:
         return {f["kind"] for f in self.findings if isinstance(f.get("kind"), str)}
 
     def evidence(self) -> dict[str, Any]:
-        return {"when": self.when, "findings": self.findings, "text": self.text}
+        return asdict(self)
 
 
 @dataclass
@@ -422,10 +406,8 @@ class WorkerRun:
             if self.oom_killed is not None:
                 worker["oom_killed"] = self.oom_killed
             out["worker"] = worker
-        for key, fact in (("stall", self.stall), ("stacks", self.stacks),
-                          ("gpu_change", self.gpu_change)):
-            if fact is not None:
-                out[key] = fact.evidence()
+        facts = {"stall": self.stall, "stacks": self.stacks, "gpu_change": self.gpu_change}
+        out.update((key, fact.evidence()) for key, fact in facts.items() if fact is not None)
         if self.gpu_watch is not None:
             out["gpu_watch"] = self.gpu_watch
         return out
@@ -435,7 +417,7 @@ class WorkerRun:
 class Failure:
     """Why the attempt failed: what Mark publishes."""
 
-    rule: Rule
+    rule: rules.Rule
     message: str  # redacted, one line
     state: str
 
@@ -530,11 +512,8 @@ class Context:
         probe = self.host
         assert probe is not None, "LoadPayload starts the probe"
         probe.limit(self.tuning.gpu_query_s)
-
-        def on_fault(verdict: StartVerdict, snap: Snapshot) -> None:
-            self.halt_with(host_fault(probe.hostname, verdict, snap))
-
-        probe.watch(expected, on_fault)
+        probe.watch(expected, lambda verdict, snap: self.halt_with(
+            host_fault(probe.hostname, verdict, snap)))
 
     def halt_with(self, fault: RetriableError) -> None:
         """End the running state with ``fault`` (from any thread): the first one stays, and
@@ -591,13 +570,9 @@ class Context:
 
         probe = self.host
         if probe is None:
-            import socket
-
-            return host_id(socket.gethostname())
-        if self.host_start is not None:
-            facts = facts_of(probe.hostname, self.host_start)
-        else:
-            facts = probe.facts(0.0)
+            return host_id(self.hostname())
+        start = self.host_start
+        facts = facts_of(probe.hostname, start) if start is not None else probe.facts(0.0)
         return facts.id or host_id(probe.hostname)
 
     @property
@@ -614,7 +589,10 @@ class Context:
     def stop_deadline(self) -> Deadline:
         """When a worker being stopped must be gone: half the reserve stays for the exit,
         and after a signal no later than SIGNAL_STOP_S after it."""
-        return self._after_signal(self.deadline.earlier_by(self.reserve_s / 2), SIGNAL_STOP_S)
+        deadline = self.deadline.earlier_by(self.reserve_s / 2)
+        at = self.interrupt.at_mono
+        return deadline if at is None else deadline.earliest(
+            Deadline.at_monotonic(at + SIGNAL_STOP_S))
 
     def begin_end(self) -> End:
         """The end of the attempt, fixed the first time it is asked for (VerifyRemote, or
@@ -622,12 +600,6 @@ class Context:
         if self.end is None:
             self.end = End(self.deadline, self.interrupt, self.store_stats)
         return self.end
-
-    def _after_signal(self, deadline: Deadline, seconds: float) -> Deadline:
-        at = self.interrupt.at_mono
-        if at is None:
-            return deadline
-        return deadline.earliest(Deadline.at_monotonic(at + seconds))
 
     def run_past_signal(self, fn: Callable[[], _T], *, until_s: float) -> _T:
         """``fn()``, which a signal does not cut short but bounds: once SIGTERM/SIGINT has
@@ -659,7 +631,7 @@ class Context:
         """The store for the periodic console tails while the worker runs, bounded by the
         attempt deadline; a signal stops its retries."""
         if self._tail_store is None:
-            self._tail_store = self.store_until(self.deadline)
+            self._tail_store = self.store_for(self.budget)
         return self._tail_store
 
     def verify_store(self) -> Store:
@@ -673,11 +645,6 @@ class Context:
         deadline, its retries stopped by :attr:`setup_stop`."""
         return self.store_for(Budget(self.work_deadline, self.setup_stop))
 
-    def store_until(self, deadline: Deadline) -> Store:
-        """A store handle for the attempt's destination whose calls end by ``deadline``;
-        a signal stops its retries."""
-        return self.store_for(self.budget_until(deadline))
-
     def store_for(self, budget: Budget) -> Store:
         """A store handle for the attempt's destination, every call bounded by ``budget``."""
         assert self.dest is not None, "LoadPayload finds the destination"
@@ -686,28 +653,20 @@ class Context:
     def branch_store(self, flag: InterruptFlag) -> Store:
         """A store handle for a prefetch branch: bounded by the work deadline, stopped by
         ``flag`` (the branch's cancel, which a signal triggers too)."""
-        assert self.dest is not None, "LoadPayload finds the destination"
-        return self.open_store(self.dest, Budget(self.work_deadline, flag), self.store_env(),
-                               self.store_stats)
-
-    def start_prefetch(self, name: str, work: Callable[[Store], object]) -> None:
-        """``work(store)`` started now as the prefetch branch ``name``, with a store handle
-        of its own (:meth:`branch_store`), for a later state to join."""
-        from fsm.prefetch import Branch
-
-        flag = self.setup_stop.follower()
-        self.prefetch[name] = Branch(name, partial(work, self.branch_store(flag)), flag)
+        return self.store_for(Budget(self.work_deadline, flag))
 
     def start_ahead(self, state: str) -> None:
         """Start the downloads the table says ``state`` starts ahead of later states
         (``table.PREFETCH``), each as the branch of the state that joins it, with what that
         state's module says it downloads (``ahead``, from ``states.AHEAD``): once, and only
-        where there is something to download."""
+        where there is something to download. Each branch has a store handle of its own
+        (:meth:`branch_store`)."""
         for joiner in table.PREFETCH.get(state, ()):
             plan = self.ahead.get(joiner)
             work = plan(self) if plan is not None and joiner not in self.prefetch else None
             if work is not None:
-                self.start_prefetch(joiner, work)
+                flag = self.setup_stop.follower()
+                self.prefetch[joiner] = Branch(joiner, partial(work, self.branch_store(flag)), flag)
 
     def cancel_prefetch(self) -> None:
         """Stop every prefetch branch (a state failed: nothing after it will join them)."""
@@ -718,10 +677,6 @@ class Context:
     def budget(self) -> Budget:
         """The attempt's budget: its deadline, its interrupt flag, its clock."""
         return Budget(self.deadline, self.interrupt)
-
-    def budget_until(self, deadline: Deadline) -> Budget:
-        """The attempt's budget ending at ``deadline`` instead."""
-        return Budget(deadline, self.interrupt)
 
     def store_env(self) -> dict[str, str]:
         """What the store obeys: the runner's environment with the payload's env over it
@@ -734,10 +689,7 @@ class Context:
 
     def merged_env(self) -> dict[str, str]:
         """The runner's environment with the payload's env merged over it."""
-        env = dict(self.environ)
-        if self.payload is not None:
-            env.update(self.payload.env)
-        return env
+        return {**self.environ, **(self.payload.env if self.payload is not None else {})}
 
     @contextmanager
     def interrupts_handled(self) -> Iterator[None]:

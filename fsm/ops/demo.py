@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
@@ -77,11 +76,10 @@ def lay_out(root: Path, name: str) -> Path:
     }
     if name == "preload":
         model = store / "models" / DEMO_MODEL
-        model.mkdir(parents=True, exist_ok=True)
+        (model / "original").mkdir(parents=True, exist_ok=True)
         (model / "config.json").write_text(json.dumps({"hidden_size": 8}))
         (model / "tokenizer.json").write_text(json.dumps({"vocab": ["a", "b"]}))
         (model / "model.safetensors").write_bytes(os.urandom(64 * 1024))
-        (model / "original").mkdir(exist_ok=True)
         (model / "original" / "consolidated.pth").write_bytes(b"not warmed")
         mount = root / "weight-cache"
         mount.mkdir(exist_ok=True)
@@ -128,19 +126,15 @@ def run_demo(name: str, keep: Path | None = None) -> int:
         )
         outcome = run_attempt(settings)
         scenario = SCENARIOS[name]
-        out = sys.stdout
-        print(f"\nscenario   {name}: {scenario.about}", file=out)
-        print(f"states     {' -> '.join(outcome.context.path)}", file=out)
-        print(f"marker     {json.dumps(outcome.marker, indent=2, sort_keys=True)}", file=out)
-        print(f"exit code  {outcome.exit_code} ({outcome.reason})", file=out)
-        print(
-            f"expected   {scenario.expect}: "
-            f"{'yes' if outcome.terminal == scenario.expect else 'NO'}",
-            file=out,
-        )
+        expected = outcome.terminal == scenario.expect
+        print(f"\nscenario   {name}: {scenario.about}")
+        print(f"states     {' -> '.join(outcome.context.path)}")
+        print(f"marker     {json.dumps(outcome.marker, indent=2, sort_keys=True)}")
+        print(f"exit code  {outcome.exit_code} ({outcome.reason})")
+        print(f"expected   {scenario.expect}: {'yes' if expected else 'NO'}")
         if keep:
-            print(f"kept       {root}", file=out)
-        return 0 if outcome.terminal == scenario.expect else 1
+            print(f"kept       {root}")
+        return 0 if expected else 1
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -17,6 +17,7 @@ where its fate was decided (the marker's ``state``) and the deciding policy rule
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import re
@@ -359,25 +360,12 @@ def write_all(directory: Path | str) -> list[Path]:
     return changed
 
 
-def _mermaid_block() -> str:
-    return "```mermaid\n" + mermaid() + "```\n"
-
-
-def _policy_table() -> str:
-    from fsm.policy import render_table
-
-    return render_table()
-
-
-def _exits_table() -> str:
-    from fsm.exits import render_table
-
-    return render_table()
-
-
-#: The generated blocks a page may hold (``fsm.policy.doc``), by name, and what renders each.
+#: The generated blocks a page may hold (``fsm.policy.doc``), by name, and what renders each
+#: (the policy and the exits imported only when rendered: importing this module is cheap).
 BLOCKS: dict[str, Callable[[], str]] = {
-    "policy": _policy_table, "exits": _exits_table, "diagram": _mermaid_block,
+    "policy": lambda: importlib.import_module("fsm.policy").render_table(),
+    "exits": lambda: importlib.import_module("fsm.exits").render_table(),
+    "diagram": lambda: "```mermaid\n" + mermaid() + "```\n",
 }
 
 

@@ -28,17 +28,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import tempfile
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fsm.attempt import marker as marker_format
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import human_age
+from fsm.attempts import AttemptView, Found, decide, found_in, human_age, lease_files
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -52,13 +51,7 @@ from fsm.errors import (
 from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
-if TYPE_CHECKING:
-    from fsm.attempts import AttemptView
-
-__all__ = [
-    "CONSOLE_RE", "TAIL_LINES", "Row", "arguments_problem", "explain", "human_age", "status",
-    "status_table",
-]
+__all__ = ["arguments_problem", "explain", "status"]
 
 #: A console tail the runner uploaded: ``console_<phase>.txt``.
 CONSOLE_RE = re.compile(r"console_[^/]+\.txt")
@@ -75,7 +68,6 @@ RAW_CHARS = 2_000
 _REPO_MAX = 200
 
 Say = Callable[[str], None]
-Print = Callable[[str], None]
 
 
 # --- the command line's values ------------------------------------------------------------
@@ -100,10 +92,6 @@ def _shown(value: str) -> str:
 
 
 # --- what a prefix holds --------------------------------------------------------------------
-
-
-def console_files(names: Iterable[str]) -> list[str]:
-    return sorted(name for name in names if CONSOLE_RE.fullmatch(name))
 
 
 @dataclass(frozen=True)
@@ -172,8 +160,8 @@ class Row:
         name = host.get("hostname") if isinstance(host, dict) else None
         return name if isinstance(name, str) and name else None
 
-    def as_json(self, now: float, columns: Iterable[Column] | None = None) -> dict[str, Any]:
-        row = {c.key: c.value(self, now) for c in (COLUMNS if columns is None else columns)}
+    def as_json(self, now: float, columns: Iterable[Column]) -> dict[str, Any]:
+        row = {c.key: c.value(self, now) for c in columns}
         if self.problem is not None:
             row["problem"] = self.problem
         if self.view is not None:
@@ -243,9 +231,6 @@ RECURSIVE_COLUMNS: tuple[Column, ...] = (
 )
 
 
-HEADER = tuple(c.header for c in COLUMNS if c.header is not None)
-
-
 def status_table(rows: Iterable[Row], now: float, columns: Iterable[Column] = COLUMNS) -> str:
     """Aligned columns under a header, one line per marker."""
     shown = [c for c in columns if c.header is not None]
@@ -282,13 +267,6 @@ class _StoreFailed(Exception):
     """One line for stderr: the store failed (exit 1)."""
 
 
-def _open(url: str | None, repo: str, environ: Mapping[str, str], timeout_s: float) -> Store:
-    from fsm.store import open_store
-
-    return open_store(url, repo_id=repo, token=environ.get("HF_TOKEN") or None,
-                      deadline=Deadline.after(timeout_s), environ=environ)
-
-
 def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
     where = store.describe()
     text = " ".join(str(exc).split())[:500]
@@ -308,17 +286,14 @@ def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
 FILE_MAX_BYTES = 4 << 20
 
 
-class _TooLarge(Exception):
-    pass
-
-
-def _read(store: Store, path: str, scratch: Path) -> bytes:
-    """A file explain quotes, bounded: a larger one is not the runner's (``_TooLarge``)."""
+def _lines(store: Store, path: str, label: str) -> list[str] | str:
+    """The lines of a file explain quotes, bounded: a larger one is not the runner's, and
+    what explain shows instead (under ``label``) is returned."""
     data = store.read_file(path, FILE_MAX_BYTES)
     if len(data) > FILE_MAX_BYTES:
-        raise _TooLarge(f"{_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
-                        "file the runner wrote; not shown")
-    return data
+        return (f"{label}  {_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
+                "file the runner wrote; not shown")
+    return data.decode("utf-8", "replace").split("\n")
 
 
 def _session(
@@ -329,15 +304,16 @@ def _session(
     environ: Mapping[str, str],
     timeout_s: float,
     say: Say,
-    body: Callable[[Store, Path, Print], int],
+    body: Callable[[Store, Say], int],
 ) -> int:
-    """Open the store, run ``body(store, scratch, emit)`` and turn store failures into one
-    line (exit 1). ``emit`` prints to stdout through the token's redactor."""
+    """Open the store, run ``body(store, emit)`` and turn store failures into one line
+    (exit 1). ``emit`` prints to stdout through the token's redactor."""
     import contextlib
     import os
     import sys
 
     from fsm.output import log
+    from fsm.store import open_store
 
     log.silence()  # the store's log events would mix into the output: its failure is one line
     with contextlib.suppress(AttributeError, ValueError):
@@ -355,19 +331,19 @@ def _session(
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     try:
-        store = _open(url, repo, environ, timeout_s)
+        store = open_store(url, repo_id=repo, token=environ.get("HF_TOKEN") or None,
+                           deadline=Deadline.after(timeout_s), environ=environ)
     except PayloadError as exc:
         tell(str(exc))
         return 2
-    with tempfile.TemporaryDirectory(prefix="flash-fleet-", ignore_cleanup_errors=True) as scratch:
-        try:
-            return body(store, Path(scratch), emit)
-        except _StoreFailed as exc:
-            tell(str(exc))
-            return 1
-        except (FlashError, DeadlineExceeded) as exc:
-            tell(_store_failure(exc, store, timeout_s))
-            return 1
+    try:
+        return body(store, emit)
+    except _StoreFailed as exc:
+        tell(str(exc))
+        return 1
+    except (FlashError, DeadlineExceeded) as exc:
+        tell(_store_failure(exc, store, timeout_s))
+        return 1
 
 
 # --- status -------------------------------------------------------------------------------
@@ -395,17 +371,8 @@ def status(
     ``recursive``, the latest attempt of every run (folder) below it, and a summary."""
     prefix = prefix.strip("/")
 
-    def body(store: Store, scratch: Path, emit: Print) -> int:
-        if recursive:
-            wanted, leases = _latest(store, prefix)
-        else:
-            names = _names(store, prefix)
-            markers = marker_format.listed(names)
-            wanted = [(prefix, m, 1) for m in markers]
-            marked = {(m.arm, m.attempt) for m in markers}
-            leases = [(prefix, MarkerFile(name, arm, attempt), 1)
-                      for name, arm, attempt in _lease_files(names)
-                      if (arm, attempt) not in marked]
+    def body(store: Store, emit: Say) -> int:
+        wanted, leases = _wanted(store, prefix, recursive)
         rows = _read_rows(store, wanted)
         unread = sum(row.problem == NOT_READ for row in rows)
         lease_rows = _lease_rows(store, leases)
@@ -443,7 +410,9 @@ def status(
 
 
 def _listed(store: Store, prefix: str) -> list[str]:
-    """Every file under ``prefix`` (paths relative to it), in one bounded listing."""
+    """Every file under ``prefix`` (paths relative to it), in one bounded listing: a file
+    that is a hostile link is listed, and refused only when it is read, so one such entry
+    does not hide the others (the runner's own listing refuses it at once)."""
     paths = store.list_tree(prefix, MAX_LISTED)
     if len(paths) > MAX_LISTED:
         raise _StoreFailed(f"more than {MAX_LISTED:,} files under {_printable(prefix)}/ in "
@@ -451,30 +420,11 @@ def _listed(store: Store, prefix: str) -> list[str]:
     return paths
 
 
-def _names(store: Store, prefix: str) -> frozenset[str]:
-    """The files directly under ``prefix``, listed as the fleet view lists (bounded): a
-    file that is a hostile link is listed, and refused only when it is read, so one such
-    entry does not hide the others (the runner's own listing refuses it at once)."""
-    paths = _listed(store, prefix)
-    return frozenset(path for path in paths if "/" not in path)
-
-
-def _row(store: Store, folder: str, marker_file: MarkerFile, attempts: int = 1) -> Row:
-    """One marker of the run in ``folder``, downloaded once."""
-    path = f"{folder}/{marker_file.name}" if folder else marker_file.name
-    try:
-        data = store.read_file(path, MARKER_MAX_BYTES)
-    except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
-        return Row(marker_file, None, "listed, then not found when downloaded", folder,
-                   attempts)
-    except FatalError as exc:  # the store will not read it (a link out of its root)
-        return Row(marker_file, None, f"refused: {_printable(exc.message, 300)}", folder,
-                   attempts)
+def _parse(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """A marker downloaded (at most one byte more than a marker may hold), or why not."""
     if len(data) > MARKER_MAX_BYTES:
-        return Row(marker_file, None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker",
-                   folder, attempts)
-    marker, problem = marker_format.parse(data)
-    return Row(marker_file, marker, problem, folder, attempts)
+        return None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker"
+    return marker_format.parse(data)
 
 
 #: The problem of a marker that ``status --recursive`` had no time left to read.
@@ -484,37 +434,35 @@ NOT_READ = "not read: --timeout reached"
 Wanted = list[tuple[str, MarkerFile, int]]
 
 
-def _lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
-    from fsm.attempts import lease_files
+def _unmarked(names: Collection[str]) -> tuple[list[MarkerFile], list[MarkerFile]]:
+    """The attempt markers among a folder's names, and the leases of attempts without one."""
+    markers = marker_format.listed(names)
+    marked = {(m.arm, m.attempt) for m in markers}
+    return markers, [MarkerFile(name, arm, attempt) for name, arm, attempt in lease_files(names)
+                     if (arm, attempt) not in marked]
 
-    return lease_files(names)
 
-
-def _latest(store: Store, prefix: str) -> tuple[Wanted, Wanted]:
-    """The latest attempt of every folder under ``prefix`` that holds attempt markers or
-    leases (a run's hf_prefix), from one bounded listing of the whole tree: the markers to
-    read, and the leases of that attempt's arms that have no marker, each as (the run's
-    folder, the file, how many attempts the run holds)."""
-    paths = _listed(store, prefix)
+def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]:
+    """The markers to read, and the leases of attempts without a marker to judge, each as
+    (the run's folder, the file, how many attempts the run holds), from one bounded listing:
+    every attempt directly under ``prefix`` (a run of one attempt each); with ``recursive``,
+    the latest attempt of every folder under it that holds markers or leases (a run's
+    hf_prefix)."""
     folders: dict[str, list[str]] = {}
-    for path in paths:
+    for path in _listed(store, prefix):
         folder, _, name = path.rpartition("/")
-        folders.setdefault(folder, []).append(name)
+        if recursive or not folder:
+            folders.setdefault(folder, []).append(name)
     wanted: Wanted = []
     leases: Wanted = []
     for folder in sorted(folders):
-        markers = marker_format.listed(folders[folder])
-        marked = {(m.arm, m.attempt) for m in markers}
-        leased = [MarkerFile(name, arm, attempt)
-                  for name, arm, attempt in _lease_files(folders[folder])
-                  if (arm, attempt) not in marked]
-        if not markers and not leased:
-            continue
-        last = max(f.attempt for f in (*markers, *leased))
-        held = len(marked | {(f.arm, f.attempt) for f in leased})
+        markers, leased = _unmarked(folders[folder])
+        held = {(f.arm, f.attempt) for f in (*markers, *leased)}
+        last = max((attempt for _, attempt in held), default=None)
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
-        wanted += [(run, m, held) for m in markers if m.attempt == last]
-        leases += [(run, f, held) for f in leased if f.attempt == last]
+        count = len(held) if recursive else 1
+        wanted += [(run, m, count) for m in markers if not recursive or m.attempt == last]
+        leases += [(run, f, count) for f in leased if not recursive or f.attempt == last]
     return wanted, leases
 
 
@@ -532,8 +480,6 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     store failure is raised (exit 1)."""
     if not leases:
         return []
-    from fsm.attempts import Found, decide, found_in
-
     now = time.time()  # before the listings: no lease looks older than it is
     by_folder: dict[str, list[tuple[MarkerFile, int]]] = {}
     for folder, f, held in leases:
@@ -560,35 +506,37 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
                         "since: read again)")))
         views = decide(store, found, changes, now)
     except DeadlineExceeded:
-        from fsm.attempts import AttemptView
-
         views = [AttemptView(f.arm, f.attempt, "unknown", LEASE_NOT_READ, prefix=folder)
                  for folder, f, _ in leases]
     held_of = {(folder, f.arm, f.attempt): (f, held) for folder, f, held in leases}
     rows = []
     for view in views:
         f, held = held_of[(view.prefix, view.arm, view.attempt)]
-        if view.marker is not None:  # its marker landed between the two listings: shown
-            name = marker_format.name(f.arm, f.attempt)
-            rows.append(Row(MarkerFile(name, f.arm, f.attempt), view.marker, None,
-                            view.prefix, held))
-        else:
-            rows.append(Row(f, None, None, view.prefix, held, view))
+        landed = view.marker is not None  # its marker landed between the two listings: shown
+        if landed:
+            f = MarkerFile(marker_format.name(f.arm, f.attempt), f.arm, f.attempt)
+        rows.append(Row(f, view.marker, None, view.prefix, held, None if landed else view))
     return rows
 
 
-def _read_rows(store: Store, wanted: Iterable[tuple[str, MarkerFile, int]]) -> list[Row]:
+def _read_rows(store: Store, wanted: Wanted) -> list[Row]:
     """One download per marker (folder, marker, attempts of its run), in order; once
     ``--timeout`` is reached, the markers left are rows of :data:`NOT_READ`."""
     rows: list[Row] = []
     for folder, m, attempts in wanted:
-        if rows and rows[-1].problem == NOT_READ:
-            rows.append(Row(m, None, NOT_READ, folder, attempts))
-            continue
+        marker: dict[str, Any] | None = None
+        problem: str | None = NOT_READ
         try:
-            rows.append(_row(store, folder, m, attempts=attempts))
+            if not rows or rows[-1].problem != NOT_READ:
+                path = f"{folder}/{m.name}" if folder else m.name
+                marker, problem = _parse(store.read_file(path, MARKER_MAX_BYTES))
         except DeadlineExceeded:
-            rows.append(Row(m, None, NOT_READ, folder, attempts))
+            pass  # not read
+        except StoreNotFound:  # gone since the listing (a repo rewritten meanwhile)
+            problem = "listed, then not found when downloaded"
+        except FatalError as exc:  # the store will not read it (a link out of its root)
+            problem = f"refused: {_printable(exc.message, 300)}"
+        rows.append(Row(m, marker, problem, folder, attempts))
     return rows
 
 
@@ -597,17 +545,15 @@ def summary(rows: Iterable[Row]) -> dict[str, Any]:
     (a lost attempt's host among them); runs still without a marker count as running, lost
     or unknown."""
     rows = list(rows)
-    classes: dict[str, int] = {}
-    by_rule: dict[str, int] = {}
-    hosts: dict[str, int] = {}
+    classes, by_rule, hosts = Counter[str](), Counter[str](), Counter[str]()
     for row in rows:
         verdict = row.verdict or "unreadable"
-        classes[verdict] = classes.get(verdict, 0) + 1
+        classes[verdict] += 1
         rule = row.field("rule")
         if isinstance(rule, str) and rule and verdict != "succeeded":
-            by_rule[rule] = by_rule.get(rule, 0) + 1
+            by_rule[rule] += 1
         if row.host is not None and verdict in ("retriable", "fatal", "lost"):
-            hosts[row.host] = hosts.get(row.host, 0) + 1
+            hosts[row.host] += 1
 
     def ranked(counts: dict[str, int]) -> dict[str, int]:
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
@@ -658,8 +604,8 @@ def explain(
     """``flash-bootstrap explain``: one attempt's marker, rule, console tail and path."""
     prefix = prefix.strip("/")
 
-    def body(store: Store, scratch: Path, emit: Print) -> int:
-        names = _names(store, prefix)
+    def body(store: Store, emit: Say) -> int:
+        names = frozenset(path for path in _listed(store, prefix) if "/" not in path)
         every = marker_format.listed(names)
         candidates = [m for m in every if m.attempt == attempt and arm in (None, m.arm)]
         if not candidates:
@@ -677,32 +623,26 @@ def explain(
         chosen = candidates[0]
         path = f"{prefix}/{chosen.name}"
         data = store.read_file(path, MARKER_MAX_BYTES)
-        marker, problem = (None, f"larger than {MARKER_MAX_BYTES:,} bytes: no marker") if len(
-            data) > MARKER_MAX_BYTES else marker_format.parse(data)
+        marker, problem = _parse(data)
         emit(f"marker  {_printable(path)}")
         if marker is None:
             emit(f"unreadable: {problem}")
             emit(_printable(data.decode("utf-8", "replace"), RAW_CHARS))
         else:
             emit(_pretty(marker))
-        emit("")
-        emit(_rule_row(marker))
-        emit("")
-        stall = _stall(marker)
-        if stall:
-            emit(stall + "\n")
-        gpus = _gpus(marker)
-        if gpus:
-            emit(gpus + "\n")
+        emit("\n" + _rule_row(marker) + "\n")
+        for evidence in (_stall(marker), _gpus(marker)):
+            if evidence:
+                emit(evidence + "\n")
         stacks = _stacks_file(marker, names)
         if stacks is not None:
-            emit(_stacks_head(store, prefix, stacks, scratch) + "\n")
+            emit(_stacks_head(store, prefix, stacks) + "\n")
         others = [m for m in every if m != chosen]
-        tails = console_files(names)
+        tails = sorted(name for name in names if CONSOLE_RE.fullmatch(name))
         if not tails:
             emit("console tail  no console tail in the store\n")
         for name in tails:
-            emit(_tail(store, prefix, name, scratch, others) + "\n")
+            emit(_tail(store, prefix, name, others) + "\n")
         emit(_path(marker))
         return 0
 
@@ -748,12 +688,10 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-def _tail(store: Store, prefix: str, name: str, scratch: Path, others: list[MarkerFile]) -> str:
-    try:
-        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
-    except _TooLarge as exc:
-        return f"console tail  {exc}"
-    lines = text.split("\n")
+def _tail(store: Store, prefix: str, name: str, others: list[MarkerFile]) -> str:
+    lines = _lines(store, f"{prefix}/{name}", "console tail")
+    if isinstance(lines, str):
+        return lines
     if lines and lines[-1] == "":
         lines.pop()
     # what a terminal would show of a line rewritten with carriage returns
@@ -820,12 +758,10 @@ def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str
     return name if isinstance(name, str) and STACKS_RE.fullmatch(name) and name in names else None
 
 
-def _stacks_head(store: Store, prefix: str, name: str, scratch: Path) -> str:
-    try:
-        text = _read(store, f"{prefix}/{name}", scratch).decode("utf-8", "replace")
-    except _TooLarge as exc:
-        return f"stacks  {exc}"
-    lines = text.split("\n")
+def _stacks_head(store: Store, prefix: str, name: str) -> str:
+    lines = _lines(store, f"{prefix}/{name}", "stacks")
+    if isinstance(lines, str):
+        return lines
     shown = [_printable(line) for line in lines[:STACKS_LINES]]
     head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"
     return _quoted(head, shown)

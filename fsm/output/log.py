@@ -66,8 +66,6 @@ _CLEAR_LINE = "\r\x1b[K"
 
 # The attempt's identity, merged into every event (see _add_identity).
 _identity: dict[str, Any] = {}
-# The attempt's timeline: seconds in each state it left, and (at most one entry) the
-# state it is in and since when (monotonic).
 _lines: _Lines | None = None  # where readable lines go (console rendering only)
 
 
@@ -97,48 +95,24 @@ def _add_identity(
     return {**_identity, **event}
 
 
-_IDENTITY_ORDER = ("run_id", "attempt", "state")
-
-
-def _identity_rank(key: str) -> int:
-    return _IDENTITY_ORDER.index(key) if key in _IDENTITY_ORDER else len(_IDENTITY_ORDER)
-
-
-def wants_json(stream: TextIO, environ: Mapping[str, str]) -> bool:
-    """JSON lines unless ``stream`` is a terminal; ``FLASH_LOG_FORMAT`` decides first."""
-    forced = environ.get(FORMAT_SETTING, "").strip().lower()
-    if forced in ("json", "console"):
-        return forced == "json"
-    try:
-        return not stream.isatty()
-    except (AttributeError, ValueError, OSError):  # a closed or bare stream
-        return True
-
-
 def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None:
     """Route structlog to ``stream`` (stderr): JSON lines, or readable lines (``json``
     False) with live progress bars when the stream is a terminal. Unless ``json`` is
-    given, :func:`wants_json` decides from ``FLASH_LOG_FORMAT`` and the stream."""
+    given, ``FLASH_LOG_FORMAT`` decides, else JSON lines unless the stream is a terminal."""
     global _lines
-    stream = _real(stream or sys.stderr)
-    unknown = os.environ.get(FORMAT_SETTING, "").strip().lower() not in ("", "json", "console")
+    stream = stream or sys.stderr
+    if isinstance(stream, _StderrEvents):
+        stream = stream.real
+    forced = os.environ.get(FORMAT_SETTING, "").strip().lower()
     if json is None:
-        json = wants_json(stream, os.environ)
-    factory: Any
+        json = forced == "json" if forced in ("json", "console") else not _is_terminal(stream)
+    renderer: Any
     if json:
-        renderer: Any = structlog.processors.JSONRenderer()
-        _lines = None
-        line_logger = _StreamLogger(stream)
-
-        def factory(*_args: Any) -> _StreamLogger:
-            return line_logger
+        renderer, _lines = structlog.processors.JSONRenderer(), None
+        logger = _Logger(_json_writer(stream))
     else:
-        renderer = _render_line
-        lines = _lines = _Lines(stream, live=_is_terminal(stream))
-
-        def factory(*_args: Any) -> _LineLogger:
-            return _LineLogger(lines)
-
+        renderer, _lines = _render_line, _Lines(stream, live=_is_terminal(stream))
+        logger = _Logger(_lines.write)
     structlog.configure(
         processors=[
             _add_identity,
@@ -150,10 +124,10 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
             structlog.processors.EventRenamer("msg", replace_by="_event"),
             renderer,
         ],
-        logger_factory=factory,
+        logger_factory=lambda *_args: logger,
         cache_logger_on_first_use=False,
     )
-    if unknown:
+    if forced not in ("", "json", "console"):
         structlog.get_logger("fsm.log").warning(
             "log.format_unknown", setting=FORMAT_SETTING, value=os.environ[FORMAT_SETTING],
             using="json" if json else "console",
@@ -175,11 +149,10 @@ def attach(redactor: Redactor) -> None:
 
 def bind(**fields: Any) -> None:
     """Add ``fields`` to the identity every event carries from now (None: remove one)."""
-    merged = {**_identity, **fields}
-    _identity.clear()  # kept in a fixed order: the JSON lines start alike
-    for key in sorted(merged, key=_identity_rank):
-        if merged[key] is not None:
-            _identity[key] = merged[key]
+    # Kept in a fixed order (run_id, attempt, state, then the rest): the JSON lines start alike.
+    merged = {**dict.fromkeys(("run_id", "attempt", "state")), **_identity, **fields}
+    _identity.clear()
+    _identity.update((key, value) for key, value in merged.items() if value is not None)
 
 
 def _drop(_logger: Any, _method: str, _event: MutableMapping[str, Any]) -> Any:
@@ -189,9 +162,8 @@ def _drop(_logger: Any, _method: str, _event: MutableMapping[str, Any]) -> Any:
 def silence() -> None:
     """Drop every log event from here on: the process's last stderr line is its reason
     (CONTRACT section 2), whatever a lingering thread still has to say."""
-    guard = sys.stderr
-    if isinstance(guard, _StderrEvents):
-        guard.release()  # what a library left half-written is an event; then pass through
+    if isinstance(sys.stderr, _StderrEvents):
+        sys.stderr.release()  # what a library left half-written is an event; then pass through
     structlog.configure(processors=[_drop])
     if _lines is not None:
         with suppress(OSError, ValueError):  # a stream closed already
@@ -210,10 +182,6 @@ def quiet_libraries(environ: MutableMapping[str, str] | None = None) -> None:
     (os.environ if environ is None else environ).update(QUIET_SETTINGS)
     if _lines is None and not isinstance(sys.stderr, _StderrEvents):
         sys.stderr = _StderrEvents(sys.stderr)
-
-
-def _real(stream: TextIO) -> TextIO:
-    return stream.real if isinstance(stream, _StderrEvents) else stream
 
 
 class _StderrEvents(io.TextIOBase):
@@ -343,39 +311,34 @@ def _width(stream: TextIO) -> int:
     return columns if columns > 20 else 100  # a pty nobody sized says 0
 
 
-class _StreamLogger:
-    """structlog's logger for JSON lines: each event is one write of the line and its
-    newline (an outlet counts it as one line), and a stream that fails never raises into
-    the caller (``fsm.output.outlet``: under ``run`` the stream never blocks either)."""
+class _Logger:
+    """structlog's logger: hands each rendered event to ``write``, and a stream that fails
+    never raises into the caller (``fsm.output.outlet``: under ``run`` the stream never
+    blocks either)."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
+    def __init__(self, write: Callable[[str], object]) -> None:
+        self._write = write
 
     def msg(self, message: str) -> None:
         with suppress(Exception):  # a log line never breaks what it reports
-            write_line = getattr(self._stream, "write_line", None)
-            if write_line is not None:
-                write_line(message)
-            else:
-                self._stream.write(message + "\n")
-                self._stream.flush()
+            self._write(message)
 
     log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
     exception = msg
 
 
-class _LineLogger:
-    """structlog's logger for readable lines (the renderer made the line)."""
+def _json_writer(stream: TextIO) -> Callable[[str], object]:
+    """Each JSON line as one write of the line and its newline (an outlet's ``write_line``
+    counts it as one line)."""
+    write_line: Callable[[str], object] | None = getattr(stream, "write_line", None)
+    if write_line is not None:
+        return write_line
 
-    def __init__(self, lines: _Lines) -> None:
-        self._lines = lines
+    def write(message: str) -> None:
+        stream.write(message + "\n")
+        stream.flush()
 
-    def msg(self, message: str) -> None:
-        with suppress(Exception):  # a log line never breaks what it reports
-            self._lines.write(message)
-
-    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
-    exception = msg
+    return write
 
 
 #: Fields a readable line leaves out: the person at the terminal watches one attempt.
@@ -428,10 +391,8 @@ def _summary(fields: Mapping[str, Any]) -> str:
         parts.append(f"{fields['files_done']}/{'?' if total is None else total} files")
     if "bytes_done" in fields:
         done, total = fields["bytes_done"], fields.get("bytes_total")
-        if total:
-            parts.append(f"{_size(done)} of {_size(total)} ({100 * done // total}%)")
-        else:
-            parts.append(_size(done))
+        parts.append(f"{_size(done)} of {_size(total)} ({100 * done // total}%)" if total
+                     else _size(done))
     if fields.get("bytes_per_s"):
         parts.append(f"{_size(fields['bytes_per_s'])}/s")
     if "seconds" in fields:
@@ -480,8 +441,7 @@ class Progress:
         self._drawn = float("-inf")
         self._ended = False
         self._log = structlog.get_logger("fsm.progress")
-        with self._lock:
-            self._emit("start")
+        self._emit("start")  # nobody else holds it yet: no lock
 
     def advance(self, *, files: int = 0, bytes: int = 0, **fields: Any) -> None:
         """``files`` more files and ``bytes`` more bytes are done (``fields``: the latest
@@ -564,8 +524,7 @@ class Progress:
                 _lines.show(id(self), bar)
 
     def _emit(self, report: str, **extra: Any) -> None:
-        now = self._clock()
-        self._last = now
+        self._last = now = self._clock()
         event: dict[str, Any] = {"report": report}
         if self.total_files is not None or self.files:
             event.update(files_done=self.files, files_total=self.total_files)
@@ -587,8 +546,7 @@ class Progress:
             return None
         share = min(1.0, done / total)
         cells = round(20 * share)
-        label = " ".join([self.name, *(str(v) for v in self.fields.values()
-                                      if isinstance(v, str))])
+        label = " ".join([self.name, *(v for v in self.fields.values() if isinstance(v, str))])
         seconds = self._clock() - self._started
         rate = self.bytes / seconds if seconds > 0 else 0
         amounts = (f"{_size(self.bytes)}/{_size(total)}  {_size(rate)}/s" if self.total_bytes

@@ -42,10 +42,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "STDERR",
     "STDOUT",
     "Outlet",
-    "OutletStream",
     "evidence",
     "install",
     "leave",
@@ -95,11 +93,10 @@ class Outlet:
         if not data:
             return True
         with self._cond:
-            wait = self._fits(data) is False and self.wait_s > 0 and not self._stalled
-            if wait and not self._cond.wait_for(lambda: self._fits(data) is not False,
-                                                timeout=self.wait_s):
+            wait = not self._no_wait(data) and self.wait_s > 0 and not self._stalled
+            if wait and not self._cond.wait_for(lambda: self._no_wait(data), timeout=self.wait_s):
                 self._stalled = True  # the reader stopped: no more waiting for it
-            if self.broken is not None or self._closing or not self._fits(data):
+            if self.broken is not None or self._closing or not self._no_wait(data):
                 self.dropped_writes += 1
                 self.dropped_bytes += len(data)
                 return False
@@ -112,11 +109,10 @@ class Outlet:
             self._cond.notify_all()
             return True
 
-    def _fits(self, data: bytes) -> bool | None:
-        """Whether ``data`` fits now; None when it never will be written (broken)."""
-        if self.broken is not None:
-            return None
-        return self._queued + len(data) <= self.capacity or not self._queued
+    def _no_wait(self, data: bytes) -> bool:
+        """Whether ``data`` fits now, or never will be written (broken): no use waiting."""
+        fits = self._queued + len(data) <= self.capacity or not self._queued
+        return fits or self.broken is not None
 
     def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until everything offered so far is written (or given
@@ -158,8 +154,7 @@ class Outlet:
             except OSError as exc:
                 with self._cond:
                     self.broken = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-                    left = len(self._queue)
-                    self.dropped_writes += 1 + left
+                    self.dropped_writes += 1 + len(self._queue)
                     self.dropped_bytes += self._queued
                     self._queue.clear()
                     self._queued = 0
@@ -216,18 +211,11 @@ class OutletStream(io.TextIOBase):
         if pending:
             self.outlet.offer(pending.encode("utf-8", "backslashreplace"))
 
-    @property
-    def buffer(self) -> _BinaryView:
-        return _BinaryView(self)
-
     def fileno(self) -> int:
         return self.outlet.fd
 
     def isatty(self) -> bool:
-        try:
-            return os.isatty(self.outlet.fd)
-        except OSError:
-            return False
+        return os.isatty(self.outlet.fd)  # False for a closed descriptor, never raises
 
     def writable(self) -> bool:
         return True
@@ -241,21 +229,6 @@ class OutletStream(io.TextIOBase):
         return "backslashreplace"
 
 
-class _BinaryView:
-    """``stream.buffer`` for code that writes bytes to ``sys.stdout.buffer``."""
-
-    def __init__(self, stream: OutletStream) -> None:
-        self._stream = stream
-
-    def write(self, data: bytes) -> int:
-        self._stream.flush()
-        self._stream.outlet.offer(bytes(data))
-        return len(data)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-
 #: The process's outlets once :func:`install` ran (``flash-bootstrap run``), else None.
 STDOUT: Outlet | None = None
 STDERR: Outlet | None = None
@@ -264,12 +237,10 @@ STDERR: Outlet | None = None
 def reopen_closed() -> None:
     """Open ``/dev/null`` on each of descriptors 0, 1 and 2 that is closed (and give
     Python a stream for it), so that no file opened later takes their number."""
-    for fd in (0, 1, 2):
-        try:
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        with contextlib.suppress(OSError):
             os.fstat(fd)
-            continue
-        except OSError:
-            pass
+            continue  # open
         try:  # the lower descriptors are open by now, so this is the lowest free one
             null = os.open(os.devnull, os.O_RDWR)
             if null != fd:
@@ -278,7 +249,6 @@ def reopen_closed() -> None:
             os.set_inheritable(fd, True)
         except OSError:
             continue
-        name = ("stdin", "stdout", "stderr")[fd]
         if getattr(sys, name) is None:
             with contextlib.suppress(OSError, ValueError):
                 setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
@@ -288,14 +258,18 @@ def install() -> None:
     """Put outlets under ``sys.stdout`` and ``sys.stderr`` (``flash-bootstrap run``): from
     here on nothing the runner writes there can raise or block it."""
     global STDOUT, STDERR
-    for stream in (sys.stdout, sys.stderr):  # what Python buffered before goes first
-        with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.flush()
+    _flush()  # what Python buffered before goes first
     STDOUT = Outlet(1, "stdout", capacity=STDOUT_CAPACITY, wait_s=STDOUT_WAIT_S)
     STDERR = Outlet(2, "stderr", capacity=STDERR_CAPACITY)
     sys.stdout = OutletStream(STDOUT)
     sys.stderr = OutletStream(STDERR)
+
+
+def _flush() -> None:
+    """Flush Python's ``sys.stdout`` and ``sys.stderr``, whatever they are (None, closed)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def settle(bound_s: float) -> None:
@@ -333,10 +307,7 @@ def leave(code: int) -> None:
     """End the process with ``code``: flush Python's streams, give the outlets
     :data:`LEAVE_BOUND_S` in all to write what they hold (the last line among it), then
     ``os._exit`` (threads a library left behind cannot keep the process alive)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            if stream is not None:
-                stream.flush()
+    _flush()
     end = time.monotonic() + LEAVE_BOUND_S
     if STDERR is not None:  # the last line first: most of the bound is its
         STDERR.drain(LEAVE_BOUND_S * 0.75)

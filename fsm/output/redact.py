@@ -51,6 +51,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import AnyStr, NamedTuple
 from urllib.parse import quote, quote_plus, unquote, urlsplit
@@ -148,13 +149,9 @@ def _forms(secret: str) -> set[str]:
     """Every printed form of ``secret`` long enough to be masked."""
     forms = set()
     for encode in _ENCODERS:
-        try:
-            form = encode(secret)
-        except UnicodeError:  # a lone surrogate cannot be URL-quoted
-            continue
-        if len(form) >= _MIN_SECRET_LEN:
-            forms.add(form)
-    return forms
+        with suppress(UnicodeError):  # a lone surrogate cannot be URL-quoted
+            forms.add(encode(secret))
+    return {form for form in forms if len(form) >= _MIN_SECRET_LEN}
 
 
 _BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
@@ -174,20 +171,18 @@ class _Around(NamedTuple):
 _NOTHING = frozenset[str]()
 
 
-def _secret_bytes(secret: str) -> list[builtins.bytes]:
-    """The bytes a program holding ``secret`` encodes: its UTF-8, or, for a value holding
-    lone surrogates, the bytes they stand for (``surrogateescape``) or their UTF-8 encoding
-    as written by ``surrogatepass``."""
+def _utf8(text: str) -> dict[str, builtins.bytes]:
+    """The bytes a program holding ``text`` encodes, by error handler: its UTF-8, or, for a
+    text holding lone surrogates, the bytes they stand for (``surrogateescape``) or their
+    UTF-8 encoding as written by ``surrogatepass`` (each where it applies)."""
     try:
-        return [secret.encode()]
+        return {"strict": text.encode()}
     except UnicodeError:
         pass
-    out = []
+    out = {}
     for errors in ("surrogateescape", "surrogatepass"):
-        try:
-            out.append(secret.encode("utf-8", errors))
-        except UnicodeError:
-            continue
+        with suppress(UnicodeError):
+            out[errors] = text.encode("utf-8", errors)
     return out
 
 
@@ -231,7 +226,7 @@ def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
             if around is not None and around not in known:
                 known.append(around)
 
-    for data in _secret_bytes(secret):
+    for data in _utf8(secret).values():
         add(data.hex())
         add(data.hex().upper())
         alone = base64.b64encode(data).decode()
@@ -264,20 +259,14 @@ class _BytesForm(NamedTuple):
 def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
     out: dict[builtins.bytes, _BytesForm] = {}
     for form in forms:
-        for errors in ("strict", "surrogatepass", "surrogateescape"):
-            try:
-                data = form.encode("utf-8", errors)
-                suffix = len(form[-_FRAGMENT:].encode("utf-8", errors))
-                prefix = len(form[:_FRAGMENT].encode("utf-8", errors))
-            except UnicodeError:
-                continue
+        for errors, data in _utf8(form).items():  # what encodes the form encodes its pieces
+            suffix = len(form[-_FRAGMENT:].encode("utf-8", errors))
+            prefix = len(form[:_FRAGMENT].encode("utf-8", errors))
             if len(form) < _FRAGMENT:
                 suffix = 1
             if len(form) <= _FRAGMENT:
                 prefix = 0
             out.setdefault(data, _BytesForm(data, suffix, prefix))
-            if errors == "strict":
-                break
     return list(out.values())
 
 
@@ -366,20 +355,13 @@ def _masked(
 ) -> AnyStr:
     """``value`` with each union of overlapping spans replaced by one ``mask``, then the
     credentials nobody named masked."""
-    if spans:
-        parts: list[AnyStr] = []
-        pos = 0
-        ordered = sorted(spans)
-        start, end = ordered[0]
-        for s, e in ordered[1:]:
-            if s < end:
-                end = max(end, e)
-                continue
+    parts: list[AnyStr] = []
+    pos = 0  # where the text after the masks so far starts
+    for start, end in sorted(spans):
+        if start >= pos:  # not inside the mask before: the text between is kept
             parts += [value[pos:start], mask]
-            pos = end
-            start, end = s, e
-        parts += [value[pos:start], mask, value[end:]]
-        value = value[:0].join(parts)
+        pos = max(pos, end)
+    value = value[:0].join(parts) + value[pos:]
     for pattern, repl in credentials:
         value = pattern.sub(repl, value)
     return value
