@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from conftest import Layout, read_until
 
+from fsm.output.outlet import Outlet, OutletStream
+
 #: A worker that completes (metrics.json, then DONE) and says so on its stdout.
 COMPLETES = "print('training', flush=True)\ncomplete()\n"
 #: A worker that announces itself, then waits for the test's "go" before it completes.
@@ -197,3 +199,20 @@ def test_a_runner_started_with_closed_descriptors_publishes_and_exits_0(
     lock = layout.payload_path.parent / ".flash-lambda_attempt0.lock"
     assert lock.read_bytes() == b""
     assert b"training" in (layout.scratch / "console_sft.txt").read_bytes()
+
+
+def test_bytes_written_to_the_runners_stdout_buffer_follow_its_text_in_order() -> None:
+    """``sys.stdout`` of ``run`` is an outlet's text stream: a library in the runner's own
+    process that writes bytes to ``sys.stdout.buffer`` gets them out, after the text it
+    wrote first, instead of an AttributeError."""
+    r, w = os.pipe()
+    try:
+        stream = OutletStream(Outlet(w, "out", capacity=1 << 16))
+        stream.write("text first, ")
+        assert stream.buffer.write(b"bytes next\n") == 11
+        stream.buffer.flush()
+        assert stream.outlet.drain(5)
+        assert os.read(r, 100) == b"text first, bytes next\n"
+    finally:
+        os.close(r)
+        os.close(w)

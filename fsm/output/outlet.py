@@ -211,6 +211,12 @@ class OutletStream(io.TextIOBase):
         if pending:
             self.outlet.offer(pending.encode("utf-8", "backslashreplace"))
 
+    @property
+    def buffer(self) -> _BinaryView:
+        """For code that writes bytes to ``sys.stdout.buffer`` (a library in the runner's
+        process): through the same outlet, after the text before it."""
+        return _BinaryView(self)
+
     def fileno(self) -> int:
         return self.outlet.fd
 
@@ -227,6 +233,19 @@ class OutletStream(io.TextIOBase):
     @property
     def errors(self) -> str:  # type: ignore[override]
         return "backslashreplace"
+
+
+class _BinaryView:
+    def __init__(self, stream: OutletStream) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> int:
+        self._stream.flush()
+        self._stream.outlet.offer(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 #: The process's outlets once :func:`install` ran (``flash-bootstrap run``), else None.
