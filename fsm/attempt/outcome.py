@@ -59,8 +59,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence["output"] = lost
     host = _host_facts(ctx, wait=not watchdog)
     if failure is not None:
-        # Every failure names its cause and its machine (CONTRACT section 9).
-        evidence["fault"] = _fault(ctx, failure)
+        # Every failure names its cause and its machine (CONTRACT section 9): the cause as
+        # VerifyRemote judged the worker when its rule is the failure's, else the rule's own.
+        judged = ctx.judged_fault
+        if judged is None or judged.rule != failure.rule.id:
+            judged = policy.fault_of(failure.rule)
+        evidence["fault"] = judged.evidence()
         if host is None:
             host = {"id": ctx.host_id(), "hostname": ctx.hostname()}
     if host is not None:
@@ -78,15 +82,6 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
     lease = ctx.lease
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts),
                      remove=(lease.name,) if lease is not None and lease.written else ())
-
-
-def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
-    """The ``fault`` of a failed marker: what VerifyRemote judged of the worker when its
-    rule is the failure's, else the failure's rule alone (``policy.fault_of``)."""
-    judged = ctx.judged_fault
-    if judged is not None and judged.rule == failure.rule.id:
-        return judged.evidence()
-    return policy.fault_of(failure.rule).evidence()
 
 
 #: How long the marker waits for the log's lines offered so far (a reader that keeps up
@@ -193,7 +188,7 @@ def identity(ctx: Context) -> dict[str, Any]:
 WATCHDOG_MARK_S = END_MIN_S
 
 
-def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) -> Published:
+def publish(ctx: Context, record: Persisted, budget: Budget) -> Published:
     """Persist ``record`` and publish it within ``budget`` (Mark's and the watchdog's way:
     split into tries; a signal bounds it, it does not stop it). The waits between the
     marker's tries follow the store's own retry settings (``FLASH_STORE_RETRY_BASE_S``,
@@ -212,6 +207,6 @@ def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) 
         store, (base_s, max_s) = None, retry_delays({})
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
-        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, tries=tries,
+        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence,
         base_delay_s=base_s, max_delay_s=max_s, readback=readback,
     )
