@@ -10,6 +10,7 @@ lock) and so wrote nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,7 +25,7 @@ import structlog
 from fsm import driver, exits, policy, rules, table
 from fsm import interrupt as interrupts
 from fsm.attempt import outcome
-from fsm.attempt._watchdog import EXIT_DEADLINE, Watchdog
+from fsm.attempt._watchdog import EXIT_DEADLINE, MAX_REASON_CHARS, Watchdog
 from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy
@@ -40,7 +41,6 @@ EXIT_UNUSABLE = exits.UNUSABLE.code
 EXIT_UNPUBLISHED = exits.UNPUBLISHED.code
 EXIT_NOT_OWNER = exits.NOT_OWNER.code  # another runner owns the attempt; nothing written
 EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)
-MAX_REASON_CHARS = 2_000
 
 log = structlog.get_logger("fsm.runner")
 
@@ -95,12 +95,9 @@ def run_attempt(
     command line hands in the one it armed before its imports). ``handlers`` replaces the
     states' handlers (tests of the driver's totality hand in broken ones).
     """
-    from states import AHEAD  # the states' modules import the heavier machinery
+    from states import AHEAD, HANDLERS  # the states' modules import the heavier machinery
 
-    if handlers is None:
-        from states import HANDLERS
-
-        handlers = HANDLERS
+    handlers = HANDLERS if handlers is None else handlers
 
     # The worker's console goes on to ``out_fd`` through an outlet: never blocking the pump
     # (so never the worker), never raising. The process's own stdout has one already.
@@ -152,7 +149,6 @@ def _stderr_line(line: str) -> None:
 def _outcome(ctx: Context, terminal: str) -> Outcome:
     record = ctx.published_marker or {}
     rule = _rule_of(ctx, record, terminal)
-    attempt = ctx.dest.attempt if ctx.dest else "?"
     published = ctx.publisher.result
     error = record.get("error") or (ctx.failure.message if ctx.failure else "")
     if ctx.dest is None:
@@ -161,9 +157,9 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     if rule.exit_status == EXIT_UNUSABLE:
         reason = f"payload unusable: {error}"
     elif terminal == table.SUCCEEDED:
-        reason = f"attempt {attempt} succeeded"
+        reason = f"attempt {ctx.dest.attempt} succeeded"
     else:
-        reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
+        reason = f"attempt {ctx.dest.attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
         if published.persist_error is not None:  # a restart would not find it: say so
             reason = f"{reason}; {published.persist_error}"
@@ -187,10 +183,8 @@ def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
     """The rule that decided the attempt: the published (or replayed) marker names it."""
     named = record.get("rule")
     if isinstance(named, str):
-        try:
+        with contextlib.suppress(KeyError):  # another runner version's rule: its class counts
             return policy.rule(named)
-        except KeyError:  # a marker of another runner version: its class still counts
-            pass
     if ctx.failure is not None:
         return ctx.failure.rule
     return rules.SUCCESS if terminal == table.SUCCEEDED else rules.UNCLASSIFIED
