@@ -39,13 +39,8 @@ log = structlog.get_logger("fsm.watchdog")
 
 
 class Watchdog:
-    def __init__(
-        self,
-        ctx: Context,
-        *,
-        exit: Callable[[int], object] = os._exit,
-        say: Callable[[str], None] = print,
-    ) -> None:
+    def __init__(self, ctx: Context, *, exit: Callable[[int], object],
+                 say: Callable[[str], None]) -> None:
         self._ctx = ctx
         self._exit = exit
         self._say = say

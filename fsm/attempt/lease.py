@@ -102,18 +102,10 @@ class LeaseKeeper:
     ``on_superseded(name)`` is told (on the keeper's thread) of the later attempt found.
     """
 
-    def __init__(
-        self,
-        *,
-        arm: str,
-        attempt: int,
-        period_s: float,
-        identity: dict[str, Any],
-        write: Callable[[bytes], bool],
-        list_names: Callable[[], frozenset[str]],
-        describe: Callable[[], dict[str, Any]],
-        on_superseded: Callable[[str], None],
-    ) -> None:
+    def __init__(self, *, arm: str, attempt: int, period_s: float, identity: dict[str, Any],
+                 write: Callable[[bytes], bool], list_names: Callable[[], frozenset[str]],
+                 describe: Callable[[], dict[str, Any]],
+                 on_superseded: Callable[[str], None]) -> None:
         self.arm, self.attempt, self.period_s = arm, attempt, period_s
         self.ttl_s = TTL_PERIODS * period_s
         self.name = lease_name(arm, attempt)
@@ -152,25 +144,21 @@ class LeaseKeeper:
         """The lease for a commit made anyway, when it is at least half a period old and
         no write of it is under way (the caller then reports with :meth:`carried`); else
         None. The lock is held until :meth:`carried`."""
-        if self._stop.is_set() or self.superseded is not None:
-            return None
         landed = self._landed_at
-        if landed is not None and time.monotonic() - landed < self.period_s / 2:
-            return None
-        if not self._lock.acquire(blocking=False):
+        if (self._stop.is_set() or self.superseded is not None
+                or (landed is not None and time.monotonic() - landed < self.period_s / 2)
+                or not self._lock.acquire(blocking=False)):
             return None
         self.written = True
         return self.body()
 
     def carried(self, landed: bool) -> None:
         """The commit that carried :meth:`riding`'s lease landed (or not)."""
-        try:
-            if landed:
-                self._landed_at = time.monotonic()
-                self.rode += 1
-                self.renewals += 1
-        finally:
-            self._lock.release()
+        if landed:
+            self._landed_at = time.monotonic()
+            self.rode += 1
+            self.renewals += 1
+        self._lock.release()
 
     def _renew(self) -> bool | None:
         """Write the lease: True landed, False the fence was sealed (the marker's time:

@@ -42,15 +42,8 @@ def name(arm: str, attempt: int) -> str:
     return f"{arm}_attempt{attempt}.json"
 
 
-def build(
-    *,
-    ok: bool,
-    retriable: bool,
-    error: str,
-    dest: Destination,
-    redactor: Redactor,
-    evidence: dict[str, Any],
-) -> dict[str, Any]:
+def build(*, ok: bool, retriable: bool, error: str, dest: Destination, redactor: Redactor,
+          evidence: dict[str, Any]) -> dict[str, Any]:
     """The marker of CONTRACT section 4 plus evidence, redacted, error capped."""
     marker: dict[str, Any] = {
         "ok": ok,

@@ -39,13 +39,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "path": [*ctx.path],
         "rule": failure.rule.id if failure else rules.SUCCESS.id,
         "run_id": ctx.evidence.get("run_id"),
+        # Every key the states put in, as they put it, and the worker's facts, typed.
+        **ctx.evidence,
+        **ctx.worker.evidence(),
     }
-    # Every key the states put in, as they put it, and the worker's facts, typed.
-    evidence.update(ctx.evidence)
-    evidence.update(ctx.worker.evidence())
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
-    ignored = interrupt_mod.ignored_evidence()
-    if ignored:
+    if ignored := interrupt_mod.ignored_evidence():
         evidence["signals_ignored"] = ignored
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
@@ -54,8 +53,7 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
     # (the writer is a thread: a line logged just now may not have reached its descriptor).
     if not watchdog:
         outlet.settle(_SETTLE_S)
-    lost = outlet.evidence(ctx.out)
-    if lost is not None:
+    if (lost := outlet.evidence(ctx.out)) is not None:
         evidence["output"] = lost
     host = _host_facts(ctx, wait=not watchdog)
     if failure is not None:
@@ -71,14 +69,9 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         evidence["host"] = host
     if watchdog:
         evidence["watchdog"] = True
-    built = marker.build(
-        ok=failure is None,
-        retriable=failure.retriable if failure else False,
-        error=failure.message if failure else "",
-        dest=ctx.dest,
-        redactor=ctx.redactor,
-        evidence=evidence,
-    )
+    built = marker.build(ok=failure is None, retriable=failure is not None and failure.retriable,
+                         error=failure.message if failure else "", dest=ctx.dest,
+                         redactor=ctx.redactor, evidence=evidence)
     lease = ctx.lease
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts),
                      remove=(lease.name,) if lease is not None and lease.written else ())

@@ -99,21 +99,10 @@ class Publisher:
         """True for the first caller only; everyone else must not publish."""
         return self._claim.acquire(blocking=False)
 
-    def publish(
-        self,
-        record: Persisted,
-        *,
-        dest: Destination,
-        store: Store | None,
-        result_file: Path | None,
-        ident: dict[str, Any],
-        scratch_dir: Path,
-        budget: Budget,
-        fence: Fence,
-        base_delay_s: float = 1.0,
-        max_delay_s: float = 30.0,
-        readback: Store | None = None,
-    ) -> Published:
+    def publish(self, record: Persisted, *, dest: Destination, store: Store | None,
+                result_file: Path | None, ident: dict[str, Any], scratch_dir: Path,
+                budget: Budget, fence: Fence, base_delay_s: float = 1.0,
+                max_delay_s: float = 30.0, readback: Store | None = None) -> Published:
         """Persist the result at once, then commit the artifacts and the marker. Every try
         carries the same files, so a try abandoned at its time bound that lands late only
         repeats what landed; sealing ``fence`` first means no optional write of the attempt
@@ -171,16 +160,9 @@ def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> di
     return files
 
 
-def _commit(
-    store: Store,
-    files: dict[str, Path],
-    dest: Destination,
-    budget: Budget,
-    base_delay_s: float,
-    max_delay_s: float,
-    *,
-    delete: list[str],
-) -> tuple[bool, str, str | None]:
+def _commit(store: Store, files: dict[str, Path], dest: Destination, budget: Budget,
+            base_delay_s: float, max_delay_s: float, *, delete: list[str],
+            ) -> tuple[bool, str, str | None]:
     """Commit the files (removing ``delete`` where present), retried; (landed, why not,
     what to fix when refused for good)."""
     target = dest.path(dest.marker_name)

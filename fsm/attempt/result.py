@@ -30,9 +30,7 @@ RESULT_VERSION = 1
 log = structlog.get_logger("fsm.marker")
 
 
-def identity(
-    dest: Destination, *, run_id: str | None, mode: str
-) -> dict[str, Any]:
+def identity(dest: Destination, *, run_id: str | None, mode: str) -> dict[str, Any]:
     """What makes a persisted result this attempt's (CONTRACT section 4): replayed only when
     every one of these is equal."""
     return {
@@ -71,8 +69,7 @@ class Persisted(NamedTuple):
 
 
 def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
-    data = {"version": RESULT_VERSION, "identity": ident, "marker": record.marker,
-            "artifacts": record.artifacts, "remove": list(record.remove)}
+    data = {"version": RESULT_VERSION, "identity": ident, **record._asdict()}  # remove: a list
     write_atomic(path, json.dumps(data), durable=True)
 
 

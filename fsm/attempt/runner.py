@@ -74,19 +74,12 @@ def store_factory(settings: Settings) -> StoreFactory:
     return open_for
 
 
-def run_attempt(
-    settings: Settings,
-    environ: Mapping[str, str] | None = None,
-    *,
-    open_store: StoreFactory | None = None,
-    out_fd: int = 1,
-    python: str = sys.executable,
-    handle_signals: bool = True,
-    hard_exit: Callable[[int], object] = os._exit,
-    interrupt: InterruptFlag | None = None,
-    say: Callable[[str], None] | None = None,
-    handlers: Mapping[str, driver.Handler] | None = None,
-) -> Outcome:
+def run_attempt(settings: Settings, environ: Mapping[str, str] | None = None, *,
+                open_store: StoreFactory | None = None, out_fd: int = 1,
+                python: str = sys.executable, handle_signals: bool = True,
+                hard_exit: Callable[[int], object] = os._exit,
+                interrupt: InterruptFlag | None = None, say: Callable[[str], None] | None = None,
+                handlers: Mapping[str, driver.Handler] | None = None) -> Outcome:
     """Run one attempt through the machine and return how it ended.
 
     ``hard_exit`` is what the deadline watchdog calls when the attempt is stuck past its
