@@ -55,7 +55,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         outlet.settle(_SETTLE_S)
     if (lost := outlet.evidence(ctx.out)) is not None:
         evidence["output"] = lost
-    host = _host_facts(ctx, wait=not watchdog)
+    # The ``host`` evidence: nvidia-smi's answer, waited for at most FACTS_WAIT_S (by the
+    # watchdog not at all), else what has answered so far.
+    host: dict[str, Any] | None = None
+    if ctx.host is not None:
+        left = ctx.begin_end().mark_budget().remaining()
+        host = ctx.host.facts(0.0 if watchdog else max(0.0, min(FACTS_WAIT_S, left / 4))).evidence()
     if failure is not None:
         # Every failure names its cause and its machine (CONTRACT section 9): the cause as
         # VerifyRemote judged the worker when its rule is the failure's, else the rule's own.
@@ -80,15 +85,6 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
 #: How long the marker waits for the log's lines offered so far (a reader that keeps up
 #: takes microseconds; a stuck one is evidence, not worth waiting for).
 _SETTLE_S = 0.2
-
-
-def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:
-    """The ``host`` evidence: ``nvidia-smi``'s answer, waited for at most
-    ``FACTS_WAIT_S`` (unless ``wait`` is False), else what has answered so far."""
-    if ctx.host is None:
-        return None
-    left = ctx.begin_end().mark_budget().remaining()
-    return ctx.host.facts(max(0.0, min(FACTS_WAIT_S, left / 4)) if wait else 0.0).evidence()
 
 
 #: The console tail rides with the marker only when at least this much of the marker's
@@ -200,6 +196,5 @@ def publish(ctx: Context, record: Persisted, budget: Budget) -> Published:
         store, (base_s, max_s) = None, retry_delays({})
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
-        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence,
-        base_delay_s=base_s, max_delay_s=max_s, readback=readback,
-    )
+        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, base_delay_s=base_s,
+        max_delay_s=max_s, readback=readback)

@@ -61,9 +61,8 @@ def store_factory(settings: Settings) -> StoreFactory:
     """Open the store named by ``--store``, else by ``FLASH_STORE`` in the environment
     merged with the payload's env (else the Hub at that environment's ``HF_ENDPOINT``)."""
 
-    def open_for(
-        dest: Destination, budget: Budget, environ: Mapping[str, str], stats: StoreStats
-    ) -> Store:
+    def open_for(dest: Destination, budget: Budget, environ: Mapping[str, str],
+                 stats: StoreStats) -> Store:
         from fsm.store import open_store
 
         url = settings.store_url or environ.get("FLASH_STORE") or None
@@ -99,16 +98,10 @@ def run_attempt(settings: Settings, environ: Mapping[str, str] | None = None, *,
     if out is None:
         out = outlet.Outlet(out_fd, "stdout", capacity=outlet.STDOUT_CAPACITY,
                             wait_s=outlet.STDOUT_WAIT_S)
-    ctx = Context(
-        settings=settings,
-        environ=dict(os.environ if environ is None else environ),
-        open_store=open_store or store_factory(settings),
-        interrupt=interrupt or InterruptFlag(),
-        out=out,
-        python=python,
-        started_at=time.time(),
-        ahead=AHEAD,
-    )
+    ctx = Context(settings=settings, environ=dict(os.environ if environ is None else environ),
+                  open_store=open_store or store_factory(settings),
+                  interrupt=interrupt or InterruptFlag(), out=out, python=python,
+                  started_at=time.time(), ahead=AHEAD)
     log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
     from fsm.host import storage  # the filesystems at the start: a full one is judged against them
 
@@ -194,24 +187,15 @@ def _on_child(_signum: int, _frame: object) -> None:
     which reaps the worker's orphans (``fsm.worker.procs.reap_orphans``)."""
 
 
-def _hold_ground() -> Any:
-    """The process's hold on the host (``fsm.worker.procs``): a child subreaper, so no descendant
-    of the worker escapes to the host's init; woken by SIGCHLD (restarting system calls),
-    so orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
-    permitted."""
-    subreaper = procs.become_subreaper()
-    previous = signal.signal(signal.SIGCHLD, _on_child)
-    signal.siginterrupt(signal.SIGCHLD, False)
-    lowered = procs.lower_own_oom_score()
-    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
-    return previous  # the SIGCHLD handler to put back
-
-
 @contextmanager
 def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
     """The stop signals (``fsm.interrupt.STOP_SIGNALS``) set the interrupt flag (as PID 1
     nothing else would catch them), the ignored ones are caught and counted, and whichever
-    thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
+    thread catches one wakes the main thread's waits (``fsm.interrupt``). And the process's
+    hold on the host (``fsm.worker.procs``): a child subreaper, so no descendant of the
+    worker escapes to the host's init; woken by SIGCHLD (restarting system calls), so
+    orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
+    permitted."""
     if not enabled:
         yield
         return
@@ -219,7 +203,11 @@ def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
     interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
     previous = {sig: signal.signal(sig, ctx.on_signal) for sig in interrupts.STOP_SIGNALS}
     interrupts.install_ignored()
-    previous[signal.SIGCHLD] = _hold_ground()
+    subreaper = procs.become_subreaper()
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _on_child)  # put back after
+    signal.siginterrupt(signal.SIGCHLD, False)
+    lowered = procs.lower_own_oom_score()
+    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
     try:
         yield
     finally:

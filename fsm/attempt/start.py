@@ -73,11 +73,7 @@ def begin(
     if found is not None:
         log.warning("attempt.start_ignored", path=str(path), reason=found)
     # This process's start on the monotonic clock: as long ago as on the wall clock.
-    start = AttemptStart(
-        started_at=started_at,
-        monotonic=time.monotonic() - max(0.0, time.time() - started_at),
-        boot_id=boot,
-    )
+    start = AttemptStart(started_at, time.monotonic() - max(0.0, time.time() - started_at), boot)
     data = {"version": START_VERSION, "identity": ident, **start._asdict()}
     try:
         write_atomic(path, json.dumps(data), durable=True)
