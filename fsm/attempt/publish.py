@@ -147,8 +147,7 @@ def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> di
     directory, else the system's temporary directory (an unwritable scratch directory
     must not cost the marker)."""
     files: dict[str, Path] = {}
-    items = [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]
-    for name, text in items:
+    for name, text in [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]:
         local = scratch_dir / name
         try:
             write_atomic(local, text)
