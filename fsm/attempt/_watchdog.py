@@ -29,33 +29,21 @@ from fsm.attempt import outcome
 from fsm.attempt.publish import Published
 from fsm.budget import Budget
 from fsm.clock import Deadline
-from fsm.context import (
-    END_GRACE_S,
-    END_TRIES,
-    SIGNAL_MARK_S,
-    Context,
-    Failure,
-    marker_try_s,
-)
+from fsm.context import END_GRACE_S, END_TRIES, SIGNAL_MARK_S, Context, Failure, marker_try_s
 
 EXIT_DEADLINE = exits.DEADLINE.code
 MAX_REASON_CHARS = 2_000
+#: How often the watchdog looks at the deadline (the payload may still move it).
+POLL_S = 0.25
 log = structlog.get_logger("fsm.watchdog")
 
 
 class Watchdog:
-    def __init__(
-        self,
-        ctx: Context,
-        *,
-        exit: Callable[[int], object] = os._exit,
-        say: Callable[[str], None] = print,
-        poll_s: float = 0.25,
-    ) -> None:
+    def __init__(self, ctx: Context, *, exit: Callable[[int], object],
+                 say: Callable[[str], None]) -> None:
         self._ctx = ctx
         self._exit = exit
         self._say = say
-        self._poll_s = poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="flash-watchdog", daemon=True)
 
@@ -77,7 +65,7 @@ class Watchdog:
 
     def _watch(self) -> None:
         # The deadline is replaced once the payload is read, so look at it afresh each time.
-        while not self._stop.wait(max(0.0, min(self._poll_s, self._left()))):
+        while not self._stop.wait(max(0.0, min(POLL_S, self._left()))):
             if self._left() <= 0:
                 self._fire()
                 return
@@ -91,16 +79,12 @@ class Watchdog:
                 os.killpg(ctx.worker_pgid, signal.SIGKILL)
         status = EXIT_DEADLINE
         if ctx.dest is None or not ctx.owns_attempt:
-            reason = (
-                f"the attempt deadline passed in {where} before this runner owned the attempt; "
-                "it wrote nothing"
-            )
+            reason = (f"the attempt deadline passed in {where} before this runner owned the "
+                      "attempt; it wrote nothing")
         elif ctx.publisher.claim():
             published = self._publish(ctx, where)
-            reason = (
-                f"attempt {ctx.dest.attempt} failed (fatal, rule deadline): run wall deadline "
-                f"exceeded in {where}"
-            )
+            reason = (f"attempt {ctx.dest.attempt} failed (fatal, rule deadline): run wall "
+                      f"deadline exceeded in {where}")
             if not published.landed:
                 status, unpublished = published.unpublished()
                 reason = f"{unpublished}; {reason}"
@@ -119,27 +103,15 @@ class Watchdog:
         self._exit(status)
 
     def _publish(self, ctx: Context, where: str) -> Published:
-        assert ctx.dest is not None
-        rule = rules.DEADLINE
-        failure = Failure(
-            rule=rule,
-            message=(
-                f"run wall deadline exceeded: the attempt was still in {where} when its "
-                "deadline passed"
-            ),
-            state=where,
-        )
-        record = outcome.record(ctx, failure, watchdog=True)
+        message = (f"run wall deadline exceeded: the attempt was still in {where} when its "
+                   "deadline passed")
+        record = outcome.record(ctx, Failure(rules.DEADLINE, message, where), watchdog=True)
         # The watchdog's own time, split into tries as Mark's is: never less than Mark gets.
         budget = Budget(Deadline.after(outcome.WATCHDOG_MARK_S), ctx.interrupt,
                         split=END_TRIES, stops=False, signal_s=SIGNAL_MARK_S,
                         min_try_s=marker_try_s(ctx.store_stats))
-        writer = threading.Thread(
-            target=outcome.publish,
-            args=(ctx, record, budget),
-            name="flash-watchdog-marker",
-            daemon=True,
-        )
+        writer = threading.Thread(target=outcome.publish, args=(ctx, record, budget),
+                                  name="flash-watchdog-marker", daemon=True)
         writer.start()
         writer.join(outcome.WATCHDOG_MARK_S + END_GRACE_S)
         return ctx.publisher.result

@@ -51,9 +51,7 @@ GRACE_S = LATE_RETRY_S + LANDING_S
 
 #: An attempt's lease directly in the prefix, its arm and attempt as a marker's
 #: (``fsm.attempt.marker.NAME_RE``).
-LEASE_RE = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})_attempt(0|[1-9][0-9]{0,5}|1000000)\.lease\.json",
-    re.ASCII)
+LEASE_RE = re.compile(marker.NAME_RE.pattern.replace(r"\.json", r"\.lease\.json"), re.ASCII)
 #: The longest lease the reader reads (a lease is a few hundred bytes).
 LEASE_MAX_BYTES = 16_384
 
@@ -104,19 +102,10 @@ class LeaseKeeper:
     ``on_superseded(name)`` is told (on the keeper's thread) of the later attempt found.
     """
 
-    def __init__(
-        self,
-        *,
-        arm: str,
-        attempt: int,
-        period_s: float,
-        identity: dict[str, Any],
-        write: Callable[[bytes], bool],
-        list_names: Callable[[], frozenset[str]],
-        describe: Callable[[], dict[str, Any]],
-        on_superseded: Callable[[str], None] = lambda later: None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, *, arm: str, attempt: int, period_s: float, identity: dict[str, Any],
+                 write: Callable[[bytes], bool], list_names: Callable[[], frozenset[str]],
+                 describe: Callable[[], dict[str, Any]],
+                 on_superseded: Callable[[str], None]) -> None:
         self.arm, self.attempt, self.period_s = arm, attempt, period_s
         self.ttl_s = TTL_PERIODS * period_s
         self.name = lease_name(arm, attempt)
@@ -127,13 +116,11 @@ class LeaseKeeper:
         self._identity = identity
         self._write, self._list, self._describe = write, list_names, describe
         self._on_superseded = on_superseded
-        self._clock = clock
         self._lock = threading.Lock()  # one lease write at a time: seq never goes back
         self._stop = threading.Event()
         self._seq = 0
         self._landed_at: float | None = None  # monotonic, the last renewal that landed
-        self._next_check = 0.0
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._keep, name="lease", daemon=True)
         self.renewals = 0
         self.late = 0  # renewals that did not land and were tried again
         self.rode = 0  # renewals carried by a commit made anyway
@@ -151,32 +138,27 @@ class LeaseKeeper:
 
     def start(self) -> None:
         """Write the lease now and keep it from a thread of its own."""
-        self._thread = threading.Thread(target=self._keep, name="lease", daemon=True)
         self._thread.start()
 
     def riding(self) -> bytes | None:
         """The lease for a commit made anyway, when it is at least half a period old and
         no write of it is under way (the caller then reports with :meth:`carried`); else
         None. The lock is held until :meth:`carried`."""
-        if self._stop.is_set() or self.superseded is not None:
-            return None
         landed = self._landed_at
-        if landed is not None and self._clock() - landed < self.period_s / 2:
-            return None
-        if not self._lock.acquire(blocking=False):
+        if (self._stop.is_set() or self.superseded is not None
+                or (landed is not None and time.monotonic() - landed < self.period_s / 2)
+                or not self._lock.acquire(blocking=False)):
             return None
         self.written = True
         return self.body()
 
     def carried(self, landed: bool) -> None:
         """The commit that carried :meth:`riding`'s lease landed (or not)."""
-        try:
-            if landed:
-                self._landed_at = self._clock()
-                self.rode += 1
-                self.renewals += 1
-        finally:
-            self._lock.release()
+        if landed:
+            self._landed_at = time.monotonic()
+            self.rode += 1
+            self.renewals += 1
+        self._lock.release()
 
     def _renew(self) -> bool | None:
         """Write the lease: True landed, False the fence was sealed (the marker's time:
@@ -191,7 +173,7 @@ class LeaseKeeper:
                             error=f"{type(exc).__name__}: {exc}"[:300])
                 return None
             if landed:
-                self._landed_at = self._clock()
+                self._landed_at = time.monotonic()
                 self.renewals += 1
             return landed
 
@@ -209,7 +191,7 @@ class LeaseKeeper:
             self._on_superseded(later)
 
     def _keep(self) -> None:
-        clock = self._clock
+        clock = time.monotonic
         next_renewal = next_check = clock()
         while not self._stop.is_set():
             # The look for a later attempt first: a runner that starts superseded writes
@@ -234,9 +216,7 @@ class LeaseKeeper:
     def stop(self, timeout_s: float) -> None:
         """No lease write starts after this; wait up to ``timeout_s`` for one in flight."""
         self._stop.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=max(0.0, timeout_s))
+        self._thread.join(timeout=max(0.0, timeout_s))
 
     # --- as a supervision watch --------------------------------------------------------------
 

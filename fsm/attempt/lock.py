@@ -7,6 +7,7 @@ belong to its owner").
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -60,11 +61,8 @@ class AttemptLock:
         give_up = budget.clock() + timeout_s
         said = False
         while True:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass
-            else:
                 self._fd = fd
                 return "held"
             ended: LockWait | None = None

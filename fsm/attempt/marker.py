@@ -42,20 +42,12 @@ def name(arm: str, attempt: int) -> str:
     return f"{arm}_attempt{attempt}.json"
 
 
-def build(
-    *,
-    ok: bool,
-    retriable: bool,
-    error: str,
-    dest: Destination,
-    redactor: Redactor,
-    evidence: dict[str, Any],
-    ts: float | None = None,
-) -> dict[str, Any]:
+def build(*, ok: bool, retriable: bool, error: str, dest: Destination, redactor: Redactor,
+          evidence: dict[str, Any]) -> dict[str, Any]:
     """The marker of CONTRACT section 4 plus evidence, redacted, error capped."""
     marker: dict[str, Any] = {
         "ok": ok,
-        "ts": time.time() if ts is None else ts,
+        "ts": time.time(),
         "attempt": dest.attempt,
         "retriable": bool(retriable) and not ok,
         "error": "" if ok else redactor.line(error, MAX_ERROR_CHARS),
@@ -92,16 +84,8 @@ class MarkerFile:
 
 def listed(names: Iterable[str]) -> list[MarkerFile]:
     """The attempt markers among a folder's file names, by attempt then arm."""
-    found = []
-    for name in names:
-        match = NAME_RE.fullmatch(name)
-        if match is None:
-            continue
-        try:
-            attempt = int(match.group(2))
-        except ValueError:  # more digits than Python converts: no attempt of ours
-            continue
-        found.append(MarkerFile(name, match.group(1), attempt))
+    matches = [m for m in map(NAME_RE.fullmatch, names) if m is not None]
+    found = [MarkerFile(m.string, m.group(1), int(m.group(2))) for m in matches]
     return sorted(found, key=lambda m: (m.attempt, m.arm, m.name))
 
 

@@ -39,13 +39,12 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
         "path": [*ctx.path],
         "rule": failure.rule.id if failure else rules.SUCCESS.id,
         "run_id": ctx.evidence.get("run_id"),
+        # Every key the states put in, as they put it, and the worker's facts, typed.
+        **ctx.evidence,
+        **ctx.worker.evidence(),
     }
-    # Every key the states put in, as they put it, and the worker's facts, typed.
-    evidence.update(ctx.evidence)
-    evidence.update(ctx.worker.evidence())
     # Signals the runner caught and ignored by its table (fsm.interrupt): evidence only.
-    ignored = interrupt_mod.ignored_evidence()
-    if ignored:
+    if ignored := interrupt_mod.ignored_evidence():
         evidence["signals_ignored"] = ignored
     # Commits landed before the marker's own, and the 429s the attempt met.
     evidence["store"] = ctx.store_stats.evidence()
@@ -54,53 +53,38 @@ def record(ctx: Context, failure: Failure | None, *, watchdog: bool = False) -> 
     # (the writer is a thread: a line logged just now may not have reached its descriptor).
     if not watchdog:
         outlet.settle(_SETTLE_S)
-    lost = outlet.evidence(ctx.out)
-    if lost is not None:
+    if (lost := outlet.evidence(ctx.out)) is not None:
         evidence["output"] = lost
-    host = _host_facts(ctx, wait=not watchdog)
+    # The ``host`` evidence: nvidia-smi's answer, waited for at most FACTS_WAIT_S (by the
+    # watchdog not at all), else what has answered so far.
+    host: dict[str, Any] | None = None
+    if ctx.host is not None:
+        left = ctx.begin_end().mark_budget().remaining()
+        host = ctx.host.facts(0.0 if watchdog else max(0.0, min(FACTS_WAIT_S, left / 4))).evidence()
     if failure is not None:
-        # Every failure names its cause and its machine (CONTRACT section 9).
-        evidence["fault"] = _fault(ctx, failure)
+        # Every failure names its cause and its machine (CONTRACT section 9): the cause as
+        # VerifyRemote judged the worker when its rule is the failure's, else the rule's own.
+        judged = ctx.judged_fault
+        if judged is None or judged.rule != failure.rule.id:
+            judged = policy.fault_of(failure.rule)
+        evidence["fault"] = judged.evidence()
         if host is None:
             host = {"id": ctx.host_id(), "hostname": ctx.hostname()}
     if host is not None:
         evidence["host"] = host
     if watchdog:
         evidence["watchdog"] = True
-    built = marker.build(
-        ok=failure is None,
-        retriable=failure.retriable if failure else False,
-        error=failure.message if failure else "",
-        dest=ctx.dest,
-        redactor=ctx.redactor,
-        evidence=evidence,
-    )
+    built = marker.build(ok=failure is None, retriable=failure is not None and failure.retriable,
+                         error=failure.message if failure else "", dest=ctx.dest,
+                         redactor=ctx.redactor, evidence=evidence)
     lease = ctx.lease
     return Persisted(marker=built, artifacts=dict(ctx.end_artifacts),
                      remove=(lease.name,) if lease is not None and lease.written else ())
 
 
-def _fault(ctx: Context, failure: Failure) -> dict[str, str]:
-    """The ``fault`` of a failed marker: what VerifyRemote judged of the worker when its
-    rule is the failure's, else the failure's rule alone (``policy.fault_of``)."""
-    judged = ctx.judged_fault
-    if judged is not None and judged.rule == failure.rule.id:
-        return judged.evidence()
-    return policy.fault_of(failure.rule).evidence()
-
-
 #: How long the marker waits for the log's lines offered so far (a reader that keeps up
 #: takes microseconds; a stuck one is evidence, not worth waiting for).
 _SETTLE_S = 0.2
-
-
-def _host_facts(ctx: Context, *, wait: bool) -> dict[str, Any] | None:
-    """The ``host`` evidence: ``nvidia-smi``'s answer, waited for at most
-    ``FACTS_WAIT_S`` (unless ``wait`` is False), else what has answered so far."""
-    if ctx.host is None:
-        return None
-    left = ctx.begin_end().mark_budget().remaining()
-    return ctx.host.facts(max(0.0, min(FACTS_WAIT_S, left / 4)) if wait else 0.0).evidence()
 
 
 #: The console tail rides with the marker only when at least this much of the marker's
@@ -193,7 +177,7 @@ def identity(ctx: Context) -> dict[str, Any]:
 WATCHDOG_MARK_S = END_MIN_S
 
 
-def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) -> Published:
+def publish(ctx: Context, record: Persisted, budget: Budget) -> Published:
     """Persist ``record`` and publish it within ``budget`` (Mark's and the watchdog's way:
     split into tries; a signal bounds it, it does not stop it). The waits between the
     marker's tries follow the store's own retry settings (``FLASH_STORE_RETRY_BASE_S``,
@@ -212,6 +196,5 @@ def publish(ctx: Context, record: Persisted, budget: Budget, *, tries: int = 5) 
         store, (base_s, max_s) = None, retry_delays({})
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
-        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, tries=tries,
-        base_delay_s=base_s, max_delay_s=max_s, readback=readback,
-    )
+        scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, base_delay_s=base_s,
+        max_delay_s=max_s, readback=readback)

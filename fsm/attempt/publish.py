@@ -39,6 +39,8 @@ __all__ = ["READBACK_S", "Published", "Publisher"]
 #: The end of the marker's budget kept for reading the marker back, when a commit may have
 #: landed with its answer lost (a hung try, a 5xx): the exit status says what is true.
 READBACK_S = 1.0
+#: How often the marker's commit is tried.
+TRIES = 5
 log = structlog.get_logger("fsm.marker")
 
 
@@ -87,8 +89,7 @@ class Publisher:
     ``claim`` lets only the first of them publish."""
 
     def __init__(self) -> None:
-        self._claim = threading.Lock()
-        self._claimed = False
+        self._claim = threading.Lock()  # taken by the first claim, never released
         self.done = threading.Event()
         self.result = Published()
         #: What was (or is being) published, by whichever caller claimed first.
@@ -96,28 +97,12 @@ class Publisher:
 
     def claim(self) -> bool:
         """True for the first caller only; everyone else must not publish."""
-        with self._claim:
-            if self._claimed:
-                return False
-            self._claimed = True
-            return True
+        return self._claim.acquire(blocking=False)
 
-    def publish(
-        self,
-        record: Persisted,
-        *,
-        dest: Destination,
-        store: Store | None,
-        result_file: Path | None,
-        ident: dict[str, Any],
-        scratch_dir: Path,
-        budget: Budget,
-        fence: Fence | None = None,
-        tries: int = 5,
-        base_delay_s: float = 1.0,
-        max_delay_s: float = 30.0,
-        readback: Store | None = None,
-    ) -> Published:
+    def publish(self, record: Persisted, *, dest: Destination, store: Store | None,
+                result_file: Path | None, ident: dict[str, Any], scratch_dir: Path,
+                budget: Budget, fence: Fence, base_delay_s: float = 1.0,
+                max_delay_s: float = 30.0, readback: Store | None = None) -> Published:
         """Persist the result at once, then commit the artifacts and the marker. Every try
         carries the same files, so a try abandoned at its time bound that lands late only
         repeats what landed; sealing ``fence`` first means no optional write of the attempt
@@ -139,15 +124,14 @@ class Publisher:
                                 error=exc.strerror)
                     result.persist_error = (f"the result could not be persisted in "
                                             f"{result_file.parent} ({exc.strerror})")
-            if fence is not None:
-                fence.seal()
+            fence.seal()
             if store is None:
                 result.error = "the marker's store could not be opened"
                 return result
             files = _local_copies(record, dest, scratch_dir)
             result.landed, result.error, result.refused = _commit(
                 store, files, dest, budget.reserving(READBACK_S) if readback else budget,
-                tries, base_delay_s, max_delay_s,
+                base_delay_s, max_delay_s,
                 delete=[dest.path(name) for name in record.remove])
             if not result.landed and result.refused is None and readback is not None:
                 target = dest.path(dest.marker_name)
@@ -163,8 +147,7 @@ def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> di
     directory, else the system's temporary directory (an unwritable scratch directory
     must not cost the marker)."""
     files: dict[str, Path] = {}
-    items = [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]
-    for name, text in items:
+    for name, text in [*record.artifacts.items(), (dest.marker_name, json.dumps(record.marker))]:
         local = scratch_dir / name
         try:
             write_atomic(local, text)
@@ -176,17 +159,9 @@ def _local_copies(record: Persisted, dest: Destination, scratch_dir: Path) -> di
     return files
 
 
-def _commit(
-    store: Store,
-    files: dict[str, Path],
-    dest: Destination,
-    budget: Budget,
-    tries: int,
-    base_delay_s: float,
-    max_delay_s: float,
-    *,
-    delete: list[str],
-) -> tuple[bool, str, str | None]:
+def _commit(store: Store, files: dict[str, Path], dest: Destination, budget: Budget,
+            base_delay_s: float, max_delay_s: float, *, delete: list[str],
+            ) -> tuple[bool, str, str | None]:
     """Commit the files (removing ``delete`` where present), retried; (landed, why not,
     what to fix when refused for good)."""
     target = dest.path(dest.marker_name)
@@ -201,19 +176,17 @@ def _commit(
                      delete=delete)
 
     def delay(attempt: int, exc: Exception) -> float | None:
-        if isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded):
+        if (isinstance(exc, StoreAuthError | StoreNotFound | StoreRefused | DeadlineExceeded)
+                or not isinstance(exc, FlashError | OSError | ValueError)):
             return None  # another try cannot help
-        if isinstance(exc, FlashError | OSError | ValueError):
-            wait = budget.capped_backoff(backoff(attempt, base_s=base_delay_s,
-                                                 max_s=max_delay_s))
-            # A throttled store names its wait: honoured, as far as the budget allows
-            # (a wait that would pass the marker's deadline is not started).
-            asked = exc.retry_after if isinstance(exc, StoreUnavailable) else None
-            return max(wait, asked) if asked is not None else wait
-        return None
+        wait = budget.capped_backoff(backoff(attempt, base_s=base_delay_s, max_s=max_delay_s))
+        # A throttled store names its wait: honoured, as far as the budget allows
+        # (a wait that would pass the marker's deadline is not started).
+        asked = exc.retry_after if isinstance(exc, StoreUnavailable) else None
+        return max(wait, asked) if asked is not None else wait
 
     try:
-        budget.retry(once, tries=tries, delay=delay, what=f"marker {target}")
+        budget.retry(once, tries=TRIES, delay=delay, what=f"marker {target}")
     except GaveUp as gave_up:
         error = str(gave_up.last) or type(gave_up.last).__name__
         refused = _refused_for_good(gave_up.last, dest)

@@ -30,19 +30,11 @@ RESULT_VERSION = 1
 log = structlog.get_logger("fsm.marker")
 
 
-def identity(
-    dest: Destination, *, run_id: str | None, mode: str
-) -> dict[str, Any]:
+def identity(dest: Destination, *, run_id: str | None, mode: str) -> dict[str, Any]:
     """What makes a persisted result this attempt's (CONTRACT section 4): replayed only when
     every one of these is equal."""
-    return {
-        "hf_repo": dest.hf_repo,
-        "hf_prefix": dest.hf_prefix,
-        "run_id": run_id,
-        "mode": mode,
-        "flash_arm": dest.arm,
-        "attempt": dest.attempt,
-    }
+    return {"hf_repo": dest.hf_repo, "hf_prefix": dest.hf_prefix, "run_id": run_id, "mode": mode,
+            "flash_arm": dest.arm, "attempt": dest.attempt}
 
 
 def result_path(payload_path: Path, dest: Destination) -> Path:
@@ -71,8 +63,7 @@ class Persisted(NamedTuple):
 
 
 def persist(path: Path, ident: dict[str, Any], record: Persisted) -> None:
-    data = {"version": RESULT_VERSION, "identity": ident, "marker": record.marker,
-            "artifacts": record.artifacts, "remove": list(record.remove)}
+    data = {"version": RESULT_VERSION, "identity": ident, **record._asdict()}  # remove: a list
     write_atomic(path, json.dumps(data), durable=True)
 
 
@@ -119,8 +110,7 @@ def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Pe
     if problem is not None:
         return f"malformed marker: {problem}", None
     if not isinstance(artifacts, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
-    ):
+            isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()):
         return "malformed artifacts", None
     remove = raw.get("remove", [])
     if not isinstance(remove, list) or not all(isinstance(name, str) for name in remove):

@@ -10,6 +10,7 @@ lock) and so wrote nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,7 +25,7 @@ import structlog
 from fsm import driver, exits, policy, rules, table
 from fsm import interrupt as interrupts
 from fsm.attempt import outcome
-from fsm.attempt._watchdog import EXIT_DEADLINE, Watchdog
+from fsm.attempt._watchdog import EXIT_DEADLINE, MAX_REASON_CHARS, Watchdog
 from fsm.budget import Budget
 from fsm.context import Context, Settings, StoreFactory
 from fsm.errors import AttemptBusy
@@ -40,7 +41,6 @@ EXIT_UNUSABLE = exits.UNUSABLE.code
 EXIT_UNPUBLISHED = exits.UNPUBLISHED.code
 EXIT_NOT_OWNER = exits.NOT_OWNER.code  # another runner owns the attempt; nothing written
 EXIT_INTERNAL = exits.INTERNAL.code  # a defect escaped the runner (never expected)
-MAX_REASON_CHARS = 2_000
 
 log = structlog.get_logger("fsm.runner")
 
@@ -61,9 +61,8 @@ def store_factory(settings: Settings) -> StoreFactory:
     """Open the store named by ``--store``, else by ``FLASH_STORE`` in the environment
     merged with the payload's env (else the Hub at that environment's ``HF_ENDPOINT``)."""
 
-    def open_for(
-        dest: Destination, budget: Budget, environ: Mapping[str, str], stats: StoreStats
-    ) -> Store:
+    def open_for(dest: Destination, budget: Budget, environ: Mapping[str, str],
+                 stats: StoreStats) -> Store:
         from fsm.store import open_store
 
         url = settings.store_url or environ.get("FLASH_STORE") or None
@@ -74,19 +73,12 @@ def store_factory(settings: Settings) -> StoreFactory:
     return open_for
 
 
-def run_attempt(
-    settings: Settings,
-    environ: Mapping[str, str] | None = None,
-    *,
-    open_store: StoreFactory | None = None,
-    out_fd: int = 1,
-    python: str = sys.executable,
-    handle_signals: bool = True,
-    hard_exit: Callable[[int], object] = os._exit,
-    interrupt: InterruptFlag | None = None,
-    say: Callable[[str], None] | None = None,
-    handlers: Mapping[str, driver.Handler] | None = None,
-) -> Outcome:
+def run_attempt(settings: Settings, environ: Mapping[str, str] | None = None, *,
+                open_store: StoreFactory | None = None, out_fd: int = 1,
+                python: str = sys.executable, handle_signals: bool = True,
+                hard_exit: Callable[[int], object] = os._exit,
+                interrupt: InterruptFlag | None = None, say: Callable[[str], None] | None = None,
+                handlers: Mapping[str, driver.Handler] | None = None) -> Outcome:
     """Run one attempt through the machine and return how it ended.
 
     ``hard_exit`` is what the deadline watchdog calls when the attempt is stuck past its
@@ -95,12 +87,9 @@ def run_attempt(
     command line hands in the one it armed before its imports). ``handlers`` replaces the
     states' handlers (tests of the driver's totality hand in broken ones).
     """
-    from states import AHEAD  # the states' modules import the heavier machinery
+    from states import AHEAD, HANDLERS  # the states' modules import the heavier machinery
 
-    if handlers is None:
-        from states import HANDLERS
-
-        handlers = HANDLERS
+    handlers = HANDLERS if handlers is None else handlers
 
     # The worker's console goes on to ``out_fd`` through an outlet: never blocking the pump
     # (so never the worker), never raising. The process's own stdout has one already.
@@ -109,16 +98,10 @@ def run_attempt(
     if out is None:
         out = outlet.Outlet(out_fd, "stdout", capacity=outlet.STDOUT_CAPACITY,
                             wait_s=outlet.STDOUT_WAIT_S)
-    ctx = Context(
-        settings=settings,
-        environ=dict(os.environ if environ is None else environ),
-        open_store=open_store or store_factory(settings),
-        interrupt=interrupt or InterruptFlag(),
-        out=out,
-        python=python,
-        started_at=time.time(),
-        ahead=AHEAD,
-    )
+    ctx = Context(settings=settings, environ=dict(os.environ if environ is None else environ),
+                  open_store=open_store or store_factory(settings),
+                  interrupt=interrupt or InterruptFlag(), out=out, python=python,
+                  started_at=time.time(), ahead=AHEAD)
     log_config.attach(ctx.redactor)  # the attempt's one redaction path, logs included
     from fsm.host import storage  # the filesystems at the start: a full one is judged against them
 
@@ -152,7 +135,6 @@ def _stderr_line(line: str) -> None:
 def _outcome(ctx: Context, terminal: str) -> Outcome:
     record = ctx.published_marker or {}
     rule = _rule_of(ctx, record, terminal)
-    attempt = ctx.dest.attempt if ctx.dest else "?"
     published = ctx.publisher.result
     error = record.get("error") or (ctx.failure.message if ctx.failure else "")
     if ctx.dest is None:
@@ -161,9 +143,9 @@ def _outcome(ctx: Context, terminal: str) -> Outcome:
     if rule.exit_status == EXIT_UNUSABLE:
         reason = f"payload unusable: {error}"
     elif terminal == table.SUCCEEDED:
-        reason = f"attempt {attempt} succeeded"
+        reason = f"attempt {ctx.dest.attempt} succeeded"
     else:
-        reason = f"attempt {attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
+        reason = f"attempt {ctx.dest.attempt} failed ({rule.verdict}, rule {rule.id}): {error}"
     if published.landed:
         if published.persist_error is not None:  # a restart would not find it: say so
             reason = f"{reason}; {published.persist_error}"
@@ -187,10 +169,8 @@ def _rule_of(ctx: Context, record: dict[str, Any], terminal: str) -> Rule:
     """The rule that decided the attempt: the published (or replayed) marker names it."""
     named = record.get("rule")
     if isinstance(named, str):
-        try:
+        with contextlib.suppress(KeyError):  # another runner version's rule: its class counts
             return policy.rule(named)
-        except KeyError:  # a marker of another runner version: its class still counts
-            pass
     if ctx.failure is not None:
         return ctx.failure.rule
     return rules.SUCCESS if terminal == table.SUCCEEDED else rules.UNCLASSIFIED
@@ -207,24 +187,15 @@ def _on_child(_signum: int, _frame: object) -> None:
     which reaps the worker's orphans (``fsm.worker.procs.reap_orphans``)."""
 
 
-def _hold_ground() -> Any:
-    """The process's hold on the host (``fsm.worker.procs``): a child subreaper, so no descendant
-    of the worker escapes to the host's init; woken by SIGCHLD (restarting system calls),
-    so orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
-    permitted."""
-    subreaper = procs.become_subreaper()
-    previous = signal.signal(signal.SIGCHLD, _on_child)
-    signal.siginterrupt(signal.SIGCHLD, False)
-    lowered = procs.lower_own_oom_score()
-    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
-    return previous  # the SIGCHLD handler to put back
-
-
 @contextmanager
 def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
     """The stop signals (``fsm.interrupt.STOP_SIGNALS``) set the interrupt flag (as PID 1
     nothing else would catch them), the ignored ones are caught and counted, and whichever
-    thread catches one wakes the main thread's waits (``fsm.interrupt``)."""
+    thread catches one wakes the main thread's waits (``fsm.interrupt``). And the process's
+    hold on the host (``fsm.worker.procs``): a child subreaper, so no descendant of the
+    worker escapes to the host's init; woken by SIGCHLD (restarting system calls), so
+    orphans are reaped as they die; and its own ``oom_score_adj`` lowered where that is
+    permitted."""
     if not enabled:
         yield
         return
@@ -232,7 +203,11 @@ def _signals(ctx: Context, enabled: bool) -> Iterator[None]:
     interrupts.arm_wakeup()  # a signal another thread caught still wakes the main thread
     previous = {sig: signal.signal(sig, ctx.on_signal) for sig in interrupts.STOP_SIGNALS}
     interrupts.install_ignored()
-    previous[signal.SIGCHLD] = _hold_ground()
+    subreaper = procs.become_subreaper()
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _on_child)  # put back after
+    signal.siginterrupt(signal.SIGCHLD, False)
+    lowered = procs.lower_own_oom_score()
+    log.info("runner.host_hold", subreaper=subreaper, oom_score_lowered=lowered, pid=os.getpid())
     try:
         yield
     finally:

@@ -73,13 +73,8 @@ def begin(
     if found is not None:
         log.warning("attempt.start_ignored", path=str(path), reason=found)
     # This process's start on the monotonic clock: as long ago as on the wall clock.
-    start = AttemptStart(
-        started_at=started_at,
-        monotonic=time.monotonic() - max(0.0, time.time() - started_at),
-        boot_id=boot,
-    )
-    data = {"version": START_VERSION, "identity": ident, "started_at": start.started_at,
-            "monotonic": start.monotonic, "boot_id": start.boot_id}
+    start = AttemptStart(started_at, time.monotonic() - max(0.0, time.time() - started_at), boot)
+    data = {"version": START_VERSION, "identity": ident, **start._asdict()}
     try:
         write_atomic(path, json.dumps(data), durable=True)
     except OSError as exc:  # the attempt still runs; a restart would start a fresh budget
@@ -107,19 +102,14 @@ def _load(path: Path, ident: dict[str, Any], boot: str | None) -> AttemptStart |
     if recorded != ident:
         differ = sorted(k for k in set(ident) | set(recorded) if recorded.get(k) != ident.get(k))
         return f"another attempt's start (differs in {', '.join(differ)})"
-    started_at, monotonic, recorded_boot = (raw.get(k) for k in
-                                            ("started_at", "monotonic", "boot_id"))
-    for name, value in (("started_at", started_at), ("monotonic", monotonic)):
-        if not _finite(value):
+    for name in ("started_at", "monotonic"):
+        got = raw.get(name)
+        if not isinstance(got, int | float) or isinstance(got, bool) or not math.isfinite(got):
             return f"'{name}' is not a finite number"
+    recorded_boot = raw.get("boot_id")
     if recorded_boot is not None and not isinstance(recorded_boot, str):
         return "'boot_id' is not text"
-    assert isinstance(started_at, int | float) and isinstance(monotonic, int | float)
-    start = AttemptStart(float(started_at), float(monotonic), recorded_boot)
+    start = AttemptStart(float(raw["started_at"]), float(raw["monotonic"]), recorded_boot)
     if start.same_boot(boot) and start.monotonic > time.monotonic():
         return "a monotonic reading later than now on the same boot"
     return start
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
