@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from fsm.attempt import marker
 from fsm.errors import PayloadError
-from fsm.extras.pip import refused_extra_pip
+from fsm.extras.pip import _bounded, refused_extra_pip
 from fsm.files import JsonProblem, json_object, json_type
 from fsm.output.redact import LIST_KEY, Redactor
 
@@ -131,24 +131,21 @@ def _read_bounded(path: Path, shown: str) -> bytes:
                 f"payload file {shown} is {st.st_size:,} bytes, more than the "
                 f"{MAX_PAYLOAD_BYTES:,} a payload may be"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_PAYLOAD_BYTES and (chunk := os.read(fd, 1 << 20)):
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_PAYLOAD_BYTES:  # it grew while being read
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_PAYLOAD_BYTES + 1)  # to the end, or one byte past the bound
+        if len(data) > MAX_PAYLOAD_BYTES:  # it grew while being read
             raise PayloadError(
                 f"payload file {shown} grew past the {MAX_PAYLOAD_BYTES:,} bytes a payload "
                 "may be while it was read"
             )
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
 
 #: Where an engine that retries the same payload itself says which try this is (1 on the
 #: first): AWS Batch (CONTRACT section 9).
-ENGINE_ATTEMPT_VARS = ("AWS_BATCH_JOB_ATTEMPT",)
+ENGINE_ATTEMPT_VAR = "AWS_BATCH_JOB_ATTEMPT"
 
 
 def engine_retries(environ: Mapping[str, str]) -> int:
@@ -156,11 +153,8 @@ def engine_retries(environ: Mapping[str, str]) -> int:
     one, 0 where no engine says (or says something that is no positive whole number: the
     engine's variable is not the payload's, and a wrong guess would write another attempt's
     marker)."""
-    for name in ENGINE_ATTEMPT_VARS:
-        value = environ.get(name, "").strip()
-        if value.isdigit() and 1 <= int(value) <= MAX_ATTEMPT:
-            return int(value) - 1
-    return 0
+    value = environ.get(ENGINE_ATTEMPT_VAR, "").strip()
+    return int(value) - 1 if value.isdigit() and 1 <= int(value) <= MAX_ATTEMPT else 0
 
 
 def destination(raw: Mapping[str, Any], retries: int = 0) -> Destination | None:
@@ -236,10 +230,6 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
         extra_pip=_extra_pip(raw),
         **common,
     )
-
-
-def load(path: Path) -> Payload:
-    return parse(read_raw(path))
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -445,10 +435,7 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
     listed = env.get(LIST_KEY, "").split(",")
     redactor = Redactor()
     redactor.learn(env, listed)
-    line = redactor.line(entry, QUOTED_ENTRY_CHARS + 1)
-    if len(line) > QUOTED_ENTRY_CHARS:
-        line = line[: QUOTED_ENTRY_CHARS - 3] + "..."
-    return repr(line)
+    return repr(_bounded(entry, redactor, QUOTED_ENTRY_CHARS))
 
 
 def _env(raw: Mapping[str, Any]) -> dict[str, str]:

@@ -653,10 +653,9 @@ def _report_log(output_log: Path, log_lines: Sequence[str]) -> None:
         "utf-8", "replace"))
 
 
-def _bounded(message: str, redactor: Redactor) -> str:
-    """``message`` redacted, on one line, at most MESSAGE_CHARS (``Redactor.line``: redacted
-    before it is collapsed and cut, so no cut goes through a secret)."""
-    line = redactor.line(message, MESSAGE_CHARS + 1)
-    if len(line) <= MESSAGE_CHARS:
-        return line
-    return line[: MESSAGE_CHARS - 3] + "..."
+def _bounded(message: str, redactor: Redactor, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` redacted, on one line, at most ``limit`` characters, "..." where it was cut
+    (``Redactor.line``: redacted before it is collapsed and cut, so no cut goes through a
+    secret)."""
+    line = redactor.line(message, limit + 1)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
