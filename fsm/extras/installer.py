@@ -66,24 +66,6 @@ from fsm.interrupt import InterruptFlag
 from fsm.output.redact import Redactor
 from fsm.policy.signatures import UV_NETWORK, Signature, Table
 
-__all__ = [
-    "INSTALLER_SETTING",
-    "UV_NETWORK_SIGNATURES",
-    "UV_SPELLINGS",
-    "Choice",
-    "UvRefusal",
-    "UvSpelling",
-    "choose",
-    "classify_uv_output",
-    "find_uv",
-    "install",
-    "pip_configuration",
-    "read_uv_line",
-    "uv_arguments",
-    "uv_env",
-    "uv_network_signature",
-]
-
 #: The environment variable that forces an installer: ``pip``, ``uv`` or ``auto``.
 INSTALLER_SETTING = "FLASH_INSTALLER"
 InstallerName = Literal["pip", "uv"]

@@ -54,22 +54,6 @@ from fsm.output.redact import Redactor
 from fsm.policy.signatures import PIP_NETWORK, Signature, Table
 from fsm.worker.supervise import supervise
 
-__all__ = [
-    "ARCHIVE_SUFFIXES",
-    "EXTRA_PIP_OPTIONS",
-    "NETWORK_SIGNATURES",
-    "InstallSteps",
-    "Refusal",
-    "Tool",
-    "classify_pip_output",
-    "install",
-    "network_signature",
-    "read_pip_line",
-    "refused_extra_pip",
-    "run_installer",
-]
-
-
 # pip's own retries and socket timeout. pip's defaults (5 retries, 15 s) cost ~6 x 15 s
 # per request against a black-holed index, times every request, times our ``tries``. We
 # retry the whole install ourselves, so pip only rides out a short blip inside one run:
