@@ -432,9 +432,8 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
     leaves a piece of a secret the runner's redactor would not recognise."""
     value = raw.get("env")
     env = {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
-    listed = env.get(LIST_KEY, "").split(",")
     redactor = Redactor()
-    redactor.learn(env, listed)
+    redactor.learn(env, env.get(LIST_KEY, "").split(","))
     return repr(_bounded(entry, redactor, QUOTED_ENTRY_CHARS))
 
 

@@ -309,19 +309,18 @@ def _pip_files(env: Mapping[str, str], python: str) -> dict[Path, dict[str, str]
     if config_home:
         files.append(Path(config_home, "pip", "pip.conf"))
     files.append(Path(python).parent.parent / "pip.conf")
-    found: dict[Path, dict[str, str] | None] = {}
-    for path in files:
-        if not path.is_file():
-            continue
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (OSError, UnicodeError, configparser.Error):
-            found[path] = None
-            continue
-        found[path] = {"PIP_" + key.upper().replace("-", "_"): value
-                       for section in parser.sections() for key, value in parser[section].items()}
-    return found
+    return {path: _pip_options(path) for path in files if path.is_file()}
+
+
+def _pip_options(path: Path) -> dict[str, str] | None:
+    """The options a pip configuration file sets, as ``PIP_*`` names (None: unreadable)."""
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, UnicodeError, configparser.Error):
+        return None
+    return {"PIP_" + key.upper().replace("-", "_"): value
+            for section in parser.sections() for key, value in parser[section].items()}
 
 
 # --- the choice -----------------------------------------------------------------------------------
@@ -424,24 +423,17 @@ def install(
                     tries=tries, backoff_s=backoff_s, output_log=output_log, redactor=redactor)
         return "pip"
     assert choice.uv is not None
-    uv_argv = [choice.uv, "pip", "install", "--python", python, "--no-config",
-               "--color", "never"]
+    uv_argv = [choice.uv, "pip", "install", "--python", python, "--no-config", "--color", "never"]
     if not env.get("UV_INDEX_STRATEGY"):
         uv_argv += ["--index-strategy", "unsafe-best-match"]  # pip's: the best across indexes
     uv_argv += choice.args
-    run_installer(
-        Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line),
-        requirements=len(reqs),
-        # An image's pip.conf (its CA bundle, timeout, retries) carries over, the
-        # environment's own settings first.
-        env=uv_env({**pip_file_settings(env, python), **env}),
-        deadline=deadline,
-        interrupt=interrupt,
-        tries=tries,
-        backoff_s=backoff_s,
-        output_log=output_log,
-        redactor=redactor,
-    )
+    # An image's pip.conf (its CA bundle, timeout, retries) carries over, the environment's
+    # own settings first.
+    uv_environ = uv_env({**pip_file_settings(env, python), **env})
+    uv_tool = Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line)
+    run_installer(uv_tool, requirements=len(reqs), env=uv_environ, deadline=deadline,
+                  interrupt=interrupt, tries=tries, backoff_s=backoff_s, output_log=output_log,
+                  redactor=redactor)
     return "uv"
 
 

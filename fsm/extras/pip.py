@@ -216,10 +216,8 @@ def _requirement_problem(entry: str) -> str | None:
     """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
     if _SCHEME.match(entry):
         return _package_url_problem(entry)
-    if (
-        entry.lower().endswith(ARCHIVE_SUFFIXES)
-        and entry.isprintable()
-        and not _UNSAFE_IN_PATH.search(entry)
+    if entry.lower().endswith(ARCHIVE_SUFFIXES) and entry.isprintable() and not (
+        _UNSAFE_IN_PATH.search(entry)
     ):
         return None  # a wheel or an sdist on this host
     from packaging.requirements import InvalidRequirement, Requirement  # only when needed
@@ -331,17 +329,10 @@ def install(
                 "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
                 *reqs]
 
-    run_installer(
-        Tool("pip", "pip install", argv, _evidence, read_pip_line),
-        requirements=len(reqs),
-        env=child_env,
-        deadline=deadline,
-        interrupt=interrupt,
-        tries=tries,
-        backoff_s=backoff_s,
-        output_log=output_log,
-        redactor=Redactor() if redactor is None else redactor,
-    )
+    run_installer(Tool("pip", "pip install", argv, _evidence, read_pip_line),
+                  requirements=len(reqs), env=child_env, deadline=deadline, interrupt=interrupt,
+                  tries=tries, backoff_s=backoff_s, output_log=output_log,
+                  redactor=Redactor() if redactor is None else redactor)
 
 
 # --- what the installer is doing -------------------------------------------------------------
