@@ -366,8 +366,7 @@ _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 
 
 def _check(key: str, value: object, kind: type) -> Any:
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise PayloadError(
             f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {json_type(value)}"
         )
@@ -417,8 +416,7 @@ def _extra_pip(raw: Mapping[str, Any]) -> tuple[str, ...]:
     """``extra_pip``: packages to install, never a way to make pip read the host
     (``fsm.extras.pip.refused_extra_pip`` decides; issue 11)."""
     entries = _str_list(raw, "extra_pip")
-    refused = refused_extra_pip(entries)
-    if refused is not None:
+    if (refused := refused_extra_pip(entries)) is not None:
         shown = _quoted(refused.entry, raw)
         raise PayloadError(
             f"payload key 'extra_pip' entry {refused.position} {shown} is refused: {refused.reason}"

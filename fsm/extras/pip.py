@@ -547,8 +547,7 @@ class _NetworkFailure(Exception):
 
     def __init__(self, sig: Signature, line: str) -> None:
         super().__init__(sig.name)
-        self.sig = sig
-        self.line = line
+        self.sig, self.line = sig, line
 
 
 def _evidence(
@@ -587,9 +586,8 @@ def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
     multiplication sign) and the last line it printed, looked up in the log too (with
     ``--log`` pip sends that output to the log only, "See above for output")."""
     lines = [line.strip() for line in console.splitlines()]
-    for line in reversed(lines):
-        if line.startswith("ERROR:"):
-            return line
+    if error := next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), ""):
+        return error
     headline = next((ln[1:].strip() for ln in reversed(lines) if ln.startswith(_CROSS)), "")
     if headline:
         cause = _subprocess_cause(lines) or _subprocess_cause(log_lines)
