@@ -76,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the latest attempt of every run in a folder below the prefix, and a summary",
     )
 
-    explain = sub.add_parser(
-        "explain", help="one attempt: its marker, rule, console tail and path"
-    )
+    explain = sub.add_parser("explain", help="one attempt: its marker, rule, console tail and path")
     _fleet_options(explain)
     explain.add_argument("--attempt", required=True, type=_attempt_number, metavar="N")
     explain.add_argument("--arm", help="the arm, when several ran attempt N")
@@ -112,13 +110,10 @@ def _attempt_number(text: str) -> int:
 def _seconds(text: str) -> float:
     import math
 
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text[:40]!r}")
-    return value
+    with contextlib.suppress(ValueError):
+        if 0 < (value := float(text)) < math.inf:  # not nan either
+            return value
+    raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text[:40]!r}")
 
 
 def entrypoint() -> NoReturn:
@@ -182,7 +177,6 @@ def _die_of_sigpipe() -> NoReturn:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGPIPE)
     os._exit(128 + signal.SIGPIPE)
-    raise AssertionError("unreachable")  # pragma: no cover - leave() ends the process
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,12 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(render_table())
             return 0
-        if command in ("status", "explain"):
-            return _fleet(args)
+        return _fleet(args)  # status or explain: argparse allows no other command
     except KeyboardInterrupt:
         _last_say("interrupted")
         return 130
-    raise AssertionError(command)  # pragma: no cover - argparse restricts the choices
 
 
 def _without_repeated_command(argv: Sequence[str] | None) -> list[str]:
@@ -237,11 +229,9 @@ def _last_say(line: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.store is not None:
-        problem = _store_url_problem(args.store)
-        if problem:
-            _say(problem)
-            return 2
+    if args.store is not None and (problem := _store_url_problem(args.store)):
+        _say(problem)
+        return 2
     from fsm.attempt.runner import run_attempt
     from fsm.context import Settings
     from fsm.hub import spawn as hub_spawn
@@ -252,13 +242,8 @@ def _run(args: argparse.Namespace) -> int:
     log.configure()
     log.quiet_libraries()  # this process's own: no library bars or text among the events
     hub_spawn.report()
-    settings = Settings.resolve(
-        environ,
-        payload=args.payload,
-        store=args.store,
-        code_root=args.code_root,
-        scratch_dir=args.scratch_dir,
-    )
+    settings = Settings.resolve(environ, payload=args.payload, store=args.store,
+                                code_root=args.code_root, scratch_dir=args.scratch_dir)
     outcome = run_attempt(settings, environ, interrupt=interrupt.PROCESS_FLAG, say=_last_say,
                           hard_exit=outlet.leave)
     hub_spawn.finish()
@@ -267,12 +252,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _store_url_problem(url: str) -> str | None:
+    if url.startswith(("file:///", "http://", "https://")):
+        return None
     if url.startswith("file://"):
-        if not url.startswith("file:///"):
-            return f"--store {url!r}: a local store is file:///absolute/dir"
-        return None
-    if url.startswith(("http://", "https://")):
-        return None
+        return f"--store {url!r}: a local store is file:///absolute/dir"
     return f"--store {url!r}: expected file:///abs/dir or an http(s) Hub endpoint"
 
 
@@ -300,23 +283,16 @@ def _fleet(args: argparse.Namespace) -> int:
 
 def _validate(path: Path) -> int:
     from fsm.errors import PayloadError
-    from fsm.payload import load
+    from fsm.payload import parse, read_raw
 
     try:
-        payload = load(path)
+        payload = parse(read_raw(path))
     except PayloadError as exc:
         _say(f"payload unusable: {exc}")
         return 2
-    print(
-        json.dumps(
-            {
-                "valid": True,
-                "mode": payload.mode,
-                "marker": payload.dest.path(payload.dest.marker_name),
-                "hf_repo": payload.dest.hf_repo,
-            }
-        )
-    )
+    dest = payload.dest
+    print(json.dumps({"valid": True, "mode": payload.mode, "marker": dest.path(dest.marker_name),
+                      "hf_repo": dest.hf_repo}))
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from fsm.attempt import marker
 from fsm.errors import PayloadError
-from fsm.extras.pip import refused_extra_pip
+from fsm.extras.pip import _bounded, refused_extra_pip
 from fsm.files import JsonProblem, json_object, json_type
 from fsm.output.redact import LIST_KEY, Redactor
 
@@ -131,24 +131,21 @@ def _read_bounded(path: Path, shown: str) -> bytes:
                 f"payload file {shown} is {st.st_size:,} bytes, more than the "
                 f"{MAX_PAYLOAD_BYTES:,} a payload may be"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_PAYLOAD_BYTES and (chunk := os.read(fd, 1 << 20)):
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_PAYLOAD_BYTES:  # it grew while being read
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_PAYLOAD_BYTES + 1)  # to the end, or one byte past the bound
+        if len(data) > MAX_PAYLOAD_BYTES:  # it grew while being read
             raise PayloadError(
                 f"payload file {shown} grew past the {MAX_PAYLOAD_BYTES:,} bytes a payload "
                 "may be while it was read"
             )
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
 
 #: Where an engine that retries the same payload itself says which try this is (1 on the
 #: first): AWS Batch (CONTRACT section 9).
-ENGINE_ATTEMPT_VARS = ("AWS_BATCH_JOB_ATTEMPT",)
+ENGINE_ATTEMPT_VAR = "AWS_BATCH_JOB_ATTEMPT"
 
 
 def engine_retries(environ: Mapping[str, str]) -> int:
@@ -156,11 +153,8 @@ def engine_retries(environ: Mapping[str, str]) -> int:
     one, 0 where no engine says (or says something that is no positive whole number: the
     engine's variable is not the payload's, and a wrong guess would write another attempt's
     marker)."""
-    for name in ENGINE_ATTEMPT_VARS:
-        value = environ.get(name, "").strip()
-        if value.isdigit() and 1 <= int(value) <= MAX_ATTEMPT:
-            return int(value) - 1
-    return 0
+    value = environ.get(ENGINE_ATTEMPT_VAR, "").strip()
+    return int(value) - 1 if value.isdigit() and 1 <= int(value) <= MAX_ATTEMPT else 0
 
 
 def destination(raw: Mapping[str, Any], retries: int = 0) -> Destination | None:
@@ -236,10 +230,6 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
         extra_pip=_extra_pip(raw),
         **common,
     )
-
-
-def load(path: Path) -> Payload:
-    return parse(read_raw(path))
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -376,8 +366,7 @@ _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 
 
 def _check(key: str, value: object, kind: type) -> Any:
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise PayloadError(
             f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {json_type(value)}"
         )
@@ -427,8 +416,7 @@ def _extra_pip(raw: Mapping[str, Any]) -> tuple[str, ...]:
     """``extra_pip``: packages to install, never a way to make pip read the host
     (``fsm.extras.pip.refused_extra_pip`` decides; issue 11)."""
     entries = _str_list(raw, "extra_pip")
-    refused = refused_extra_pip(entries)
-    if refused is not None:
+    if (refused := refused_extra_pip(entries)) is not None:
         shown = _quoted(refused.entry, raw)
         raise PayloadError(
             f"payload key 'extra_pip' entry {refused.position} {shown} is refused: {refused.reason}"
@@ -442,13 +430,9 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
     leaves a piece of a secret the runner's redactor would not recognise."""
     value = raw.get("env")
     env = {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
-    listed = env.get(LIST_KEY, "").split(",")
     redactor = Redactor()
-    redactor.learn(env, listed)
-    line = redactor.line(entry, QUOTED_ENTRY_CHARS + 1)
-    if len(line) > QUOTED_ENTRY_CHARS:
-        line = line[: QUOTED_ENTRY_CHARS - 3] + "..."
-    return repr(line)
+    redactor.learn(env, env.get(LIST_KEY, "").split(","))
+    return repr(_bounded(entry, redactor, QUOTED_ENTRY_CHARS))
 
 
 def _env(raw: Mapping[str, Any]) -> dict[str, str]:

@@ -51,37 +51,20 @@ from fsm.clock import Deadline
 from fsm.errors import FatalError
 from fsm.extras.pip import (
     _HOST_READING_SETTINGS,
+    _OPTIONS,
+    _SCHEME,
     ARCHIVE_SUFFIXES,
-    EXTRA_PIP_OPTIONS,
     InstallSteps,
-    NetworkSignature,
     Tool,
     _bounded,
+    _installer_env,
     _tail_text,
     run_installer,
 )
 from fsm.extras.pip import install as pip_install
 from fsm.interrupt import InterruptFlag
 from fsm.output.redact import Redactor
-from fsm.policy.signatures import UV_NETWORK, Table
-
-__all__ = [
-    "INSTALLER_SETTING",
-    "UV_NETWORK_SIGNATURES",
-    "UV_SPELLINGS",
-    "Choice",
-    "UvRefusal",
-    "UvSpelling",
-    "choose",
-    "classify_uv_output",
-    "find_uv",
-    "install",
-    "pip_configuration",
-    "read_uv_line",
-    "uv_arguments",
-    "uv_env",
-    "uv_network_signature",
-]
+from fsm.policy.signatures import UV_NETWORK, Signature, Table
 
 #: The environment variable that forces an installer: ``pip``, ``uv`` or ``auto``.
 INSTALLER_SETTING = "FLASH_INSTALLER"
@@ -102,7 +85,7 @@ UV_TIMEOUT_S = 15
 UV_NETWORK_SIGNATURES: Table = UV_NETWORK
 
 
-def uv_network_signature(text: str) -> NetworkSignature | None:
+def uv_network_signature(text: str) -> Signature | None:
     """The first of :data:`UV_NETWORK_SIGNATURES` found in ``text``, if any."""
     return UV_NETWORK_SIGNATURES.first(text)
 
@@ -185,8 +168,6 @@ UV_SPELLINGS: dict[str, UvSpelling] = {
     ),
     "--trusted-host": UvSpelling(("--allow-insecure-host", "{}"), "`--allow-insecure-host`"),
 }
-_BY_NAME = {name: option for option in EXTRA_PIP_OPTIONS for name in option.names}
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def uv_arguments(entries: Sequence[str]) -> list[str] | UvRefusal:
@@ -194,29 +175,22 @@ def uv_arguments(entries: Sequence[str]) -> list[str] | UvRefusal:
     requirements as given), or why uv cannot take it."""
     options: list[str] = []
     requirements: list[str] = []
-    upgrade, strategy = False, "only-if-needed"
-    i = 0
-    while i < len(entries):
-        entry = entries[i]
+    upgrade = eager = False
+    pending = iter(entries)
+    for entry in pending:
         if not entry.startswith("-"):
             requirements.append(entry)
-            i += 1
             continue
-        name, eq, attached = entry.partition("=") if entry.startswith("--") else (entry, "", "")
-        option = _BY_NAME.get(name)
+        name, eq, value = entry.partition("=") if entry.startswith("--") else (entry, "", "")
+        option = _OPTIONS.get(name)
         if option is None:
             return UvRefusal(name, "not an allowed pip option")
-        value: str | None = None
-        if option.value is None:
-            if eq:
-                return UvRefusal(name, f"{name} takes no value")
-            i += 1
-        elif eq:
-            value, i = attached, i + 1
-        elif i + 1 < len(entries):
-            value, i = entries[i + 1], i + 2
-        else:
-            return UvRefusal(name, f"{name} needs a value")
+        if option.value is None and eq:
+            return UvRefusal(name, f"{name} takes no value")
+        if option.value is not None and not eq:
+            if (following := next(pending, None)) is None:
+                return UvRefusal(name, f"{name} needs a value")
+            value = following
         canonical = option.names[0]
         spelling = UV_SPELLINGS[canonical].args
         if spelling is None:
@@ -224,12 +198,10 @@ def uv_arguments(entries: Sequence[str]) -> list[str] | UvRefusal:
         if canonical == "--upgrade":
             upgrade = True
         elif canonical == "--upgrade-strategy":
-            if value not in ("eager", "only-if-needed"):
-                return UvRefusal(name, f"{name} must be eager or only-if-needed")
-            strategy = value
+            eager = value == "eager"  # its values were checked with the payload (refused_extra_pip)
         else:
-            options += [value if arg == "{}" and value is not None else arg for arg in spelling]
-    if upgrade and strategy == "eager":
+            options += [value if arg == "{}" else arg for arg in spelling]
+    if upgrade and eager:
         options.append("--upgrade")
     elif upgrade:
         for project in _named_projects(requirements):
@@ -258,7 +230,7 @@ def _named_projects(requirements: Sequence[str]) -> list[str]:
 #: uv settings that would make uv read (and quote in its errors) a file of the host, run in
 #: another directory or look for a project, or pick another interpreter: the twins of what
 #: extra_pip may not carry. uv runs without them (and with UV_NO_CONFIG=1).
-_UV_HOST_READING_SETTINGS = frozenset({
+_UV_HOST_READING_SETTINGS = _HOST_READING_SETTINGS | frozenset({
     "UV_CONFIG_FILE", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_EXCLUDE", "UV_BUILD_CONSTRAINT",
     "UV_WORKING_DIR", "UV_PROJECT", "UV_ENV_FILE", "UV_KEYRING_PROVIDER", "UV_PYTHON",
     "UV_SYSTEM_PYTHON",
@@ -279,13 +251,8 @@ def uv_env(env: Mapping[str, str]) -> dict[str, str]:
     """uv's environment: ``env`` less the settings that make uv (or pip) read host files,
     with ``UV_NO_CONFIG=1``, uv's retries and read timeout (:data:`UV_RETRIES`,
     :data:`UV_TIMEOUT_S`, or pip's settings of them) and pip's CA bundle unless set."""
-    reading = _HOST_READING_SETTINGS | _UV_HOST_READING_SETTINGS
-    kept = {k: v for k, v in env.items() if k.upper() not in reading}
-    if dropped := sorted(env.keys() - kept.keys()):
-        structlog.get_logger().warning("pip.settings_dropped", installer="uv", keys=dropped,
-                                       reason="they make the installer read host files")
+    kept = _installer_env(env, "uv", _UV_HOST_READING_SETTINGS)
     kept["UV_NO_CONFIG"] = "1"
-    kept.setdefault("PYTHONUNBUFFERED", "1")
     if not kept.get("UV_HTTP_RETRIES"):
         retries = env.get("PIP_RETRIES", "").strip()
         kept["UV_HTTP_RETRIES"] = retries if retries.isdigit() else str(UV_RETRIES)
@@ -312,7 +279,7 @@ def pip_configuration(env: Mapping[str, str], python: str) -> list[str]:
     cosmetic ones, nor those pip is not given anyway), and the configuration files pip
     would load (XDG and /etc, the user's, the interpreter's prefix) that set any such
     option, or cannot be read."""
-    ignored = {k.upper() for k in _HOST_READING_SETTINGS | _PIP_NEUTRAL_SETTINGS}
+    ignored = _HOST_READING_SETTINGS | _PIP_NEUTRAL_SETTINGS
     found = sorted(k for k in env if k.startswith("PIP_") and k not in ignored)
     files = [str(path) for path, settings in _pip_files(env, python).items()
              if settings is None or set(settings) - ignored]
@@ -342,19 +309,18 @@ def _pip_files(env: Mapping[str, str], python: str) -> dict[Path, dict[str, str]
     if config_home:
         files.append(Path(config_home, "pip", "pip.conf"))
     files.append(Path(python).parent.parent / "pip.conf")
-    found: dict[Path, dict[str, str] | None] = {}
-    for path in files:
-        if not path.is_file():
-            continue
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (OSError, UnicodeError, configparser.Error):
-            found[path] = None
-            continue
-        found[path] = {"PIP_" + key.upper().replace("-", "_"): value
-                       for section in parser.sections() for key, value in parser[section].items()}
-    return found
+    return {path: _pip_options(path) for path in files if path.is_file()}
+
+
+def _pip_options(path: Path) -> dict[str, str] | None:
+    """The options a pip configuration file sets, as ``PIP_*`` names (None: unreadable)."""
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, UnicodeError, configparser.Error):
+        return None
+    return {"PIP_" + key.upper().replace("-", "_"): value
+            for section in parser.sections() for key, value in parser[section].items()}
 
 
 # --- the choice -----------------------------------------------------------------------------------
@@ -457,30 +423,30 @@ def install(
                     tries=tries, backoff_s=backoff_s, output_log=output_log, redactor=redactor)
         return "pip"
     assert choice.uv is not None
-    uv_argv = [choice.uv, "pip", "install", "--python", python, "--no-config",
-               "--color", "never"]
+    uv_argv = [choice.uv, "pip", "install", "--python", python, "--no-config", "--color", "never"]
     if not env.get("UV_INDEX_STRATEGY"):
         uv_argv += ["--index-strategy", "unsafe-best-match"]  # pip's: the best across indexes
     uv_argv += choice.args
-    run_installer(
-        Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line),
-        requirements=len(reqs),
-        # An image's pip.conf (its CA bundle, timeout, retries) carries over, the
-        # environment's own settings first.
-        env=uv_env({**pip_file_settings(env, python), **env}),
-        deadline=deadline,
-        interrupt=interrupt,
-        tries=tries,
-        backoff_s=backoff_s,
-        output_log=output_log,
-        redactor=redactor,
-    )
+    # An image's pip.conf (its CA bundle, timeout, retries) carries over, the environment's
+    # own settings first.
+    uv_environ = uv_env({**pip_file_settings(env, python), **env})
+    uv_tool = Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line)
+    run_installer(uv_tool, requirements=len(reqs), env=uv_environ, deadline=deadline,
+                  interrupt=interrupt, tries=tries, backoff_s=backoff_s, output_log=output_log,
+                  redactor=redactor)
     return "uv"
 
 
 # uv's console at its default verbosity: one summary line per phase, as it ends.
 _UV_STEP = re.compile(r"^(Resolved|Prepared|Uninstalled|Installed|Audited) (\d+) packages?\b")
 _UV_BUILDING = re.compile(r"^\s*Buil(?:ding|t) ")
+#: Each summary line's step: the phase that follows it, and the count it gives (None: none;
+#: ``Audited``: everything was there already).
+_UV_STEPS: dict[str, tuple[str, str | None]] = {
+    "Resolved": ("downloading", "resolved"), "Prepared": ("installing", "downloaded"),
+    "Uninstalled": ("installing", None), "Installed": ("installed", "installed"),
+    "Audited": ("installed", None),
+}
 
 
 def read_uv_line(line: str, steps: InstallSteps) -> None:
@@ -488,20 +454,10 @@ def read_uv_line(line: str, steps: InstallSteps) -> None:
     (then it installs), ``Installed N packages`` or ``Audited N packages`` (done)."""
     if _UV_BUILDING.match(line):
         steps.phase = "building"
-        return
-    match = _UV_STEP.match(line)
-    if match is None:
-        return
-    step, count = match[1], int(match[2])
-    if step == "Resolved":
-        steps.phase, steps.resolved = "downloading", count
-    elif step == "Prepared":
-        steps.phase, steps.downloaded = "installing", count
-    elif step == "Uninstalled":
-        steps.phase = "installing"
-    else:  # Installed, or Audited: everything was there already
-        steps.phase = "installed"
-        steps.installed = count if step == "Installed" else steps.installed
+    elif match := _UV_STEP.match(line):
+        steps.phase, counted = _UV_STEPS[match[1]]
+        if counted is not None:
+            setattr(steps, counted, int(match[2]))
 
 
 _CAUSE = re.compile(r"^\s*(?:cause|Caused by):\s*(.*?)\s*$")
@@ -511,7 +467,7 @@ _SUBPROCESS_OUTPUT = ("[stderr]", "--- stderr", "[stdout]", "--- stdout")
 def _uv_evidence(
     returncode: int | None, console_path: Path, _log_path: Path, _output_log: Path | None,
     redactor: Redactor,
-) -> tuple[NetworkSignature | None, str]:
+) -> tuple[Signature | None, str]:
     """A failed uv's network signature and telling line, from its redacted console."""
     console = _tail_text(console_path, redactor)
     line = _uv_error_line(console) or f"uv exited with status {returncode}"

@@ -37,7 +37,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -53,25 +53,6 @@ from fsm.output.log import Progress
 from fsm.output.redact import Redactor
 from fsm.policy.signatures import PIP_NETWORK, Signature, Table
 from fsm.worker.supervise import supervise
-
-__all__ = [
-    "ARCHIVE_SUFFIXES",
-    "EXTRA_PIP_OPTIONS",
-    "NETWORK_SIGNATURES",
-    "InstallSteps",
-    "LineReader",
-    "NetworkSignature",
-    "PipOption",
-    "Refusal",
-    "Tool",
-    "classify_pip_output",
-    "install",
-    "network_signature",
-    "read_pip_line",
-    "refused_extra_pip",
-    "run_installer",
-]
-
 
 # pip's own retries and socket timeout. pip's defaults (5 retries, 15 s) cost ~6 x 15 s
 # per request against a black-holed index, times every request, times our ``tries``. We
@@ -98,10 +79,9 @@ _CROSS = "\N{MULTIPLICATION SIGN}"  # pip marks a failed subprocess's headline w
 
 #: pip's network signatures (``fsm.policy.signatures``, where every signature table lives).
 NETWORK_SIGNATURES: Table = PIP_NETWORK
-NetworkSignature = Signature
 
 
-def network_signature(text: str) -> NetworkSignature | None:
+def network_signature(text: str) -> Signature | None:
     """The first of :data:`NETWORK_SIGNATURES` found in ``text``, if any."""
     return NETWORK_SIGNATURES.first(text)
 
@@ -186,14 +166,11 @@ def refused_extra_pip(entries: Sequence[str]) -> Refusal | None:
     (:data:`ARCHIVE_SUFFIXES`), and the options of :data:`EXTRA_PIP_OPTIONS` with their
     values. Anything else is refused: no entry may make pip read a file of the host.
     """
-    i = 0
-    while i < len(entries):
-        entry = entries[i]
+    pending = iter(enumerate(entries))
+    for i, entry in pending:
         if not entry.startswith("-"):
-            problem = _requirement_problem(entry)
-            if problem is not None:
+            if (problem := _requirement_problem(entry)) is not None:
                 return Refusal(i, entry, problem)
-            i += 1
             continue
         name, eq, attached = entry.partition("=") if entry.startswith("--") else (entry, "", "")
         option = _OPTIONS.get(name)
@@ -202,18 +179,12 @@ def refused_extra_pip(entries: Sequence[str]) -> Refusal | None:
         if option.value is None:
             if eq:
                 return Refusal(i, entry, f"{name} takes no value")
-            i += 1
             continue
-        if eq:
-            value, at = attached, i
-        elif i + 1 < len(entries):
-            value, at = entries[i + 1], i + 1
-        else:
+        at, value = (i, attached) if eq else next(pending, (i, None))
+        if value is None:
             return Refusal(i, entry, f"{name} needs a value (the next entry)")
-        problem = _value_problem(option.value, value)
-        if problem is not None:
+        if (problem := _value_problem(option.value, value)) is not None:
             return Refusal(at, value if at != i else entry, f"the value of {name} {problem}")
-        i = at + 1
     return None
 
 
@@ -245,10 +216,8 @@ def _requirement_problem(entry: str) -> str | None:
     """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
     if _SCHEME.match(entry):
         return _package_url_problem(entry)
-    if (
-        entry.lower().endswith(ARCHIVE_SUFFIXES)
-        and entry.isprintable()
-        and not _UNSAFE_IN_PATH.search(entry)
+    if entry.lower().endswith(ARCHIVE_SUFFIXES) and entry.isprintable() and not (
+        _UNSAFE_IN_PATH.search(entry)
     ):
         return None  # a wheel or an sdist on this host
     from packaging.requirements import InvalidRequirement, Requirement  # only when needed
@@ -308,13 +277,17 @@ _HOST_READING_SETTINGS = frozenset({
 })
 
 
-def _installer_env(env: Mapping[str, str]) -> dict[str, str]:
-    """pip's environment: ``env`` less the settings that make pip read host files. (The
-    image's own pip configuration, a mirror say, is trusted; a file the payload names is not.)"""
-    kept = {k: v for k, v in env.items() if k.upper() not in _HOST_READING_SETTINGS}
+def _installer_env(
+    env: Mapping[str, str], installer: str = "pip", reading: frozenset[str] = _HOST_READING_SETTINGS
+) -> dict[str, str]:
+    """The installer's environment: ``env`` less the settings (``reading``) that make it read
+    host files (the image's own pip configuration, a mirror say, is trusted; a file the
+    payload names is not), with ``PYTHONUNBUFFERED=1`` unless set, so the output streams."""
+    kept = {k: v for k, v in env.items() if k.upper() not in reading}
     if dropped := sorted(env.keys() - kept.keys()):
-        structlog.get_logger().warning("pip.settings_dropped", installer="pip", keys=dropped,
-                                       reason="they make pip read host files")
+        structlog.get_logger().warning("pip.settings_dropped", installer=installer, keys=dropped,
+                                       reason=f"they make {installer} read host files")
+    kept.setdefault("PYTHONUNBUFFERED", "1")
     return kept
 
 
@@ -346,7 +319,6 @@ def install(
     if not reqs:
         return
     child_env = _installer_env(env)
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
     # pip's own retries and timeout, unless the environment chooses them (see PIP_RETRIES)
     own_limits = [] if env.get("PIP_RETRIES") else ["--retries", str(PIP_RETRIES)]
     if not (env.get("PIP_TIMEOUT") or env.get("PIP_DEFAULT_TIMEOUT")):
@@ -357,17 +329,10 @@ def install(
                 "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
                 *reqs]
 
-    run_installer(
-        Tool("pip", "pip install", argv, _evidence, read_pip_line),
-        requirements=len(reqs),
-        env=child_env,
-        deadline=deadline,
-        interrupt=interrupt,
-        tries=tries,
-        backoff_s=backoff_s,
-        output_log=output_log,
-        redactor=Redactor() if redactor is None else redactor,
-    )
+    run_installer(Tool("pip", "pip install", argv, _evidence, read_pip_line),
+                  requirements=len(reqs), env=child_env, deadline=deadline, interrupt=interrupt,
+                  tries=tries, backoff_s=backoff_s, output_log=output_log,
+                  redactor=Redactor() if redactor is None else redactor)
 
 
 # --- what the installer is doing -------------------------------------------------------------
@@ -385,12 +350,8 @@ class InstallSteps:
     installed: int = 0
 
     def fields(self) -> dict[str, Any]:
-        return {"phase": self.phase, "resolved": self.resolved, "downloaded": self.downloaded,
-                "installed": self.installed}
+        return asdict(self)
 
-
-#: Reads one line of an installer's console into the steps it tells of.
-LineReader = Callable[[str, InstallSteps], None]
 
 _PIP_RESOLVING = re.compile(r"^(?:Collecting|Processing|Obtaining|Requirement already satisfied)\b")
 _PIP_DOWNLOADING = re.compile(r"^\s*(?:Downloading|Using cached)\b")
@@ -428,9 +389,8 @@ class _LineFeed:
     def feed(self, chunk: bytes) -> None:
         *lines, rest = re.split(rb"[\r\n]", self._partial + chunk)
         self._partial = rest[-self._MAX :]
-        for line in lines:
-            if line:
-                self._on_line(line[: self._MAX].decode("utf-8", "replace"))
+        for line in filter(None, lines):
+            self._on_line(line[: self._MAX].decode("utf-8", "replace"))
 
 
 # --- one installer, tried until it succeeds ----------------------------------------------------
@@ -441,7 +401,7 @@ class _LineFeed:
 #: try could log to (``Tool.argv`` got it too), the file the output is kept in (None: not
 #: kept) and the attempt's redactor.
 Evidence = Callable[
-    [int | None, Path, Path, Path | None, Redactor], tuple[NetworkSignature | None, str]
+    [int | None, Path, Path, Path | None, Redactor], tuple[Signature | None, str]
 ]
 
 
@@ -456,7 +416,7 @@ class Tool(NamedTuple):
     argv: Callable[[Path], list[str]]
     evidence: Evidence
     #: reads its console's lines into its phase and counts (``extras.progress``)
-    read_line: LineReader
+    read_line: Callable[[str, InstallSteps], None]
 
 
 def run_installer(
@@ -479,8 +439,8 @@ def run_installer(
     its output kept in ``output_log`` (redacted; None: not kept). Raises as
     :func:`install` says."""
     log = structlog.get_logger().bind(installer=tool.name)
-    budget = Budget(deadline, interrupt)
     what = tool.command
+    shown_log = None if output_log is None else str(output_log)
     progress = Progress("extras", installer=tool.name, requirements=requirements,
                         **InstallSteps().fields())
     with tempfile.TemporaryDirectory(prefix=f"flash-{tool.name}-") as tmp:
@@ -499,17 +459,11 @@ def run_installer(
 
             try:
                 run = supervise(
-                    argv,
-                    cwd=Path.cwd(),
-                    env=env,
-                    console_path=console_path,
-                    deadline=deadline,
+                    argv, cwd=Path.cwd(), env=env, console_path=console_path, deadline=deadline,
                     stop_by=Deadline.never(),  # the grace is the installer's own, deadline or not
-                    interrupt=interrupt,
-                    grace_s=STOP_GRACE_S,
+                    interrupt=interrupt, grace_s=STOP_GRACE_S, name=tool.name,
                     out_fd=None,  # not the runner's stream: summarised, and kept below
                     on_output=_LineFeed(read).feed,
-                    name=tool.name,
                 )
             except OSError as exc:
                 raise FatalError(
@@ -526,18 +480,13 @@ def run_installer(
             seconds = round(run.duration_s, 3)
             if returncode == 0:
                 log.info("pip.installed", **{"try": attempt}, seconds=seconds,
-                         packages=steps.installed, output=_shown_path(output_log))
+                         packages=steps.installed, output=shown_log)
                 return
             sig, line = tool.evidence(returncode, console_path, log_path, output_log, redactor)
-            log.warning(
-                "pip.failed",
-                **{"try": attempt},
-                failure_class="other" if sig is None else "network",
-                signature=None if sig is None else sig.name,
-                returncode=returncode,
-                seconds=seconds,
-                output=_shown_path(output_log),
-            )
+            log.warning("pip.failed", **{"try": attempt},
+                        failure_class="other" if sig is None else "network",
+                        signature=None if sig is None else sig.name,
+                        returncode=returncode, seconds=seconds, output=shown_log)
             if sig is None:
                 raise FatalError(
                     _bounded(f"{what} failed (exit status {returncode}): {line}", redactor),
@@ -552,30 +501,21 @@ def run_installer(
             log.info("pip.backoff", **{"try": attempt}, seconds=wait)
             return wait
 
-        try:
-            with progress.watch():  # silent stretches (a big download) still report
-                budget.retry(once, tries=tries, delay=delay, what=what)
-        except GaveUp as gave_up:
-            progress.done(ok=False)
-            last = gave_up.last
-            if not isinstance(last, _NetworkFailure):
-                raise last from None
-            if gave_up.why == "interrupted":
-                raise Interrupted(interrupt.signum or signal.SIGTERM) from None
-            tried = f"{gave_up.tries} {'try' if gave_up.tries == 1 else 'tries'}"
-            if gave_up.why == "deadline":
-                tried += " (no time left for another)"
-            raise RetriableError(
-                _bounded(
-                    f"{what} failed (network: {last.sig.meaning}) after {tried}: {last.line}",
-                    redactor,
-                ),
-                rule=rules.PIP_NETWORK,
-            ) from None
-        except BaseException:
-            progress.done(ok=False)
-            raise
-        progress.done()
+        # silent stretches (a big download) still report; the end event says ok=False on a raise
+        with progress, progress.watch():
+            try:
+                Budget(deadline, interrupt).retry(once, tries=tries, delay=delay, what=what)
+            except GaveUp as gave_up:
+                last = gave_up.last
+                if not isinstance(last, _NetworkFailure):
+                    raise last from None
+                if gave_up.why == "interrupted":
+                    raise Interrupted(interrupt.signum or signal.SIGTERM) from None
+                tried = f"{gave_up.tries} {'try' if gave_up.tries == 1 else 'tries'}"
+                if gave_up.why == "deadline":
+                    tried += " (no time left for another)"
+                message = f"{what} failed (network: {last.sig.meaning}) after {tried}: {last.line}"
+                raise RetriableError(_bounded(message, redactor), rule=rules.PIP_NETWORK) from None
 
 
 def _keep(output_log: Path | None, console_path: Path, title: str, redactor: Redactor) -> None:
@@ -602,23 +542,18 @@ def _append(path: Path, data: bytes) -> None:
                                        error=exc.strerror)
 
 
-def _shown_path(path: Path | None) -> str | None:
-    return None if path is None else str(path)
-
-
 class _NetworkFailure(Exception):
     """One try of pip failed the way a network does: worth another."""
 
-    def __init__(self, sig: NetworkSignature, line: str) -> None:
+    def __init__(self, sig: Signature, line: str) -> None:
         super().__init__(sig.name)
-        self.sig = sig
-        self.line = line
+        self.sig, self.line = sig, line
 
 
 def _evidence(
     returncode: int | None, console_path: Path, log_path: Path, output_log: Path | None,
     redactor: Redactor,
-) -> tuple[NetworkSignature | None, str]:
+) -> tuple[Signature | None, str]:
     """A failed run's network signature (None: not network-shaped) and its telling line,
     from the redacted ends of pip's console and log; copies the log's end to the kept
     output (``output_log``)."""
@@ -651,9 +586,8 @@ def _last_error_line(console: str, log_lines: Sequence[str]) -> str:
     multiplication sign) and the last line it printed, looked up in the log too (with
     ``--log`` pip sends that output to the log only, "See above for output")."""
     lines = [line.strip() for line in console.splitlines()]
-    for line in reversed(lines):
-        if line.startswith("ERROR:"):
-            return line
+    if error := next((ln for ln in reversed(lines) if ln.startswith("ERROR:")), ""):
+        return error
     headline = next((ln[1:].strip() for ln in reversed(lines) if ln.startswith(_CROSS)), "")
     if headline:
         cause = _subprocess_cause(lines) or _subprocess_cause(log_lines)
@@ -692,10 +626,9 @@ def _report_log(output_log: Path, log_lines: Sequence[str]) -> None:
         "utf-8", "replace"))
 
 
-def _bounded(message: str, redactor: Redactor) -> str:
-    """``message`` redacted, on one line, at most MESSAGE_CHARS (``Redactor.line``: redacted
-    before it is collapsed and cut, so no cut goes through a secret)."""
-    line = redactor.line(message, MESSAGE_CHARS + 1)
-    if len(line) <= MESSAGE_CHARS:
-        return line
-    return line[: MESSAGE_CHARS - 3] + "..."
+def _bounded(message: str, redactor: Redactor, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` redacted, on one line, at most ``limit`` characters, "..." where it was cut
+    (``Redactor.line``: redacted before it is collapsed and cut, so no cut goes through a
+    secret)."""
+    line = redactor.line(message, limit + 1)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
