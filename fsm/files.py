@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,6 +83,19 @@ def json_object(data: bytes, *, limit: int | None = None,
     if not isinstance(value, dict):
         raise JsonProblem(f"not a JSON object but {json_type(value)}", json_type(value))
     return value
+
+
+def finite_number(value: object) -> float | None:
+    """A decoded JSON number as a float when it is one and finite as a float; None for
+    anything else: a boolean, not a number, infinite, or an integer too large for a float
+    (which ``math.isfinite`` and ``float`` would raise on)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def json_type(value: object) -> str:

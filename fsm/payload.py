@@ -7,7 +7,6 @@ Unknown keys are ignored for forward compatibility.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
@@ -20,7 +19,7 @@ from typing import Any, TypeVar
 from fsm.attempt import marker
 from fsm.errors import PayloadError
 from fsm.extras.pip import _bounded, refused_extra_pip
-from fsm.files import JsonProblem, json_object, json_type
+from fsm.files import JsonProblem, finite_number, json_object, json_type
 from fsm.output.redact import LIST_KEY, Redactor
 
 #: ``phase`` and ``flash_arm`` name files.
@@ -394,9 +393,10 @@ def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | 
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PayloadError(f"payload key {key!r} must be a number, got {json_type(value)}")
-    if not math.isfinite(value):
+    number = finite_number(value)
+    if number is None:
         raise PayloadError(f"payload key {key!r} must be finite")
-    return float(value)
+    return number
 
 
 def _str_list(raw: Mapping[str, Any], key: str) -> list[str]:

@@ -203,6 +203,7 @@ def test_a_preload_restart_past_its_deadline_is_marked_deadline_without_download
         (json.dumps({"version": 99}), "not version 1"),
         ("OTHER_RUN", "another attempt's start (differs in run_id)"),
         ("BAD_START", "'started_at' is not a finite number"),
+        ("HUGE_START", "'started_at' is not a finite number"),
     ],
 )
 def test_a_start_file_not_of_this_attempt_is_ignored_and_replaced(
@@ -220,6 +221,8 @@ def test_a_start_file_not_of_this_attempt_is_ignored_and_replaced(
         content = json.dumps({**long_ago, "identity": {**ident, "run_id": "run-0"}})
     elif content == "BAD_START":
         content = json.dumps({**long_ago, "identity": ident, "started_at": "yesterday"})
+    elif content == "HUGE_START":  # a JSON integer too large for a float
+        content = json.dumps({**long_ago, "identity": ident, "started_at": 10**400})
     (layout.payload_path.parent / START).write_text(content)
 
     before = time.time()

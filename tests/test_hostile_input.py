@@ -78,6 +78,42 @@ def test_a_heartbeat_whose_attempt_is_true_is_not_attempt_1(layout: Layout) -> N
     assert (marker["retriable"], marker["rule"]) == (False, "worker-failed"), marker
 
 
+def test_a_heartbeat_whose_ts_is_too_large_for_a_float_says_nothing(layout: Layout) -> None:
+    """JSON integers have no bound: a ``ts`` of 10**400 is not a finite number (``float``
+    raises on it), so the heartbeat says nothing, and the verdict is the worker's own."""
+    layout.write_worker("""
+        beat = SCRATCH / "heartbeat.json"
+        beat.write_text(json.dumps({"stage": "train", "ts": 10**400, "attempt": 1,
+                                    "retriable": True}))
+        upload(beat, "heartbeat.json")
+        sys.exit(1)
+    """)
+    layout.write_payload(attempt=1)
+    done = layout.cli(*layout.run_args())
+    assert done.returncode == 1, done.stderr.decode()[-2000:]
+    marker = layout.marker(attempt=1)
+    assert marker is not None
+    assert (marker["retriable"], marker["rule"]) == (False, "worker-failed"), marker
+
+
+@pytest.mark.parametrize("key", ["max_wall_s", "deadline_at"])
+def test_a_payload_number_too_large_for_a_float_is_one_line_and_a_payload_marker(
+    layout: Layout, key: str
+) -> None:
+    """A JSON integer of 400 digits where the payload wants a number: exit 2 with one line
+    naming the key, from ``validate`` and from ``run``, whose marker says payload-invalid."""
+    text = json.dumps(layout.payload(**{key: 7.25}))
+    layout.payload_path.write_text(text.replace("7.25", "1" + "0" * 400))
+    for done in (_run(layout, layout.payload_path),
+                 _run(layout, layout.payload_path, "validate", str(layout.payload_path))):
+        assert done.returncode == 2, done.stderr.decode()[-2000:]
+        line = _one_line(done)
+        assert key in line and "finite" in line, line
+    marker = layout.marker()
+    assert marker is not None
+    assert (marker["retriable"], marker["rule"]) == (False, "payload-invalid"), marker
+
+
 def test_a_well_typed_heartbeat_of_this_attempt_still_counts(layout: Layout) -> None:
     """The strict reading keeps the contract's heartbeat: an integer attempt, retriable."""
     layout.write_worker("""

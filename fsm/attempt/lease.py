@@ -27,7 +27,7 @@ import structlog
 
 from fsm.attempt import marker
 from fsm.clock import os_timeout
-from fsm.files import JsonProblem, json_object
+from fsm.files import JsonProblem, finite_number, json_object
 
 log = structlog.get_logger("fsm.lease")
 
@@ -71,9 +71,8 @@ def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     for key in ("attempt", "seq"):
         if not isinstance(value.get(key), int) or isinstance(value.get(key), bool):
             return None, f"no integer {key!r}"
-    ttl = value.get("ttl_s")
-    if (not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl)
-            or ttl <= 0):
+    ttl = finite_number(value.get("ttl_s"))
+    if ttl is None or ttl <= 0:
         return None, "no positive number 'ttl_s'"
     return value, None
 

@@ -19,7 +19,6 @@ attempt running on this process's start (``attempt.start_unpersisted``).
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,7 +26,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from fsm.clock import Deadline
-from fsm.files import JsonProblem, json_object, write_atomic
+from fsm.files import JsonProblem, finite_number, json_object, write_atomic
 
 #: The start file's format; a file of any other version is ignored and replaced.
 START_VERSION = 1
@@ -103,8 +102,7 @@ def _load(path: Path, ident: dict[str, Any], boot: str | None) -> AttemptStart |
         differ = sorted(k for k in set(ident) | set(recorded) if recorded.get(k) != ident.get(k))
         return f"another attempt's start (differs in {', '.join(differ)})"
     for name in ("started_at", "monotonic"):
-        got = raw.get(name)
-        if not isinstance(got, int | float) or isinstance(got, bool) or not math.isfinite(got):
+        if finite_number(raw.get(name)) is None:
             return f"'{name}' is not a finite number"
     recorded_boot = raw.get("boot_id")
     if recorded_boot is not None and not isinstance(recorded_boot, str):

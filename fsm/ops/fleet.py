@@ -48,6 +48,7 @@ from fsm.errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from fsm.files import finite_number
 from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
@@ -130,10 +131,7 @@ class Row:
 
     @property
     def ts(self) -> float | None:
-        ts = self.marker.get("ts") if self.marker is not None else None
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-            return None
-        return float(ts)
+        return finite_number(self.marker.get("ts")) if self.marker is not None else None
 
     def age_s(self, now: float) -> float | None:
         """The marker's age by its ``ts``; a lease's row: the lease's, by the store's clock."""

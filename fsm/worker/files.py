@@ -10,12 +10,11 @@ says nothing (and the log says why).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import structlog
 
-from fsm.files import JsonProblem, json_object
+from fsm.files import JsonProblem, finite_number, json_object
 
 __all__ = ["MAX_HEARTBEAT_BYTES", "heartbeat_problem", "heartbeat_says_retriable"]
 
@@ -36,8 +35,7 @@ def heartbeat_problem(beat: object, attempt: int) -> str | None:
     if not isinstance(beat.get("retriable", False), bool):
         return "'retriable' is not true/false"
     ts = beat.get("ts")
-    if ts is not None and not (isinstance(ts, int | float) and not isinstance(ts, bool)
-                               and math.isfinite(ts)):
+    if ts is not None and finite_number(ts) is None:
         return "'ts' is not a finite number"
     if not isinstance(beat.get("stage", ""), str):
         return "'stage' is not text"
