@@ -81,9 +81,6 @@ class Table:
     def __iter__(self) -> Iterator[Signature]:
         return iter(self.rows)
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     @functools.cached_property
     def _compiled(self) -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...],
                                  re.Pattern[str] | None]:
