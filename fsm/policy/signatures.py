@@ -91,9 +91,7 @@ class Table:
 
     def first(self, text: str) -> Signature | None:
         """The first row, in table order, found anywhere in ``text``."""
-        anyone, rows, _ = self._compiled
-        if anyone.search(text) is None:
-            return None
+        _, rows, _ = self._compiled
         return next((sig for sig, row in zip(self.rows, rows, strict=True)
                      if row.search(text)), None)
 
