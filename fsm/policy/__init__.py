@@ -190,10 +190,6 @@ def _the_hosts(match: ConsoleMatch, facts: WorkerFacts) -> bool:
     return match.signature.retriable if verdict is None else verdict == "host"
 
 
-def _console_ids(*, retriable: bool) -> tuple[str, ...]:
-    return tuple(sig.id for sig in CONSOLE_SIGNATURES if sig.retriable is retriable)
-
-
 # --- across attempts: a fault that follows the job is the job's (CONTRACT section 9) -----
 
 
@@ -351,8 +347,8 @@ _CLAIMS: dict[Rule, Claim] = dict.fromkeys(RULES, Claim()) | {
     rules.CODE_MISSING: Claim((StoreNotFound,)),
     rules.STORE_NOT_FOUND: Claim((StoreNotFound,)),
     rules.WORKER_LAUNCH: Claim((OSError,)),
-    rules.WORKER_HOST_FAULT: Claim(console=_console_ids(retriable=True)),
-    rules.WORKER_FAILED: Claim(console=_console_ids(retriable=False)),
+    rules.WORKER_HOST_FAULT: Claim(console=tuple(s.id for s in CONSOLE_SIGNATURES if s.retriable)),
+    rules.WORKER_FAILED: Claim(console=tuple(s.id for s in CONSOLE_SIGNATURES if not s.retriable)),
     rules.UNCLASSIFIED: Claim((BaseException,)),
 }
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
