@@ -41,11 +41,17 @@ class FlashError(Exception):
     ``stands_after_signal``: the verdict was reached on facts that came before a
     SIGTERM/SIGINT (a worker that had already exited on its own), so a later signal does
     not turn it into ``interrupted``.
+
+    A :class:`RetriableError` or :class:`FatalError` (or a subclass) naming a rule of the
+    other class is refused with ``TypeError``; a bare ``FlashError`` takes any rule.
     """
 
     retriable: bool = False
 
     def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
+        if type(self) is not FlashError and rule.retriable is not self.retriable:
+            kind = "RetriableError" if self.retriable else "FatalError"
+            raise TypeError(f"{kind} names the {rule.verdict} rule {rule.id!r}")
         super().__init__(message)
         self.message = message
         self.rule = rule
@@ -56,11 +62,6 @@ class RetriableError(FlashError):
     """Infra-shaped: the same attempt on a fresh host would likely succeed."""
 
     retriable = True
-
-    def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
-        if not rule.retriable:
-            raise TypeError(f"RetriableError names the fatal rule {rule.id!r}")
-        super().__init__(message, rule=rule, stands_after_signal=stands_after_signal)
 
 
 class HostFault(RetriableError):
@@ -76,11 +77,6 @@ class FatalError(FlashError):
     """The run cannot succeed by retrying: fail it."""
 
     retriable = False
-
-    def __init__(self, message: str, *, rule: Rule, stands_after_signal: bool = False) -> None:
-        if rule.retriable:
-            raise TypeError(f"FatalError names the retriable rule {rule.id!r}")
-        super().__init__(message, rule=rule, stands_after_signal=stands_after_signal)
 
 
 class PayloadError(FatalError):

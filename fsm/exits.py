@@ -26,12 +26,6 @@ from __future__ import annotations
 
 from typing import Final, Literal, NamedTuple
 
-#: What a Kubernetes Job's ``podFailurePolicy`` does with the status (None: the pod
-#: succeeded, no rule can name status 0).
-Kubernetes = Literal["FailJob", "Ignore", "Count"] | None
-#: What an AWS Batch ``retryStrategy.evaluateOnExit`` entry does (None: the job succeeded).
-Batch = Literal["EXIT", "RETRY"] | None
-
 
 class Exit(NamedTuple):
     code: int
@@ -39,8 +33,11 @@ class Exit(NamedTuple):
     meaning: str
     #: What running the same payload again does (a restart policy ``on-failure`` does it).
     again: str
-    kubernetes: Kubernetes
-    batch: Batch
+    #: What a Kubernetes Job's ``podFailurePolicy`` does with the status (None: the pod
+    #: succeeded, no rule can name status 0).
+    kubernetes: Literal["FailJob", "Ignore", "Count"] | None
+    #: What an AWS Batch ``retryStrategy.evaluateOnExit`` entry does (None: the job succeeded).
+    batch: Literal["EXIT", "RETRY"] | None
 
 
 # The rows below repeat one shape on purpose: they are the table's data, one constant each

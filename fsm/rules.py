@@ -19,11 +19,8 @@ from fsm import exits, table
 
 ANY: Final = "*"
 
-EXIT_OK: Final = exits.SUCCEEDED.code
 EXIT_FAILED: Final = exits.FAILED_FATAL.code
 EXIT_RETRIABLE: Final = exits.FAILED_RETRIABLE.code
-EXIT_UNUSABLE: Final = exits.UNUSABLE.code
-EXIT_DEADLINE: Final = exits.DEADLINE.code
 
 
 class Rule(NamedTuple):
@@ -67,11 +64,11 @@ INTERRUPTED: Final = Rule(
 )
 DEADLINE: Final = Rule(
     "deadline", ANY, "the attempt deadline passed: run wall deadline exceeded",
-    False, table.DEADLINE_EXCEEDED, EXIT_DEADLINE,
+    False, table.DEADLINE_EXCEEDED, exits.DEADLINE.code,
 )
 PAYLOAD_INVALID: Final = _fatal(
     "payload-invalid", table.LOAD_PAYLOAD, "payload missing, unreadable or invalid (exit 2)",
-    exit_status=EXIT_UNUSABLE,
+    exit_status=exits.UNUSABLE.code,
 )
 HOST_GPU_MISSING: Final = _retriable(
     "host-gpu-missing", table.LOAD_PAYLOAD,
@@ -243,5 +240,5 @@ UNCLASSIFIED: Final = _fatal(
 SUCCESS: Final = Rule(
     "completion-confirmed", table.VERIFY_REMOTE,
     "`DONE` and `metrics.json` confirmed in the store, whatever the worker's exit code",
-    False, table.COMPLETION_CONFIRMED, EXIT_OK,
+    False, table.COMPLETION_CONFIRMED, exits.SUCCEEDED.code,
 )

@@ -22,6 +22,7 @@ A rule claims a failure when
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from fsm import rules
@@ -59,7 +60,6 @@ class Claim(NamedTuple):
 # --- the worker's console: host faults and the job's own faults -----------------------
 
 #: The console's rows and its verdict live in ``fsm.policy.families``; the policy decides with them.
-Signature = signatures.Signature
 ConsoleMatch = signatures.Match
 CONSOLE_SIGNATURES = families.CONSOLE_SIGNATURES
 CONSOLE_WINDOW_LINES = families.CONSOLE_WINDOW_LINES
@@ -100,19 +100,9 @@ def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
     when something shows it (a kernel OOM kill of one of its processes; a host or a job
     fault in its console: one rank's CUDA OOM leaves the others waiting); otherwise the
     stall does."""
-    if facts.stalled:
-        if facts.oom_killed:
-            return rules.WORKER_OOM_KILLED, None
-        if _host_evidence(facts, None) == "host":
-            return rules.WORKER_HOST_FAULT, None
-        match = console_verdict(facts.console)
-        if match is not None:
-            return (rules.WORKER_HOST_FAULT if _the_hosts(match, facts)
-                    else rules.WORKER_FAILED), match
-        return rules.WORKER_STALLED, None
-    if facts.heartbeat_retriable:
+    if facts.heartbeat_retriable and not facts.stalled:
         return rules.WORKER_HEARTBEAT_RETRIABLE, None
-    if facts.upload_lost:
+    if facts.upload_lost and not facts.stalled:
         return rules.WORKER_UPLOAD_LOST, None
     if facts.oom_killed:
         return rules.WORKER_OOM_KILLED, None
@@ -121,6 +111,8 @@ def judge_worker(facts: WorkerFacts) -> tuple[Rule, ConsoleMatch | None]:
     match = console_verdict(facts.console)
     if match is not None and _the_hosts(match, facts):
         return rules.WORKER_HOST_FAULT, match
+    if match is None and facts.stalled:
+        return rules.WORKER_STALLED, None
     return rules.WORKER_FAILED, match
 
 
@@ -189,21 +181,13 @@ HOST_EVIDENCE: tuple[Evidence, ...] = (
 def _host_evidence(facts: WorkerFacts, match: ConsoleMatch | None) -> str | None:
     """The verdict of the first ``HOST_EVIDENCE`` row that applies: ``host``, ``job``, or
     None when none does. Without a console match only the rows for any console apply."""
-    for row in HOST_EVIDENCE:
-        if (match is None and row.console) or not row.applies(facts, match):
-            continue
-        return row.verdict
-    return None
+    return next((row.verdict for row in HOST_EVIDENCE if row.applies(facts, match)), None)
 
 
 def _the_hosts(match: ConsoleMatch, facts: WorkerFacts) -> bool:
     """Whether a console row's fault is the host's, the host's own evidence considered."""
     verdict = _host_evidence(facts, match)
     return match.signature.retriable if verdict is None else verdict == "host"
-
-
-def _console_ids(*, retriable: bool) -> tuple[str, ...]:
-    return tuple(sig.id for sig in CONSOLE_SIGNATURES if sig.retriable is retriable)
 
 
 # --- across attempts: a fault that follows the job is the job's (CONTRACT section 9) -----
@@ -334,53 +318,39 @@ def fault_of(rule: Rule, match: ConsoleMatch | None = None, *, gpus_changed: boo
     if match is not None:
         return Fault(rule.id, match.signature.family, families.fingerprint(match), "console")
     family, witness = _RULE_FAMILY.get(rule.id, (rule.id, "runner"))
-    if place is not None:
-        return Fault(rule.id, family, f"{family}: {place}", witness)
-    return Fault(rule.id, family, f"{family}: {rule.id}", witness)
+    return Fault(rule.id, family, f"{family}: {rule.id if place is None else place}", witness)
 
 
-#: The rules in the order they are tried, each with what it claims.
-_TABLE: tuple[tuple[Rule, Claim], ...] = (
-    (rules.INTERRUPTED, Claim((Interrupted, KeyboardInterrupt))),
-    (rules.DEADLINE, Claim((DeadlineExceeded,))),
-    (rules.PAYLOAD_INVALID, Claim((PayloadError,))),
-    (rules.SUPERSEDED, Claim()),
-    (rules.HOST_GPU_MISSING, Claim()),
-    (rules.HOST_GPU_UNHEALTHY, Claim()),
-    (rules.HOST_GPU_UNRESPONSIVE, Claim()),
-    (rules.HOST_GPU_BUSY, Claim()),
-    (rules.HOST_STORAGE, Claim()),
-    (rules.HOST_STORAGE_FILLED, Claim()),
-    (rules.STORE_AUTH, Claim((StoreAuthError,), AUTH_STATUSES)),
-    (rules.STORE_REFUSED, Claim((StoreRefused,))),
-    (rules.STORE_UNAVAILABLE, Claim((StoreUnavailable,), TRANSIENT_STATUSES)),
-    (rules.PIP_NETWORK, Claim(signatures=tuple(sig.name for sig in signatures.PIP_NETWORK))),
-    (rules.PIP_FAILED, Claim()),
-    (rules.CODE_MISSING, Claim((StoreNotFound,))),
-    (rules.STORE_NOT_FOUND, Claim((StoreNotFound,))),
-    (rules.SPEC_ABSENT, Claim()),
-    (rules.SPEC_FETCH, Claim()),
-    (rules.WORKER_LAUNCH, Claim((OSError,))),
-    (rules.VERIFY_UNREADABLE, Claim()),
-    (rules.WORKER_HEARTBEAT_RETRIABLE, Claim()),
-    (rules.WORKER_UPLOAD_LOST, Claim()),
-    (rules.WORKER_OOM_KILLED, Claim()),
-    (rules.WORKER_HOST_FAULT, Claim(console=_console_ids(retriable=True))),
-    (rules.HOST_GPU_LOST, Claim()),
-    (rules.WORKER_STALLED, Claim()),
-    (rules.WORKER_STALLED_AGAIN, Claim()),
-    (rules.FAULT_FOLLOWS_JOB, Claim()),
-    (rules.WORKER_FAILED, Claim(console=_console_ids(retriable=False))),
-    (rules.STORE_UNSAFE_LINK, Claim()),
-    (rules.WORKER_ENV_TOO_LARGE, Claim()),
-    (rules.PRELOAD_UNMOUNTED, Claim()),
-    (rules.PRELOAD_MODEL_FAILED, Claim()),
-    (rules.INTERNAL_ERROR, Claim()),
-    (rules.UNCLASSIFIED, Claim((BaseException,))),
+#: The rules in the order they are tried.
+RULES: tuple[Rule, ...] = (
+    rules.INTERRUPTED, rules.DEADLINE, rules.PAYLOAD_INVALID, rules.SUPERSEDED,
+    rules.HOST_GPU_MISSING, rules.HOST_GPU_UNHEALTHY, rules.HOST_GPU_UNRESPONSIVE,
+    rules.HOST_GPU_BUSY, rules.HOST_STORAGE, rules.HOST_STORAGE_FILLED,
+    rules.STORE_AUTH, rules.STORE_REFUSED, rules.STORE_UNAVAILABLE,
+    rules.PIP_NETWORK, rules.PIP_FAILED, rules.CODE_MISSING, rules.STORE_NOT_FOUND,
+    rules.SPEC_ABSENT, rules.SPEC_FETCH, rules.WORKER_LAUNCH, rules.VERIFY_UNREADABLE,
+    rules.WORKER_HEARTBEAT_RETRIABLE, rules.WORKER_UPLOAD_LOST, rules.WORKER_OOM_KILLED,
+    rules.WORKER_HOST_FAULT, rules.HOST_GPU_LOST, rules.WORKER_STALLED,
+    rules.WORKER_STALLED_AGAIN, rules.FAULT_FOLLOWS_JOB, rules.WORKER_FAILED,
+    rules.STORE_UNSAFE_LINK, rules.WORKER_ENV_TOO_LARGE, rules.PRELOAD_UNMOUNTED,
+    rules.PRELOAD_MODEL_FAILED, rules.INTERNAL_ERROR, rules.UNCLASSIFIED,
 )
-
-RULES: tuple[Rule, ...] = tuple(r for r, _ in _TABLE)
-_CLAIMS: dict[Rule, Claim] = dict(_TABLE)
+#: What each rule claims besides the typed errors that name it (a rule not listed: nothing).
+_CLAIMS: dict[Rule, Claim] = dict.fromkeys(RULES, Claim()) | {
+    rules.INTERRUPTED: Claim((Interrupted, KeyboardInterrupt)),
+    rules.DEADLINE: Claim((DeadlineExceeded,)),
+    rules.PAYLOAD_INVALID: Claim((PayloadError,)),
+    rules.STORE_AUTH: Claim((StoreAuthError,), AUTH_STATUSES),
+    rules.STORE_REFUSED: Claim((StoreRefused,)),
+    rules.STORE_UNAVAILABLE: Claim((StoreUnavailable,), TRANSIENT_STATUSES),
+    rules.PIP_NETWORK: Claim(signatures=tuple(sig.name for sig in signatures.PIP_NETWORK)),
+    rules.CODE_MISSING: Claim((StoreNotFound,)),
+    rules.STORE_NOT_FOUND: Claim((StoreNotFound,)),
+    rules.WORKER_LAUNCH: Claim((OSError,)),
+    rules.WORKER_HOST_FAULT: Claim(console=tuple(s.id for s in CONSOLE_SIGNATURES if s.retriable)),
+    rules.WORKER_FAILED: Claim(console=tuple(s.id for s in CONSOLE_SIGNATURES if not s.retriable)),
+    rules.UNCLASSIFIED: Claim((BaseException,)),
+}
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}
 CATCH_ALL = rules.UNCLASSIFIED
 SUCCESS = rules.SUCCESS
@@ -405,17 +375,10 @@ def named_rule(exc: BaseException) -> Rule | None:
 
 def claims(r: Rule, state: str, exc: BaseException) -> bool:
     """Whether ``r`` decides ``exc`` raised in ``state`` (order aside)."""
-    named = named_rule(exc)
-    if named is r:
-        return True
-    if not r.applies_in(state):
-        return False
-    what = _CLAIMS[r]
-    if what.matches and isinstance(exc, what.matches):
-        return True
-    if what.statuses and named is None:
-        return http_status(exc) in what.statuses
-    return False
+    named, what = named_rule(exc), _CLAIMS[r]
+    return named is r or (r.applies_in(state) and (
+        isinstance(exc, what.matches)
+        or (named is None and bool(what.statuses) and http_status(exc) in what.statuses)))
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -425,17 +388,13 @@ def http_status(exc: BaseException) -> int | None:
 
 
 def _status_of(exc: BaseException) -> int | None:
-    candidates: list[object] = []
     try:
-        candidates.append(getattr(getattr(exc, "response", None), "status_code", None))
-        candidates.append(getattr(exc, "status_code", None))
-        candidates.append(getattr(exc, "status", None))
+        candidates = (getattr(getattr(exc, "response", None), "status_code", None),
+                      getattr(exc, "status_code", None), getattr(exc, "status", None))
     except Exception:  # a property that raises: no status to be had from this one
         return None
-    for value in candidates:
-        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
-            return value
-    return None
+    return next((value for value in candidates if isinstance(value, int)
+                 and not isinstance(value, bool) and 100 <= value <= 599), None)
 
 
 def classify(state: str, exc: BaseException) -> Rule:
@@ -458,27 +417,19 @@ def classify(state: str, exc: BaseException) -> Rule:
 
 
 def _statuses_text(statuses: tuple[int, ...]) -> str:
-    plain = [str(s) for s in statuses if not 500 <= s <= 599]
-    if all(s in statuses for s in range(500, 600)):
-        plain.append("5xx")
-    else:
-        plain += [str(s) for s in statuses if 500 <= s <= 599]
-    return "HTTP " + ", ".join(plain)
+    """The statuses in words: the whole 5xx range as ``5xx``."""
+    every_5xx = set(range(500, 600)) <= set(statuses)
+    shown = [str(s) for s in statuses if not (every_5xx and 500 <= s <= 599)]
+    return "HTTP " + ", ".join([*shown, "5xx"] if every_5xx else shown)
 
 
 def _matched_by(r: Rule) -> str:
     what = _CLAIMS[r]
-    parts: list[str] = []
-    if r is CATCH_ALL:
-        parts.append("any exception")
-    else:
-        parts += [f"`{t.__name__}`" for t in what.matches]
+    parts = ["any exception"] if r is CATCH_ALL else [f"`{t.__name__}`" for t in what.matches]
     if what.statuses:
         parts.append(_statuses_text(what.statuses))
-    if what.signatures:
-        parts.append("pip output: " + ", ".join(f"`{name}`" for name in what.signatures))
-    if what.console:
-        parts.append("worker console: " + ", ".join(f"`{name}`" for name in what.console))
+    parts += [f"{witness}: " + ", ".join(f"`{name}`" for name in names) for witness, names in
+              (("pip output", what.signatures), ("worker console", what.console)) if names]
     return "; ".join(parts) or "raised by the state's handler"
 
 
@@ -487,27 +438,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _table(columns: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
+    """A Markdown table: the header, its rule, a line per row."""
+    lines = [f"| {' | '.join(cells)} |" for cells in (columns, *rows)]
+    return [lines[0], "|---" * len(columns) + "|", *lines[1:]]
+
+
 def render_table() -> str:
     """The policy as Markdown (printed by ``flash-bootstrap policy``, generated into
     ``docs/policy.md``).
 
     First match wins, top to bottom; a typed error naming a rule is decided by that rule.
     """
-    lines = [
+    network = ("signature", "meaning")
+    return "\n".join([
         "Rules are tried top to bottom; the first that claims the failure decides. An error",
         "raised by a state naming a rule is decided by that rule; otherwise a rule claims a",
         "failure in the states where it applies by its type, or an untyped error by the HTTP",
         "status on it or its cause chain. The last rule catches everything else: fatal.",
         "",
-        "| rule | where | what | matched by | class |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| `{r.id}` | {'any' if r.where == ANY else r.where} | {r.what} | {_matched_by(r)} "
-        f"| {r.verdict} |"
-        for r in RULES
-    ]
-    lines += [
+        *_table(("rule", "where", "what", "matched by", "class"), (
+            (f"`{r.id}`", "any" if r.where == ANY else r.where, r.what, _matched_by(r), r.verdict)
+            for r in RULES)),
         "",
         f"Success (rule `{SUCCESS.id}`): {SUCCESS.what}.",
         "",
@@ -516,19 +468,11 @@ def render_table() -> str:
         "install whose output shows none of them is `pip-failed`. pip (console and verbose",
         "log):",
         "",
-        "| signature | meaning |",
-        "|---|---|",
-    ]
-    lines += [f"| `{sig.name}` | {sig.meaning} |" for sig in signatures.PIP_NETWORK]
-    lines += [
+        *_table(network, ((f"`{sig.name}`", sig.meaning) for sig in signatures.PIP_NETWORK)),
         "",
         "uv (`uv pip install`, its console):",
         "",
-        "| signature | meaning |",
-        "|---|---|",
-    ]
-    lines += [f"| `{sig.name}` | {sig.meaning} |" for sig in signatures.UV_NETWORK]
-    lines += [
+        *_table(network, ((f"`{sig.name}`", sig.meaning) for sig in signatures.UV_NETWORK)),
         "",
         "Worker console signatures (`fsm.policy.families`), matched in the last "
         f"{CONSOLE_WINDOW_LINES} lines of the redacted console of a worker",
@@ -545,48 +489,30 @@ def render_table() -> str:
         "fingerprint. The host's own evidence then decides beside the console as the table",
         "after this one says.",
         "",
-        "| signature | family | blame | pattern | meaning | class | sources |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| `{sig.id}` | {sig.family} | {sig.blame} | `{_cell(sig.pattern)}` | {sig.meaning} | "
-        f"{'retriable' if sig.retriable else 'fatal'} | {_sources(sig.sources)} |"
-        for sig in (*CONSOLE_SIGNATURES, families.GPU_STACK_ERROR)
-    ]
-    lines += [
+        *_table(("signature", "family", "blame", "pattern", "meaning", "class", "sources"), (
+            (f"`{sig.id}`", sig.family, sig.blame, f"`{_cell(sig.pattern)}`", sig.meaning,
+             "retriable" if sig.retriable else "fatal", ", ".join(map(_source, sig.sources)))
+            for sig in (*CONSOLE_SIGNATURES, families.GPU_STACK_ERROR))),
         "",
         "The host's own evidence beside the console (CONTRACT section 8), in this order; the",
         "first row that applies decides:",
         "",
-        "| when | console | verdict | why |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {_cell(row.when)} | {', '.join(f'`{i}`' for i in sorted(row.console)) or 'any'} | "
-        f"{'`worker-host-fault`, retriable' if row.verdict == 'host' else '`worker-failed`, fatal'}"
-        f" | {_cell(row.why)} |"
-        for row in HOST_EVIDENCE
-    ]
-    lines += [
+        *_table(("when", "console", "verdict", "why"), (
+            (_cell(row.when), ", ".join(f"`{i}`" for i in sorted(row.console)) or "any",
+             "`worker-host-fault`, retriable" if row.verdict == "host"
+             else "`worker-failed`, fatal", _cell(row.why))
+            for row in HOST_EVIDENCE)),
         "",
         "Across attempts (CONTRACT section 9): the previous attempt's marker",
         "(`<arm>_attempt<N-1>.json`, read once within verification's budget) beside this",
         "attempt's retriable verdict, in this order; the first row that applies decides:",
         "",
-        "| when | verdict | why |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {_cell(row.when)} | {_ACROSS_VERDICTS[row.verdict]} | {_cell(row.why)} |"
-        for row in ACROSS_ATTEMPTS
-    ]
-    return "\n".join(lines)
-
-
-_ACROSS_VERDICTS = {
-    "stands": "this attempt's own",
-    "job": "`fault-follows-job` (`worker-stalled-again` for a stall), fatal",
-}
+        *_table(("when", "verdict", "why"), (
+            (_cell(row.when), "this attempt's own" if row.verdict == "stands"
+             else "`fault-follows-job` (`worker-stalled-again` for a stall), fatal",
+             _cell(row.why))
+            for row in ACROSS_ATTEMPTS)),
+    ])
 
 
 #: What NVIDIA's reference pages are called in the table.
@@ -598,13 +524,9 @@ _DOCUMENTS = {
 }
 
 
-def _sources(sources: tuple[str, ...]) -> str:
-    """Links as short names: ``owner/repo#n`` for a thread, the page's name for a document."""
-    names = []
-    for url in sources:
-        parts = url.removeprefix("https://").split("/")
-        if parts[0] == "github.com" and len(parts) >= 5:
-            names.append(f"[{parts[1]}/{parts[2]}#{parts[4]}]({url})")
-        else:
-            names.append(f"[{_DOCUMENTS.get(url, parts[-1] or parts[-2])}]({url})")
-    return ", ".join(names)
+def _source(url: str) -> str:
+    """A link as a short name: ``owner/repo#n`` for a thread, the page's name for a document."""
+    parts = url.removeprefix("https://").split("/")
+    if parts[0] == "github.com" and len(parts) >= 5:
+        return f"[{parts[1]}/{parts[2]}#{parts[4]}]({url})"
+    return f"[{_DOCUMENTS.get(url, parts[-1] or parts[-2])}]({url})"

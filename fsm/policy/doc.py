@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["Renderers", "generated_block", "refresh_doc", "replace_block"]
+__all__ = ["generated_block", "refresh_doc", "replace_block"]
 
 
 def _block(name: str) -> re.Pattern[str]:
@@ -39,13 +39,9 @@ def replace_block(text: str, name: str, body: str) -> str:
     return _block(name).sub(lambda m: m["begin"] + body.strip("\n") + "\n" + m["end"], text, 1)
 
 
-#: What renders a generated block, by the block's name.
-Renderers = Mapping[str, Callable[[], str]]
-
-
-def refresh_doc(path: Path | str, blocks: Renderers) -> bool:
-    """Regenerate every block of ``blocks`` that ``path`` holds; True when the file
-    changed (ValueError when it holds none)."""
+def refresh_doc(path: Path | str, blocks: Mapping[str, Callable[[], str]]) -> bool:
+    """Regenerate every block of ``blocks`` (what renders a generated block, by its name)
+    that ``path`` holds; True when the file changed (ValueError when it holds none)."""
     doc = Path(path)
     text = doc.read_text(encoding="utf-8")
     names = [name for name in blocks if generated_block(text, name) is not None]
@@ -56,5 +52,4 @@ def refresh_doc(path: Path | str, blocks: Renderers) -> bool:
         new = replace_block(new, name, blocks[name]())
     if new != text:
         doc.write_text(new, encoding="utf-8")
-        return True
-    return False
+    return new != text

@@ -48,11 +48,7 @@ NCCL_ERRORS = ("https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubl
 
 def _gh(*threads: str) -> tuple[str, ...]:
     """Public threads, ``owner/repo#number``, as links."""
-    out = []
-    for thread in threads:
-        repo, number = thread.split("#")
-        out.append(f"https://github.com/{repo}/issues/{number}")
-    return tuple(out)
+    return tuple(f"https://github.com/{thread.replace('#', '/issues/')}" for thread in threads)
 
 
 def cuda_number(*numbers: int) -> str:

@@ -81,9 +81,6 @@ class Table:
     def __iter__(self) -> Iterator[Signature]:
         return iter(self.rows)
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     @functools.cached_property
     def _compiled(self) -> tuple[re.Pattern[str], tuple[re.Pattern[str], ...],
                                  re.Pattern[str] | None]:
@@ -94,9 +91,7 @@ class Table:
 
     def first(self, text: str) -> Signature | None:
         """The first row, in table order, found anywhere in ``text``."""
-        anyone, rows, _ = self._compiled
-        if anyone.search(text) is None:
-            return None
+        _, rows, _ = self._compiled
         return next((sig for sig, row in zip(self.rows, rows, strict=True)
                      if row.search(text)), None)
 
