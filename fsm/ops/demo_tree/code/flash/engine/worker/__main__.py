@@ -47,10 +47,12 @@ def main() -> int:
         time.sleep(3600)
     if scenario == "crash":
         error = os.path.join(scratch, f"error_{phase}.txt")
+        # A job's own fault: a kernel's assertion on bad labels, on any host.
+        crash = "RuntimeError: CUDA error: device-side assert triggered"
         with open(error, "w") as f:
-            f.write("Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: demo\n")
+            f.write(f"Traceback (most recent call last):\n  ...\n{crash}\n")
         upload(error, f"error_{phase}.txt", prefix)
-        print("RuntimeError: CUDA error: demo", file=sys.stderr, flush=True)
+        print(crash, file=sys.stderr, flush=True)
         return 3
     if scenario == "gpu-fault":
         # What PyTorch prints when the GPU's memory fails under a kernel.
