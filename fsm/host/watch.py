@@ -133,22 +133,12 @@ def hidden_by_env(start: gpus.Snapshot | None, visible: str | None) -> bool:
     snapshot of the host's GPUs, a MIG device id) is False: then it explains nothing."""
     if visible is None or start is None or start.problem is not None or not start.gpus:
         return False
-    entries = [entry.strip() for entry in visible.split(",")]
-    if entries == [""]:
-        return True
-    uuids = [gpu.uuid for gpu in start.gpus if gpu.uuid]
-    indices = {gpu.index for gpu in start.gpus if gpu.index is not None}
-    for entry in entries:  # CUDA reads the list up to its first invalid entry
-        if entry.startswith("MIG-"):
-            return False
-        if entry.lstrip("-").isdigit():
-            number = int(entry)
-            if number < 0:
-                break  # CUDA stops at the first invalid entry: the rest is not seen
-            if number in indices:
-                return False
-            break
-        if entry.startswith("GPU-") and any(uuid.startswith(entry) for uuid in uuids):
-            return False
-        break
-    return True
+    # CUDA reads the list up to its first invalid entry: whether the first names a GPU the
+    # host has decides (an empty list, or ``-1``, names none)
+    first = visible.split(",")[0].strip()
+    if first.startswith("MIG-"):
+        return False
+    if first.lstrip("-").isdigit():
+        return int(first) not in {gpu.index for gpu in start.gpus}
+    return not (first.startswith("GPU-")
+                and any(gpu.uuid and gpu.uuid.startswith(first) for gpu in start.gpus))
