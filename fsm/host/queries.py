@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 FORMAT = "--format=csv,noheader,nounits"
 #: ``name`` last: a row is split into at most this many fields, so a comma in a product
@@ -69,14 +69,6 @@ def find(path: str | None) -> str | None:
     return None
 
 
-def spawn(exe: str, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """One query, in a session of its own (its group is killed at its bound)."""
-    return subprocess.Popen(
-        [exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
-    )
-
-
 class Asked:
     """The queries started (monotonic ``started``): ``exe`` None when there is no
     nvidia-smi on ``path``; each query's process, or why it could not be started. (A plain
@@ -97,13 +89,16 @@ class Asked:
 
 
 def ask(environ: Mapping[str, str]) -> Asked:
-    """Start every query of :data:`QUERIES` at once (never raises for what the OS says)."""
+    """Start every query of :data:`QUERIES` at once, each in a session of its own (its group
+    is killed at its bound); never raises for what the OS says."""
     path = environ.get("PATH")
     asked = Asked(path, find(path), {k: v for k, v in environ.items() if k in ENV_KEYS})
     if asked.exe is not None:
         for name, args in QUERIES.items():
             try:
-                asked.procs[name] = spawn(asked.exe, args, asked.env)
+                asked.procs[name] = subprocess.Popen(
+                    [asked.exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env=asked.env, start_new_session=True)
             except OSError as exc:
                 asked.procs[name] = exc
     return asked
