@@ -54,7 +54,7 @@ class HostFacts(NamedTuple):
     gpus: tuple[Gpu, ...] = ()
     driver: str | None = None
     problem: str | None = None
-    #: what went wrong, in words (the failing nvidia-smi's own last line)
+    #: what went wrong, in words (a failing nvidia-smi's own last line among them)
     detail: str = ""
     #: what names the machine (CONTRACT section 9): ``host_id``
     id: str | None = None
@@ -70,17 +70,8 @@ class HostFacts(NamedTuple):
             "driver": self.driver,
         }
         if self.problem is not None:
-            facts["error"] = self.describe_problem()
+            facts["error"] = self.detail
         return facts
-
-    def describe_problem(self) -> str:
-        if self.problem is None:
-            return "nvidia-smi answered"
-        if self.problem == "absent":
-            return "nvidia-smi is not on PATH (no NVIDIA driver visible)"
-        if self.problem == "failed":
-            return f"nvidia-smi failed: {self.detail}"
-        return self.detail or str(self.problem)
 
 
 def query_bound(environ: Mapping[str, str]) -> float:
@@ -102,12 +93,10 @@ class HostProbe:
     ``--query-compute-apps`` together, each ending on its own) in a daemon thread, started
     at the runner's first step."""
 
-    def __init__(self, environ: Mapping[str, str], *, timeout_s: float | None = None,
-                 asked: Asked | None = None) -> None:
-        self._hostname = os.uname().nodename
+    def __init__(self, environ: Mapping[str, str], *, asked: Asked | None = None) -> None:
+        self.hostname = os.uname().nodename
         self.path = environ.get("PATH") if asked is None else asked.path
-        self._pending = gpus.PendingSnapshot(
-            environ, timeout_s if timeout_s is not None else query_bound(environ), asked=asked)
+        self._pending = gpus.PendingSnapshot(environ, query_bound(environ), asked=asked)
         self._fired = threading.Lock()
 
     @classmethod
@@ -127,25 +116,9 @@ class HostProbe:
             return early
         return cls(environ)
 
-    @property
-    def hostname(self) -> str:
-        return self._hostname
-
     def limit(self, query_s: float) -> None:
         """Each query's bound: ``query_s`` from the probe's start (``FLASH_GPU_QUERY_S``)."""
         self._pending.limit(query_s)
-
-    def snapshot(self, wait_s: float) -> gpus.Snapshot | None:
-        """The whole snapshot, waiting at most ``wait_s`` for it (None while under way)."""
-        return self._pending.result(max(0.0, wait_s))
-
-    def partial(self) -> gpus.Snapshot:
-        """What has answered so far."""
-        return self._pending.partial()
-
-    def judge(self, expected: int | None) -> gpus.StartVerdict:
-        """The start's verdict on the answers so far (``fsm.host.gpus.before_setup``)."""
-        return gpus.before_setup(self._pending.partial(), expected)
 
     def watch(self, expected: int | None, on_fault: Fault) -> None:
         """Call ``on_fault(verdict, snapshot)`` once, the moment the answers report a fault
@@ -174,7 +147,7 @@ class HostProbe:
         """The answer's facts, waiting at most ``wait_s`` for the whole snapshot; else
         what has answered so far (``pending`` while ``--query-gpu`` has not)."""
         snap = self._pending.result(max(0.0, wait_s))
-        return facts_of(self._hostname, snap if snap is not None else self._pending.partial())
+        return facts_of(self.hostname, snap if snap is not None else self._pending.partial())
 
 
 _early: HostProbe | None = None
@@ -184,8 +157,7 @@ def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
     drivers = [gpu.driver for gpu in snap.gpus if gpu.driver]
     listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
-    detail = snap.detail if snap.problem == "failed" else (
-        snap.describe_problem() if snap.problem is not None else "")
+    detail = snap.describe_problem() if snap.problem is not None else ""
     return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail,
                      host_id(hostname, listed))
 
@@ -223,10 +195,7 @@ def memory_events_path(environ: Mapping[str, str]) -> Path | None:
     override = environ.get(MEMORY_EVENTS_VAR)
     if override:
         return Path(override)
-    for candidate in _cgroup_candidates():
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((candidate for candidate in _cgroup_candidates() if candidate.is_file()), None)
 
 
 def _cgroup_candidates() -> list[Path]:
@@ -237,24 +206,16 @@ def _cgroup_candidates() -> list[Path]:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         lines = []
-    v2: list[str] = []
-    v1: list[str] = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            v2.append(path.lstrip("/"))
-        elif "memory" in controllers.split(","):
-            v1.append(path.lstrip("/"))
+    # hierarchy-id:controllers:path, the controllers empty for v2's one hierarchy
+    entries = [parts[1:] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
+    v2 = [path.lstrip("/") for controllers, path in entries if controllers == ""]
+    v1 = [path.lstrip("/") for controllers, path in entries if "memory" in controllers.split(",")]
     found: list[Path] = []
     for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         found += [mount / rel / "memory.events" for rel in v2 if rel] + [mount / "memory.events"]
     memory = CGROUP_ROOT / "memory"
-    found += [memory / rel / "memory.oom_control" for rel in v1 if rel]
-    found.append(memory / "memory.oom_control")
-    return found
+    return [*found, *(memory / rel / "memory.oom_control" for rel in v1 if rel),
+            memory / "memory.oom_control"]
 
 
 def oom_kills(path: Path | None) -> int | None:
