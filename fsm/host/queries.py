@@ -17,25 +17,16 @@ import time
 from collections.abc import Mapping
 
 FORMAT = "--format=csv,noheader,nounits"
+#: The health fields of :data:`GPU_FIELDS`: one that nvidia-smi refuses (``Field "..." is
+#: not a valid field to query.``, a driver that renamed or dropped it) is dropped and the
+#: GPUs are asked again (its value unknown).
+GPU_HEALTH_FIELDS = ("ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
 #: ``name`` last: a row is split into at most this many fields, so a comma in a product
 #: name cannot shift the others.
-GPU_FIELDS = (
-    "index",
-    "uuid",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "driver_version",
-    "ecc.errors.uncorrected.volatile.total",
-    "retired_pages.pending",
-    "name",
-)
-#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS` (``Field "..." is
-#: not a valid field to query.``, a driver that renamed or dropped a health field): the
-#: refused health field is dropped and the GPUs are asked again (its value unknown).
-GPU_BASE_FIELDS = (
-    "index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version", "name",
-)
+GPU_FIELDS = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version",
+              *GPU_HEALTH_FIELDS, "name")
+#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS`.
+GPU_BASE_FIELDS = tuple(field for field in GPU_FIELDS if field not in GPU_HEALTH_FIELDS)
 REMAP_FIELDS = (
     "gpu_uuid",
     "gpu_bus_id",
