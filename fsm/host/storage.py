@@ -80,7 +80,6 @@ def _mount_of(path: Path) -> tuple[str | None, str | None]:
     except (OSError, RuntimeError):
         real = str(path)
     best: tuple[str | None, str | None] = (None, None)
-    best_len = -1
     for line in lines.splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
@@ -88,8 +87,8 @@ def _mount_of(path: Path) -> tuple[str | None, str | None]:
             continue
         point = fields[4].replace("\\040", " ")
         inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best_len:
-            best, best_len = (point, right.split()[0]), len(point)
+        if inside and len(point) >= len(best[0] or ""):
+            best = (point, right.split()[0])
     return best
 
 
@@ -113,10 +112,8 @@ def snapshot(dirs: Iterable[Path]) -> dict[str, Usage]:
     """The filesystems under the runner's directories at the start of the attempt, by
     mount point (one entry per filesystem)."""
     seen: dict[str, Usage] = {}
-    for directory in dirs:
-        found = usage(directory)
-        if found is not None:
-            seen.setdefault(found.mount or found.path, found)
+    for found in filter(None, map(usage, dirs)):
+        seen.setdefault(found.mount or found.path, found)
     return seen
 
 
@@ -163,8 +160,7 @@ def classify(
     fs = looked[0] if paths else next((u for u in looked if u.read_only or u.full), looked[0])
     before = start.get(fs.mount or fs.path)
     code = errno.errorcode.get(os_error.errno or 0, "?")
-    read_only = os_error.errno == errno.EROFS or fs.read_only
-    if read_only:
+    if os_error.errno == errno.EROFS or fs.read_only:
         verdict, why = rules.HOST_STORAGE, "read-only: the host's disk"
     elif before is None:
         verdict, why = rules.HOST_STORAGE_FILLED, _NO_START
