@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from fsm.host import gpus
 from fsm.host.queries import Asked
@@ -34,9 +34,6 @@ from fsm.host.queries import Asked
 FACTS_WAIT_S = 2.0
 #: The slice of :meth:`HostProbe.settle`'s wait (a signal's handler runs between slices).
 SETTLE_SLICE_S = 0.1
-#: Overrides where the memory cgroup's OOM count is read (unusual mounts, tests).
-MEMORY_EVENTS_VAR = "FLASH_MEMORY_EVENTS"
-QUERY_VAR = "FLASH_GPU_QUERY_S"
 
 
 class Gpu(NamedTuple):
@@ -79,7 +76,7 @@ def query_bound(environ: Mapping[str, str]) -> float:
     early probe starts with (the payload's value replaces it once read, and an unusable
     one is refused there: ``fsm.context.Tuning``)."""
     try:
-        value = float(environ.get(QUERY_VAR) or gpus.DEFAULT_QUERY_S)
+        value = float(environ.get("FLASH_GPU_QUERY_S") or gpus.DEFAULT_QUERY_S)
     except ValueError:
         return gpus.DEFAULT_QUERY_S
     return value if math.isfinite(value) and value >= gpus.MIN_QUERY_S else gpus.DEFAULT_QUERY_S
@@ -93,6 +90,9 @@ class HostProbe:
     ``--query-compute-apps`` together, each ending on its own) in a daemon thread, started
     at the runner's first step."""
 
+    #: The probe :meth:`start_early` started, until :meth:`for_attempt` takes it.
+    _early: ClassVar[HostProbe | None] = None
+
     def __init__(self, environ: Mapping[str, str], *, asked: Asked | None = None) -> None:
         self.hostname = os.uname().nodename
         self.path = environ.get("PATH") if asked is None else asked.path
@@ -104,14 +104,12 @@ class HostProbe:
         """Read the queries the runner started among its first instructions
         (``fsm.launch``, ``fsm.host.queries.ask``): their answer overlaps the runner's
         imports and its setup."""
-        global _early
-        _early = cls(environ, asked=asked)
+        cls._early = cls(environ, asked=asked)
 
     @classmethod
     def for_attempt(cls, environ: Mapping[str, str]) -> HostProbe:
         """The probe started early, when it asked with the same PATH; else a new one."""
-        global _early
-        early, _early = _early, None
+        early, cls._early = cls._early, None
         if early is not None and early.path == environ.get("PATH"):
             return early
         return cls(environ)
@@ -150,16 +148,12 @@ class HostProbe:
         return facts_of(self.hostname, snap if snap is not None else self._pending.partial())
 
 
-_early: HostProbe | None = None
-
-
 def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
-    drivers = [gpu.driver for gpu in snap.gpus if gpu.driver]
     listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
     detail = snap.describe_problem() if snap.problem is not None else ""
-    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail,
-                     host_id(hostname, listed))
+    driver = next((gpu.driver for gpu in snap.gpus if gpu.driver), None)
+    return HostFacts(hostname, listed, driver, snap.problem, detail, host_id(hostname, listed))
 
 
 #: The kernel's boot id: one per boot, shared by every container of the host.
@@ -169,10 +163,9 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
     """The kernel's boot id (one per boot, shared by every container of the host), or None."""
     try:
-        text = path.read_text(encoding="ascii").strip()
+        return path.read_text(encoding="ascii").strip() or None
     except (OSError, ValueError):
         return None
-    return text or None
 
 
 def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
@@ -180,9 +173,7 @@ def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
     ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
     shares its host's boot id; the hostname tells two hosts apart where it is unreadable)."""
     uuids = sorted(gpu.uuid for gpu in listed if gpu.uuid)
-    if uuids:
-        return ",".join(uuids)
-    return f"boot:{boot_id() or 'unknown'}@{hostname}"
+    return ",".join(uuids) or f"boot:{boot_id() or 'unknown'}@{hostname}"
 
 
 # --- the kernel's OOM kills ---------------------------------------------------------------
@@ -191,8 +182,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def memory_events_path(environ: Mapping[str, str]) -> Path | None:
-    """The file holding this process's memory cgroup ``oom_kill`` count, or None."""
-    override = environ.get(MEMORY_EVENTS_VAR)
+    """The file holding this process's memory cgroup ``oom_kill`` count, or None.
+    ``FLASH_MEMORY_EVENTS`` overrides where it is read (unusual mounts, tests)."""
+    override = environ.get("FLASH_MEMORY_EVENTS")
     if override:
         return Path(override)
     return next((candidate for candidate in _cgroup_candidates() if candidate.is_file()), None)
@@ -210,20 +202,18 @@ def _cgroup_candidates() -> list[Path]:
     entries = [parts[1:] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
     v2 = [path.lstrip("/") for controllers, path in entries if controllers == ""]
     v1 = [path.lstrip("/") for controllers, path in entries if "memory" in controllers.split(",")]
-    found: list[Path] = []
-    for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        found += [mount / rel / "memory.events" for rel in v2 if rel] + [mount / "memory.events"]
+    # each mount's own cgroup first, then its root ("": the same file again when the own
+    # cgroup is the root, which changes nothing: the first that exists is taken)
+    found = [mount / rel / "memory.events"
+             for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified") for rel in (*v2, "")]
     memory = CGROUP_ROOT / "memory"
-    return [*found, *(memory / rel / "memory.oom_control" for rel in v1 if rel),
-            memory / "memory.oom_control"]
+    return found + [memory / rel / "memory.oom_control" for rel in (*v1, "")]
 
 
 def oom_kills(path: Path | None) -> int | None:
     """The ``oom_kill`` count in ``path`` (either cgroup version's format), or None."""
-    if path is None:
-        return None
     try:
-        text = path.read_text()
+        text = path.read_text() if path is not None else ""
     except OSError:
         return None
     for line in text.splitlines():
