@@ -101,7 +101,7 @@ _NUMBER = re.compile(r"^(\d+)(?:\s*[A-Za-z%]+)?$")
 _REFUSED = re.compile(r'Field "([^"]+)" is not a valid field to query')
 #: nvidia-smi's answer on a host without a GPU it can see (an answer: none)
 NO_DEVICES = "No devices were found"
-_UNKNOWN_WORDS = frozenset({"n/a", "na", "not supported", "unknown error", "unknown"})
+_UNKNOWN_WORDS = frozenset({"", "n/a", "na", "not supported", "unknown error", "unknown"})
 _FLAGS = {**dict.fromkeys(("yes", "true", "enabled", "active", "pending"), True),
           **dict.fromkeys(("no", "false", "disabled", "not active", "none"), False)}
 
@@ -138,16 +138,12 @@ class Gpu:
     @property
     def label(self) -> str:
         """``GPU 3 (GPU-6d2b...)``: how a message names it."""
-        index, uuid, bus_id = self.index, self.uuid, self.bus_id
-        if index is not None and uuid:
-            return f"GPU {index} ({uuid})"
-        if uuid:
-            return f"GPU {uuid}"
-        if index is not None and bus_id:
-            return f"GPU {index} (at {bus_id})"
-        if bus_id:
-            return f"the GPU at {bus_id}"
-        return f"GPU {index}" if index is not None else "a GPU"
+        where = self.uuid or (f"at {self.bus_id}" if self.bus_id else None)
+        if self.index is not None:
+            return f"GPU {self.index} ({where})" if where else f"GPU {self.index}"
+        if self.uuid:
+            return f"GPU {self.uuid}"
+        return f"the GPU at {self.bus_id}" if self.bus_id else "a GPU"
 
     def evidence(self) -> dict[str, Any]:
         return _known_fields(self, skip=("driver", "unknown"))
@@ -183,10 +179,14 @@ class App:
         return _known_fields(self)
 
 
+def _present(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """``facts`` as marker evidence: those that are not None (unknown, or nothing to say)."""
+    return {key: value for key, value in facts.items() if value is not None}
+
+
 def _known_fields(facts: Any, skip: Collection[str] = ()) -> dict[str, Any]:
     """A dataclass's fields as marker evidence: those not skipped and not None."""
-    return {f.name: value for f in fields(facts)
-            if f.name not in skip and (value := getattr(facts, f.name)) is not None}
+    return _present({f.name: getattr(facts, f.name) for f in fields(facts) if f.name not in skip})
 
 
 @dataclass(frozen=True)
@@ -215,12 +215,8 @@ class Query:
     detail: str = ""
 
     def evidence(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"outcome": self.outcome, "seconds": round(self.seconds, 3)}
-        if self.status is not None:
-            facts["status"] = self.status
-        if self.detail:
-            facts["detail"] = self.detail
-        return facts
+        return _present({"outcome": self.outcome, "seconds": round(self.seconds, 3),
+                         "status": self.status, "detail": self.detail or None})
 
 
 @dataclass(frozen=True)
@@ -264,21 +260,16 @@ class Snapshot:
 
     def evidence(self) -> dict[str, Any]:
         """The snapshot as marker evidence (JSON-ready)."""
-        facts: dict[str, Any] = {
+        return _present({
             "gpus": [gpu.evidence() for gpu in self.gpus],
             "seconds": round(self.seconds, 3),
-        }
-        if self.lost:
-            facts["lost"] = [lost.evidence() for lost in self.lost]
-        if self.apps is not None:
-            facts["apps"] = [app.evidence() for app in self.apps]
-        if self.problem is not None:
-            facts["problem"] = self.problem
-            facts["error"] = self.describe_problem()
-        if self.warnings:
-            facts["warnings"] = list(self.warnings)
-        facts["queries"] = {query.name: query.evidence() for query in self.queries}
-        return facts
+            "lost": [lost.evidence() for lost in self.lost] or None,
+            "apps": None if self.apps is None else [app.evidence() for app in self.apps],
+            "problem": self.problem,
+            "error": None if self.problem is None else self.describe_problem(),
+            "warnings": list(self.warnings) or None,
+            "queries": {query.name: query.evidence() for query in self.queries},
+        })
 
 
 # --- taking one ----------------------------------------------------------------------------
@@ -288,10 +279,7 @@ def snapshot(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> 
     """Ask nvidia-smi (found on ``environ``'s PATH) about the GPUs: returns within
     ``timeout_s`` (plus :data:`fsm.worker.bounded.KILL_GRACE_S` when something had to be
     killed), never raises for anything nvidia-smi does."""
-    asking = PendingSnapshot(environ, timeout_s, background=False)
-    final = asking.result(0)
-    assert final is not None  # taken in this thread: complete on return
-    return final
+    return PendingSnapshot(environ, timeout_s, background=False).partial()  # taken: whole
 
 
 class PendingSnapshot:
@@ -327,8 +315,7 @@ class PendingSnapshot:
     def limit(self, timeout_s: float) -> None:
         """Bound every query at ``timeout_s`` from the start (applied within
         :data:`fsm.worker.bounded.POLL_S`)."""
-        with self._cond:
-            self.timeout_s = timeout_s
+        self.timeout_s = timeout_s
 
     def deadline(self) -> float:
         """When the queries still running are killed (monotonic)."""
@@ -341,8 +328,7 @@ class PendingSnapshot:
         """The whole snapshot, or None when it is not taken within ``wait_s`` (None: wait
         for it; it takes at most its bound plus :data:`fsm.worker.bounded.KILL_GRACE_S`)."""
         with self._cond:
-            if self._final is None and (wait_s is None or wait_s > 0):
-                self._cond.wait_for(lambda: self._final is not None, wait_s)
+            self._cond.wait_for(lambda: self._final is not None, wait_s)
             return self._final
 
     def partial(self) -> Snapshot:
@@ -350,8 +336,7 @@ class PendingSnapshot:
         with self._cond:
             if self._final is not None:
                 return self._final
-            answers = dict(self._answers)
-            fields = self._fields
+            answers, fields = dict(self._answers), self._fields
         return parse_snapshot(answers, gpu_fields=fields, seconds=time.monotonic() - self.started,
                               timeout_s=self.timeout_s, pending=set(QUERIES) - set(answers))
 
@@ -404,8 +389,7 @@ class PendingSnapshot:
                 self._answers[name] = answer
                 self._cond.notify_all()
             self._tell()
-        snap = parse_snapshot(self._answers, gpu_fields=self._fields,
-                              seconds=time.monotonic() - self.started, timeout_s=self.timeout_s)
+        snap = self.partial()  # every query answered: nothing pending
         if self._refused:
             note = (f"nvidia-smi refused a field ({'; '.join(self._refused)}); asked again "
                     "without it: unknown for every GPU")
@@ -431,17 +415,15 @@ def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...]
     field to query.``: a driver that renamed or dropped a health field): all but ``x``, or
     only ``queries.GPU_BASE_FIELDS`` when it names none of ours; None when nothing was
     refused or nothing is left to drop."""
-    said = answer.stdout + "\n" + answer.stderr
     if answer.status in (None, 0) or _rows(answer.stdout, fields)[0]:
         return None
-    found = _REFUSED.search(said)
-    if found is None:
+    found = _REFUSED.search(answer.stdout + "\n" + answer.stderr)
+    if found is None or fields == queries.GPU_BASE_FIELDS:
         return None
     name = found.group(1)
-    base = queries.GPU_BASE_FIELDS
-    if name in fields and name not in base:
+    if name in fields and name in queries.GPU_HEALTH_FIELDS:
         return tuple(f for f in fields if f != name)
-    return base if fields != base else None
+    return queries.GPU_BASE_FIELDS
 
 
 # --- reading what it printed ---------------------------------------------------------------
@@ -462,29 +444,25 @@ def parse_snapshot(
     lost: dict[str, LostGpu] = {}
     asked: list[Query] = []
     parsed: dict[str, list[dict[str, str]]] = {}
-    fields_of = {"gpu": gpu_fields, "remapped-rows": queries.REMAP_FIELDS,
-                 "compute-apps": queries.APP_FIELDS}
-    for name in ("gpu", "remapped-rows", "compute-apps"):
+    for name, its_fields in (("gpu", gpu_fields), ("remapped-rows", queries.REMAP_FIELDS),
+                             ("compute-apps", queries.APP_FIELDS)):
         answer = answers.get(name)
         if answer is None:
-            asked.append(Query(name, "pending", None, seconds, "still running")
-                           if name in pending else Query(name, "not-started", None, 0.0,
-                                                         "not asked"))
+            asked.append(Query(name, "pending", None, seconds, "still running") if name in pending
+                         else Query(name, "not-started", None, 0.0, "not asked"))
             continue
-        rows, stray = _rows(answer.stdout, fields_of[name])
-        noise = [line.strip() for line in answer.stderr.splitlines() if line.strip()]
+        rows, stray = _rows(answer.stdout, its_fields)
         said: list[str] = []
-        named = 0
-        for line in stray + noise:
+        named = False  # a lost GPU, or that there is none: an answer too
+        for line in stray + _lines(answer.stderr):
             gone = _lost_gpu(line)
             if gone is not None:
                 lost.setdefault(gone.bus_id or gone.line, gone)
-                named += 1
-            elif line == NO_DEVICES:
-                named += 1  # an answer: there are none
+            if gone is not None or line == NO_DEVICES:
+                named = True
             else:
                 said.append(line[:MESSAGE_CHARS])
-        query = _outcome(name, answer, bool(rows) or named > 0, said)
+        query = _outcome(name, answer, bool(rows) or named, said)
         asked.append(query)
         if query.outcome == "answered":
             parsed[name] = rows
@@ -497,8 +475,7 @@ def parse_snapshot(
     problem = _PROBLEMS.get(gpu_query.outcome, "failed")
     detail = {"hung": "--query-gpu killed at its bound", "failed": gpu_query.detail}.get(
         problem or "", "")
-    remaps = parsed.get("remapped-rows")
-    gpus = tuple(_gpu(row, remaps) for row in parsed.get("gpu", []))
+    gpus = tuple(_gpu(row, parsed.get("remapped-rows")) for row in parsed.get("gpu", []))
     apps_rows = parsed.get("compute-apps")
     apps = None if apps_rows is None else tuple(_app(row) for row in apps_rows)
     return Snapshot(
@@ -530,9 +507,8 @@ def _outcome(name: str, answer: Answer, listed: bool, said: list[str]) -> Query:
     if answer.status == 0 or listed:
         partial = "" if answer.status == 0 else f"exit {answer.status}"
         return Query(name, "answered", answer.status, answer.seconds, partial)
-    message = " / ".join(said) if said else "no output"
     return Query(name, "failed", answer.status, answer.seconds,
-                 f"exit {answer.status}: {message}"[:MESSAGE_CHARS])
+                 f"exit {answer.status}: {' / '.join(said) or 'no output'}"[:MESSAGE_CHARS])
 
 
 def _says(answer: Answer | None, line: str) -> bool:
@@ -544,18 +520,19 @@ def _rows(text: str, fields: Sequence[str]) -> tuple[list[dict[str, str]], list[
     so the last field keeps its commas), and the other non-empty lines."""
     rows: list[dict[str, str]] = []
     other: list[str] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
+    for line in _lines(text):
         parts = [part.strip() for part in line.split(",", len(fields) - 1)]
-        if len(parts) == len(fields):
-            row = dict(zip(fields, parts, strict=True))
-            if _plausible(row):
-                rows.append(row)
-                continue
-        other.append(line)
+        row = dict(zip(fields, parts, strict=False))  # of another length: no row
+        if len(parts) == len(fields) and _plausible(row):
+            rows.append(row)
+        else:
+            other.append(line)
     return rows, other
+
+
+def _lines(text: str) -> list[str]:
+    """The non-empty lines of ``text``, stripped."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _plausible(row: Mapping[str, str]) -> bool:
@@ -610,10 +587,9 @@ def _lost_gpu(line: str) -> LostGpu | None:
     found = _LOST.search(line)
     if found is None:
         return None
-    index = found.group("index")
     return LostGpu(
         bus_id=_bus_id(found.group("bus") or found.group("bus2") or ""),
-        index=int(index) if index is not None else None,
+        index=int(found.group("index")) if found.group("index") else None,
         reason=found.group("reason") or "unknown",
         line=line.strip()[:MESSAGE_CHARS],
     )
@@ -623,26 +599,19 @@ def _known(value: str) -> str | None:
     """The value, or None for what nvidia-smi prints instead of one: ``[N/A]``,
     ``[Not Supported]``, any ``[...]`` error token, bare ``N/A``, nothing."""
     text = value.strip()
-    if not text or (text.startswith("[") and text.endswith("]")):
-        return None
-    if text.lower() in _UNKNOWN_WORDS:
-        return None
-    return text
+    bracketed = text.startswith("[") and text.endswith("]")
+    return None if bracketed or text.lower() in _UNKNOWN_WORDS else text
 
 
 def _int(value: str) -> int | None:
     """A count or a size, with or without its unit (``81559``, ``81559 MiB``)."""
-    text = _known(value)
-    found = _NUMBER.match(text) if text is not None else None
+    found = _NUMBER.match(_known(value) or "")
     return int(found.group(1)) if found else None
 
 
 def _flag(value: str) -> bool | None:
     """``Yes``/``No`` (and ``1``/``0``, as some drivers print remapping flags)."""
-    text = _known(value)
-    if text is None:
-        return None
-    lowered = text.lower()
+    lowered = (_known(value) or "").lower()
     return int(lowered) > 0 if lowered.isdigit() else _FLAGS.get(lowered)
 
 
@@ -657,8 +626,7 @@ def _bus_id(value: str) -> str | None:
 
 
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    return (_lines(text) or ["no output"])[-1]
 
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -682,11 +650,8 @@ class Finding:
     reported: tuple[tuple[str, Any], ...] = ()
 
     def evidence(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"kind": self.kind, "index": self.index, "uuid": self.uuid}
-        if self.bus_id is not None:
-            facts["bus_id"] = self.bus_id
-        facts.update(self.reported)
-        return facts
+        return {"kind": self.kind, "index": self.index, "uuid": self.uuid,
+                **_present({"bus_id": self.bus_id}), **dict(self.reported)}
 
 
 @dataclass(frozen=True)
@@ -703,11 +668,9 @@ class Verdict:
 
     def describe(self, limit: int = 4) -> str:
         """One line for the marker's ``error``: the first ``limit`` findings."""
-        texts = [finding.text for finding in self.findings[:limit]]
         more = len(self.findings) - limit
-        if more > 0:
-            texts.append(f"and {more} more")
-        return "; ".join(texts)
+        texts = [finding.text for finding in self.findings[:limit]]
+        return "; ".join(texts + ([f"and {more} more"] if more > 0 else []))
 
     def kinds(self) -> frozenset[str]:
         return frozenset(finding.kind for finding in self.findings)
@@ -780,15 +743,13 @@ def busy(snap: Snapshot, own_pids: Collection[int] = ()) -> Verdict:
         if app.pid is not None and app.pid in own:
             continue
         owner = by_uuid.get(app.gpu_uuid or "") or Gpu(None, app.gpu_uuid)
-        what = ", ".join(x for x in (
-            app.process_name, f"{app.used_memory_mib} MiB" if app.used_memory_mib else None,
-        ) if x)
+        what = ", ".join(filter(None, (
+            app.process_name, f"{app.used_memory_mib} MiB" if app.used_memory_mib else None)))
         pid = f"pid {app.pid}" if app.pid is not None else "a process"
         text = (f"lists compute process {pid}{f' ({what})' if what else ''} that the attempt "
                 "did not start (--query-compute-apps; pids are the host's)")
         found.append(_finding("compute-app", owner, text, pid=app.pid,
-                              process_name=app.process_name,
-                              used_gpu_memory=app.used_memory_mib))
+                              process_name=app.process_name, used_gpu_memory=app.used_memory_mib))
     return Verdict(tuple(found))
 
 
@@ -853,9 +814,6 @@ def _same_lost(gpu: Gpu, lost: Iterable[LostGpu]) -> LostGpu | None:
 
 # --- the start's one judgment ---------------------------------------------------------------
 
-StartKind = Literal["short", "unresponsive", "unhealthy", "busy"]
-
-
 @dataclass(frozen=True)
 class StartVerdict:
     """What the GPUs' answers so far say before the worker starts (CONTRACT section 8).
@@ -865,7 +823,7 @@ class StartVerdict:
     (``--query-gpu`` killed at its bound), ``unhealthy`` or ``busy``. ``decided`` is True
     when no later answer can change the verdict: a fault reported, or every query ended."""
 
-    kind: StartKind | None
+    kind: Literal["short", "unresponsive", "unhealthy", "busy"] | None
     decided: bool
     text: str = ""
     findings: Verdict = Verdict()
