@@ -5,10 +5,12 @@ A snapshot is three invocations of nvidia-smi's selective query interface, start
 (nvidia-smi takes *one* of ``--query-gpu``, ``--query-compute-apps``,
 ``--query-remapped-rows`` per invocation: its ``-h`` lists them under "[one of]"):
 
-* ``--query-gpu=`` :data:`GPU_FIELDS`: the GPUs, their memory and their ECC / page
-  retirement health;
-* ``--query-remapped-rows=`` :data:`REMAP_FIELDS`: row remapping (Ampere and newer);
-* ``--query-compute-apps=`` :data:`APP_FIELDS`: the processes holding a compute context.
+* ``--query-gpu=`` ``GPU_FIELDS``: the GPUs, their memory and their ECC / page retirement
+  health;
+* ``--query-remapped-rows=`` ``REMAP_FIELDS``: row remapping (Ampere and newer);
+* ``--query-compute-apps=`` ``APP_FIELDS``: the processes holding a compute context
+
+(the fields are :mod:`fsm.host.queries`'s).
 
 Each with ``--format=csv,noheader,nounits``, in a session of its own, and each **ends on
 its own**: its answer, or its bound (``FLASH_GPU_QUERY_S``, default
@@ -61,19 +63,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from fsm.host.queries import (
-    APP_FIELDS,
-    FORMAT,
-    GPU_BASE_FIELDS,
-    GPU_FIELDS,
-    QUERIES,
-    REMAP_FIELDS,
-    Asked,
-)
-from fsm.host.queries import ask as _ask_now
+from fsm.host import queries
+from fsm.host.queries import QUERIES, Asked
 from fsm.worker.bounded import Ran, Runs
 
 #: ``FLASH_GPU_QUERY_S``'s default: each query's bound (CONTRACT section 8). nvidia-smi takes
@@ -107,9 +101,9 @@ _NUMBER = re.compile(r"^(\d+)(?:\s*[A-Za-z%]+)?$")
 _REFUSED = re.compile(r'Field "([^"]+)" is not a valid field to query')
 #: nvidia-smi's answer on a host without a GPU it can see (an answer: none)
 NO_DEVICES = "No devices were found"
-_UNKNOWN_WORDS = frozenset({"n/a", "na", "not supported", "unknown error", "unknown"})
-_TRUE = frozenset({"yes", "true", "enabled", "active", "pending"})
-_FALSE = frozenset({"no", "false", "disabled", "not active", "none"})
+_UNKNOWN_WORDS = frozenset({"", "n/a", "na", "not supported", "unknown error", "unknown"})
+_FLAGS = {**dict.fromkeys(("yes", "true", "enabled", "active", "pending"), True),
+          **dict.fromkeys(("no", "false", "disabled", "not active", "none"), False)}
 
 
 # --- what a snapshot holds -----------------------------------------------------------------
@@ -144,24 +138,15 @@ class Gpu:
     @property
     def label(self) -> str:
         """``GPU 3 (GPU-6d2b...)``: how a message names it."""
-        return _label(self.index, self.uuid, self.bus_id)
+        where = self.uuid or (f"at {self.bus_id}" if self.bus_id else None)
+        if self.index is not None:
+            return f"GPU {self.index} ({where})" if where else f"GPU {self.index}"
+        if self.uuid:
+            return f"GPU {self.uuid}"
+        return f"the GPU at {self.bus_id}" if self.bus_id else "a GPU"
 
     def evidence(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "bus_id": self.bus_id,
-            "memory_total_mib": self.memory_total_mib,
-            "memory_used_mib": self.memory_used_mib,
-            "ecc_uncorrected": self.ecc_uncorrected,
-            "retired_pages_pending": self.retired_pages_pending,
-            "remapped_correctable": self.remapped_correctable,
-            "remapped_uncorrectable": self.remapped_uncorrectable,
-            "remap_pending": self.remap_pending,
-            "remap_failure": self.remap_failure,
-        }
-        return {key: value for key, value in facts.items() if value is not None}
+        return _known_fields(self, skip=("driver", "unknown"))
 
 
 @dataclass(frozen=True)
@@ -175,13 +160,8 @@ class LostGpu:
     #: the message as nvidia-smi printed it
     line: str
 
-    @property
-    def label(self) -> str:
-        return _label(self.index, None, self.bus_id)
-
     def evidence(self) -> dict[str, Any]:
-        facts = {"bus_id": self.bus_id, "index": self.index, "reason": self.reason}
-        return {key: value for key, value in facts.items() if value is not None}
+        return _known_fields(self, skip=("line",))
 
 
 @dataclass(frozen=True)
@@ -196,9 +176,17 @@ class App:
     used_memory_mib: int | None
 
     def evidence(self) -> dict[str, Any]:
-        facts = {"gpu_uuid": self.gpu_uuid, "pid": self.pid,
-                 "process_name": self.process_name, "used_memory_mib": self.used_memory_mib}
-        return {key: value for key, value in facts.items() if value is not None}
+        return _known_fields(self)
+
+
+def _present(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """``facts`` as marker evidence: those that are not None (unknown, or nothing to say)."""
+    return {key: value for key, value in facts.items() if value is not None}
+
+
+def _known_fields(facts: Any, skip: Collection[str] = ()) -> dict[str, Any]:
+    """A dataclass's fields as marker evidence: those not skipped and not None."""
+    return _present({f.name: getattr(facts, f.name) for f in fields(facts) if f.name not in skip})
 
 
 @dataclass(frozen=True)
@@ -227,12 +215,8 @@ class Query:
     detail: str = ""
 
     def evidence(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"outcome": self.outcome, "seconds": round(self.seconds, 3)}
-        if self.status is not None:
-            facts["status"] = self.status
-        if self.detail:
-            facts["detail"] = self.detail
-        return facts
+        return _present({"outcome": self.outcome, "seconds": round(self.seconds, 3),
+                         "status": self.status, "detail": self.detail or None})
 
 
 @dataclass(frozen=True)
@@ -266,34 +250,26 @@ class Snapshot:
         return all(query.outcome != "pending" for query in self.queries)
 
     def describe_problem(self) -> str:
-        if self.problem is None:
-            return "nvidia-smi answered"
-        if self.problem == "absent":
-            return "nvidia-smi is not on PATH (no NVIDIA driver visible)"
-        if self.problem == "hung":
-            return (f"nvidia-smi --query-gpu did not answer within {self.timeout_s:g}s "
-                    "(FLASH_GPU_QUERY_S): the driver is not answering")
-        if self.problem == "pending":
-            return f"nvidia-smi has not answered yet ({self.seconds:.1f}s so far)"
-        return f"nvidia-smi failed: {self.detail}"
+        return {
+            None: "nvidia-smi answered",
+            "absent": "nvidia-smi is not on PATH (no NVIDIA driver visible)",
+            "hung": f"nvidia-smi --query-gpu did not answer within {self.timeout_s:g}s "
+                    "(FLASH_GPU_QUERY_S): the driver is not answering",
+            "pending": f"nvidia-smi has not answered yet ({self.seconds:.1f}s so far)",
+        }.get(self.problem, f"nvidia-smi failed: {self.detail}")
 
     def evidence(self) -> dict[str, Any]:
         """The snapshot as marker evidence (JSON-ready)."""
-        facts: dict[str, Any] = {
+        return _present({
             "gpus": [gpu.evidence() for gpu in self.gpus],
             "seconds": round(self.seconds, 3),
-        }
-        if self.lost:
-            facts["lost"] = [lost.evidence() for lost in self.lost]
-        if self.apps is not None:
-            facts["apps"] = [app.evidence() for app in self.apps]
-        if self.problem is not None:
-            facts["problem"] = self.problem
-            facts["error"] = self.describe_problem()
-        if self.warnings:
-            facts["warnings"] = list(self.warnings)
-        facts["queries"] = {query.name: query.evidence() for query in self.queries}
-        return facts
+            "lost": [lost.evidence() for lost in self.lost] or None,
+            "apps": None if self.apps is None else [app.evidence() for app in self.apps],
+            "problem": self.problem,
+            "error": None if self.problem is None else self.describe_problem(),
+            "warnings": list(self.warnings) or None,
+            "queries": {query.name: query.evidence() for query in self.queries},
+        })
 
 
 # --- taking one ----------------------------------------------------------------------------
@@ -303,10 +279,7 @@ def snapshot(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> 
     """Ask nvidia-smi (found on ``environ``'s PATH) about the GPUs: returns within
     ``timeout_s`` (plus :data:`fsm.worker.bounded.KILL_GRACE_S` when something had to be
     killed), never raises for anything nvidia-smi does."""
-    asking = PendingSnapshot(environ, timeout_s, background=False)
-    final = asking.result(0)
-    assert final is not None  # taken in this thread: complete on return
-    return final
+    return PendingSnapshot(environ, timeout_s, background=False).partial()  # taken: whole
 
 
 class PendingSnapshot:
@@ -326,10 +299,10 @@ class PendingSnapshot:
         #: from their start.
         self._asked = asked
         self.started = asked.started if asked is not None else time.monotonic()
-        self._bound_s = timeout_s
+        self.timeout_s = timeout_s
         self._cond = threading.Condition()
         self._answers: dict[str, Answer] = {}
-        self._fields: tuple[str, ...] = GPU_FIELDS
+        self._fields: tuple[str, ...] = queries.GPU_FIELDS
         self._refused: list[str] = []
         self._final: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -339,19 +312,14 @@ class PendingSnapshot:
         else:
             self._take(environ)
 
-    @property
-    def timeout_s(self) -> float:
-        return self._bound_s
-
     def limit(self, timeout_s: float) -> None:
         """Bound every query at ``timeout_s`` from the start (applied within
         :data:`fsm.worker.bounded.POLL_S`)."""
-        with self._cond:
-            self._bound_s = timeout_s
+        self.timeout_s = timeout_s
 
     def deadline(self) -> float:
         """When the queries still running are killed (monotonic)."""
-        return self.started + self._bound_s
+        return self.started + self.timeout_s
 
     def done(self) -> bool:
         return self._final is not None
@@ -360,8 +328,7 @@ class PendingSnapshot:
         """The whole snapshot, or None when it is not taken within ``wait_s`` (None: wait
         for it; it takes at most its bound plus :data:`fsm.worker.bounded.KILL_GRACE_S`)."""
         with self._cond:
-            if self._final is None and (wait_s is None or wait_s > 0):
-                self._cond.wait_for(lambda: self._final is not None, wait_s)
+            self._cond.wait_for(lambda: self._final is not None, wait_s)
             return self._final
 
     def partial(self) -> Snapshot:
@@ -369,10 +336,9 @@ class PendingSnapshot:
         with self._cond:
             if self._final is not None:
                 return self._final
-            answers = dict(self._answers)
-            fields = self._fields
+            answers, fields = dict(self._answers), self._fields
         return parse_snapshot(answers, gpu_fields=fields, seconds=time.monotonic() - self.started,
-                              timeout_s=self._bound_s, pending=set(QUERIES) - set(answers))
+                              timeout_s=self.timeout_s, pending=set(QUERIES) - set(answers))
 
     def wait(self, seconds: float) -> None:
         """Wait at most ``seconds`` for the next answer (or the end)."""
@@ -390,7 +356,7 @@ class PendingSnapshot:
         try:
             final = self._ask(environ)
         except Exception as exc:  # a bug here must not leave the caller waiting forever
-            final = Snapshot(problem="failed", timeout_s=self._bound_s,
+            final = Snapshot(problem="failed", timeout_s=self.timeout_s,
                              detail=f"snapshot crashed: {type(exc).__name__}: {exc}")
         with self._cond:
             self._final = final
@@ -403,9 +369,9 @@ class PendingSnapshot:
                 listener()
 
     def _ask(self, environ: Mapping[str, str]) -> Snapshot:
-        asked = self._asked if self._asked is not None else _ask_now(environ)
+        asked = self._asked if self._asked is not None else queries.ask(environ)
         if asked.exe is None:
-            return Snapshot(problem="absent", timeout_s=self._bound_s)
+            return Snapshot(problem="absent", timeout_s=self.timeout_s)
         runs = Runs(self.deadline, reaper="nvidia-smi-reaper")
         for name, proc in asked.procs.items():
             runs.adopt(name, proc, asked.started)
@@ -416,25 +382,23 @@ class PendingSnapshot:
                 if fewer is not None and time.monotonic() < self.deadline():
                     self._refused.append(_last_line(answer.stdout + "\n" + answer.stderr))
                     self._fields = fewer
-                    runs.start("gpu", (asked.exe, f"--query-gpu={','.join(fewer)}", FORMAT),
+                    runs.start("gpu", (asked.exe, f"--query-gpu={','.join(fewer)}", queries.FORMAT),
                                asked.env)
                     continue
             with self._cond:
                 self._answers[name] = answer
                 self._cond.notify_all()
             self._tell()
-        snap = parse_snapshot(self._answers, gpu_fields=self._fields,
-                              seconds=time.monotonic() - self.started, timeout_s=self._bound_s)
+        snap = self.partial()  # every query answered: nothing pending
         if self._refused:
             note = (f"nvidia-smi refused a field ({'; '.join(self._refused)}); asked again "
                     "without it: unknown for every GPU")
-            snap = _with_warnings(snap, (note[:MESSAGE_CHARS],))
+            snap = replace(snap, warnings=(*snap.warnings, note[:MESSAGE_CHARS])[:WARNINGS_KEPT])
         return snap
 
 
-def start(environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S) -> PendingSnapshot:
-    """Start a snapshot in the background (see :class:`PendingSnapshot`)."""
-    return PendingSnapshot(environ, timeout_s)
+#: Start a snapshot in the background: ``start(environ, timeout_s)``.
+start = PendingSnapshot
 
 
 def _answer(ran: Ran) -> Answer:
@@ -449,18 +413,17 @@ def _answer(ran: Ran) -> Answer:
 def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...] | None:
     """The fields to ask again when nvidia-smi refused one (``Field "x" is not a valid
     field to query.``: a driver that renamed or dropped a health field): all but ``x``, or
-    only :data:`GPU_BASE_FIELDS` when it names none of ours; None when nothing was refused
-    or nothing is left to drop."""
-    said = answer.stdout + "\n" + answer.stderr
-    if answer.status in (None, 0) or _rows(answer.stdout, fields, "index")[0]:
+    only ``queries.GPU_BASE_FIELDS`` when it names none of ours; None when nothing was
+    refused or nothing is left to drop."""
+    if answer.status in (None, 0) or _rows(answer.stdout, fields)[0]:
         return None
-    found = _REFUSED.search(said)
-    if found is None:
+    found = _REFUSED.search(answer.stdout + "\n" + answer.stderr)
+    if found is None or fields == queries.GPU_BASE_FIELDS:
         return None
     name = found.group(1)
-    if name in fields and name not in GPU_BASE_FIELDS:
+    if name in fields and name in queries.GPU_HEALTH_FIELDS:
         return tuple(f for f in fields if f != name)
-    return GPU_BASE_FIELDS if fields != GPU_BASE_FIELDS else None
+    return queries.GPU_BASE_FIELDS
 
 
 # --- reading what it printed ---------------------------------------------------------------
@@ -469,7 +432,7 @@ def _without_refused(answer: Answer, fields: tuple[str, ...]) -> tuple[str, ...]
 def parse_snapshot(
     answers: Mapping[str, Answer],
     *,
-    gpu_fields: Sequence[str] = GPU_FIELDS,
+    gpu_fields: Sequence[str] = queries.GPU_FIELDS,
     seconds: float = 0.0,
     timeout_s: float = DEFAULT_QUERY_S,
     pending: Collection[str] = (),
@@ -479,50 +442,40 @@ def parse_snapshot(
     running (a partial snapshot); any other missing one was not asked."""
     warnings: list[str] = []
     lost: dict[str, LostGpu] = {}
-    queries: list[Query] = []
+    asked: list[Query] = []
     parsed: dict[str, list[dict[str, str]]] = {}
-    keys = {"gpu": "index", "remapped-rows": "gpu", "compute-apps": "pid"}
-    fields_of = {"gpu": gpu_fields, "remapped-rows": REMAP_FIELDS, "compute-apps": APP_FIELDS}
-    for name in ("gpu", "remapped-rows", "compute-apps"):
+    for name, its_fields in (("gpu", gpu_fields), ("remapped-rows", queries.REMAP_FIELDS),
+                             ("compute-apps", queries.APP_FIELDS)):
         answer = answers.get(name)
         if answer is None:
-            queries.append(Query(name, "pending", None, seconds, "still running")
-                           if name in pending else Query(name, "not-started", None, 0.0,
-                                                         "not asked"))
+            asked.append(Query(name, "pending", None, seconds, "still running") if name in pending
+                         else Query(name, "not-started", None, 0.0, "not asked"))
             continue
-        rows, stray = _rows(answer.stdout, fields_of[name], keys[name])
-        noise = [line.strip() for line in answer.stderr.splitlines() if line.strip()]
+        rows, stray = _rows(answer.stdout, its_fields)
         said: list[str] = []
-        named = 0
-        for line in stray + noise:
+        named = False  # a lost GPU, or that there is none: an answer too
+        for line in stray + _lines(answer.stderr):
             gone = _lost_gpu(line)
             if gone is not None:
                 lost.setdefault(gone.bus_id or gone.line, gone)
-                named += 1
-            elif line == NO_DEVICES:
-                named += 1  # an answer: there are none
+            if gone is not None or line == NO_DEVICES:
+                named = True
             else:
                 said.append(line[:MESSAGE_CHARS])
-        query = _outcome(name, answer, bool(rows) or named > 0, said)
-        queries.append(query)
+        query = _outcome(name, answer, bool(rows) or named, said)
+        asked.append(query)
         if query.outcome == "answered":
             parsed[name] = rows
             warnings += [line for line in said if line not in warnings]
         elif name != "gpu" and query.outcome == "failed":
-            warnings.append(f"{_SWITCH[name]} failed: {query.detail}")
+            warnings.append(f"--query-{name} failed: {query.detail}")
         elif name != "gpu" and query.outcome == "hung":
-            warnings.append(f"{_SWITCH[name]} did not answer within {timeout_s:g}s: unknown")
-    gpu_query = queries[0]
-    problem: Problem | None = None
-    detail = ""
-    if gpu_query.outcome in ("hung", "pending"):
-        problem = gpu_query.outcome
-        detail = "--query-gpu killed at its bound" if problem == "hung" else ""
-    elif gpu_query.outcome != "answered":
-        problem = "failed"
-        detail = gpu_query.detail
-    remaps = parsed.get("remapped-rows")
-    gpus = tuple(_gpu(row, gpu_fields, remaps) for row in parsed.get("gpu", []))
+            warnings.append(f"--query-{name} did not answer within {timeout_s:g}s: unknown")
+    gpu_query = asked[0]
+    problem = _PROBLEMS.get(gpu_query.outcome, "failed")
+    detail = {"hung": "--query-gpu killed at its bound", "failed": gpu_query.detail}.get(
+        problem or "", "")
+    gpus = tuple(_gpu(row, parsed.get("remapped-rows")) for row in parsed.get("gpu", []))
     apps_rows = parsed.get("compute-apps")
     apps = None if apps_rows is None else tuple(_app(row) for row in apps_rows)
     return Snapshot(
@@ -536,14 +489,14 @@ def parse_snapshot(
         listed=gpu_query.outcome == "answered" and (
             bool(gpus) or gpu_query.status == 0 or _says(answers.get("gpu"), NO_DEVICES)),
         warnings=tuple(warnings[:WARNINGS_KEPT]),
-        queries=tuple(queries),
+        queries=tuple(asked),
         seconds=seconds,
         timeout_s=timeout_s,
     )
 
 
-_SWITCH = {"gpu": "--query-gpu", "remapped-rows": "--query-remapped-rows",
-           "compute-apps": "--query-compute-apps"}
+#: ``--query-gpu``'s outcome as the snapshot's ``problem`` (any other: ``failed``).
+_PROBLEMS: dict[str, Problem | None] = {"answered": None, "hung": "hung", "pending": "pending"}
 
 
 def _outcome(name: str, answer: Answer, listed: bool, said: list[str]) -> Query:
@@ -554,68 +507,64 @@ def _outcome(name: str, answer: Answer, listed: bool, said: list[str]) -> Query:
     if answer.status == 0 or listed:
         partial = "" if answer.status == 0 else f"exit {answer.status}"
         return Query(name, "answered", answer.status, answer.seconds, partial)
-    message = " / ".join(said) if said else "no output"
     return Query(name, "failed", answer.status, answer.seconds,
-                 f"exit {answer.status}: {message}"[:MESSAGE_CHARS])
+                 f"exit {answer.status}: {' / '.join(said) or 'no output'}"[:MESSAGE_CHARS])
 
 
 def _says(answer: Answer | None, line: str) -> bool:
     return answer is not None and line in (answer.stdout + "\n" + answer.stderr).splitlines()
 
 
-def _rows(text: str, fields: Sequence[str], key: str) -> tuple[list[dict[str, str]], list[str]]:
+def _rows(text: str, fields: Sequence[str]) -> tuple[list[dict[str, str]], list[str]]:
     """The lines of ``text`` that are rows of ``fields`` (split at most ``len - 1`` times,
     so the last field keeps its commas), and the other non-empty lines."""
     rows: list[dict[str, str]] = []
     other: list[str] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
+    for line in _lines(text):
         parts = [part.strip() for part in line.split(",", len(fields) - 1)]
-        if len(parts) == len(fields):
-            row = dict(zip(fields, parts, strict=True))
-            if _plausible(row, key):
-                rows.append(row)
-                continue
-        other.append(line)
+        row = dict(zip(fields, parts, strict=False))  # of another length: no row
+        if len(parts) == len(fields) and _plausible(row):
+            rows.append(row)
+        else:
+            other.append(line)
     return rows, other
 
 
-def _plausible(row: Mapping[str, str], key: str) -> bool:
-    """A row, not a message that happens to hold commas: its key field reads right."""
-    if key == "index":
+def _lines(text: str) -> list[str]:
+    """The non-empty lines of ``text``, stripped."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _plausible(row: Mapping[str, str]) -> bool:
+    """A row, not a message that happens to hold commas: its key field (a GPU's ``index``,
+    an app's ``pid``, a remapping's GPU) reads right."""
+    if "index" in row:
         return row["index"].isdigit()
-    if key == "pid":
+    if "pid" in row:
         return row["pid"].isdigit() or _known(row["pid"]) is None
     return _bus_id(row["gpu_bus_id"]) is not None or row["gpu_uuid"].startswith(("GPU-", "MIG-"))
 
 
-def _gpu(row: Mapping[str, str], fields: Sequence[str],
-         remaps: list[dict[str, str]] | None) -> Gpu:
+def _gpu(row: Mapping[str, str], remaps: list[dict[str, str]] | None) -> Gpu:
     uuid = _known(row["uuid"])
     bus = _bus_id(row["pci.bus_id"])
-    remap: Mapping[str, str] = {}
-    if remaps is not None:
-        for candidate in remaps:
-            if (uuid and _known(candidate["gpu_uuid"]) == uuid) or (
-                    not uuid and bus and _bus_id(candidate["gpu_bus_id"]) == bus):
-                remap = candidate
-                break
-    values = {**{f: row[f] for f in fields}, **remap}
-    unknown = tuple((f, values[f]) for f in (*fields, *remap)
-                    if f not in ("gpu_uuid", "gpu_bus_id") and _known(values[f]) is None)
-    index = row["index"]
+    # its row of --query-remapped-rows: by UUID, else by bus id
+    remap: Mapping[str, str] = next((
+        candidate for candidate in remaps or ()
+        if (uuid and _known(candidate["gpu_uuid"]) == uuid)
+        or (not uuid and bus and _bus_id(candidate["gpu_bus_id"]) == bus)), {})
+    unknown = tuple((f, value) for f, value in {**row, **remap}.items()
+                    if f not in ("gpu_uuid", "gpu_bus_id") and _known(value) is None)
     return Gpu(
-        index=int(index) if index.isdigit() else None,
+        index=int(row["index"]),  # a row's index reads as a number (_plausible)
         uuid=uuid,
         name=_known(row["name"]),
         bus_id=bus,
         memory_total_mib=_int(row["memory.total"]),
         memory_used_mib=_int(row["memory.used"]),
         driver=_known(row["driver_version"]),
-        ecc_uncorrected=_int(values.get("ecc.errors.uncorrected.volatile.total", "")),
-        retired_pages_pending=_flag(values.get("retired_pages.pending", "")),
+        ecc_uncorrected=_int(row.get("ecc.errors.uncorrected.volatile.total", "")),
+        retired_pages_pending=_flag(row.get("retired_pages.pending", "")),
         remapped_correctable=_int(remap.get("remapped_rows.correctable", "")),
         remapped_uncorrectable=_int(remap.get("remapped_rows.uncorrectable", "")),
         remap_pending=_flag(remap.get("remapped_rows.pending", "")),
@@ -638,10 +587,9 @@ def _lost_gpu(line: str) -> LostGpu | None:
     found = _LOST.search(line)
     if found is None:
         return None
-    index = found.group("index")
     return LostGpu(
         bus_id=_bus_id(found.group("bus") or found.group("bus2") or ""),
-        index=int(index) if index is not None else None,
+        index=int(found.group("index")) if found.group("index") else None,
         reason=found.group("reason") or "unknown",
         line=line.strip()[:MESSAGE_CHARS],
     )
@@ -651,33 +599,20 @@ def _known(value: str) -> str | None:
     """The value, or None for what nvidia-smi prints instead of one: ``[N/A]``,
     ``[Not Supported]``, any ``[...]`` error token, bare ``N/A``, nothing."""
     text = value.strip()
-    if not text or (text.startswith("[") and text.endswith("]")):
-        return None
-    if text.lower() in _UNKNOWN_WORDS:
-        return None
-    return text
+    bracketed = text.startswith("[") and text.endswith("]")
+    return None if bracketed or text.lower() in _UNKNOWN_WORDS else text
 
 
 def _int(value: str) -> int | None:
     """A count or a size, with or without its unit (``81559``, ``81559 MiB``)."""
-    text = _known(value)
-    found = _NUMBER.match(text) if text is not None else None
+    found = _NUMBER.match(_known(value) or "")
     return int(found.group(1)) if found else None
 
 
 def _flag(value: str) -> bool | None:
     """``Yes``/``No`` (and ``1``/``0``, as some drivers print remapping flags)."""
-    text = _known(value)
-    if text is None:
-        return None
-    lowered = text.lower()
-    if lowered.isdigit():
-        return int(lowered) > 0
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    return None
+    lowered = (_known(value) or "").lower()
+    return int(lowered) > 0 if lowered.isdigit() else _FLAGS.get(lowered)
 
 
 def _bus_id(value: str) -> str | None:
@@ -691,24 +626,7 @@ def _bus_id(value: str) -> str | None:
 
 
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
-def _with_warnings(snap: Snapshot, more: Iterable[str]) -> Snapshot:
-    return replace(snap, warnings=(*snap.warnings, *more)[:WARNINGS_KEPT])
-
-
-def _label(index: int | None, uuid: str | None, bus_id: str | None) -> str:
-    if index is not None and uuid:
-        return f"GPU {index} ({uuid})"
-    if uuid:
-        return f"GPU {uuid}"
-    if index is not None and bus_id:
-        return f"GPU {index} (at {bus_id})"
-    if bus_id:
-        return f"the GPU at {bus_id}"
-    return f"GPU {index}" if index is not None else "a GPU"
+    return (_lines(text) or ["no output"])[-1]
 
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -732,11 +650,8 @@ class Finding:
     reported: tuple[tuple[str, Any], ...] = ()
 
     def evidence(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"kind": self.kind, "index": self.index, "uuid": self.uuid}
-        if self.bus_id is not None:
-            facts["bus_id"] = self.bus_id
-        facts.update(self.reported)
-        return facts
+        return {"kind": self.kind, "index": self.index, "uuid": self.uuid,
+                **_present({"bus_id": self.bus_id}), **dict(self.reported)}
 
 
 @dataclass(frozen=True)
@@ -753,11 +668,9 @@ class Verdict:
 
     def describe(self, limit: int = 4) -> str:
         """One line for the marker's ``error``: the first ``limit`` findings."""
-        texts = [finding.text for finding in self.findings[:limit]]
         more = len(self.findings) - limit
-        if more > 0:
-            texts.append(f"and {more} more")
-        return "; ".join(texts)
+        texts = [finding.text for finding in self.findings[:limit]]
+        return "; ".join(texts + ([f"and {more} more"] if more > 0 else []))
 
     def kinds(self) -> frozenset[str]:
         return frozenset(finding.kind for finding in self.findings)
@@ -799,10 +712,8 @@ def unhealthy(snap: Snapshot) -> Verdict:
                 "row-remap-failure", gpu, "has had a row-remapping failure (remapped_rows.failure)",
                 **{"remapped_rows.failure": True}))
     for lost in snap.lost:
-        found.append(Finding(
-            "unreachable", lost.index, None, lost.bus_id,
-            f"{lost.label} cannot be reached: {lost.line}",
-            (("reason", lost.reason),)))
+        found.append(_finding("unreachable", Gpu(lost.index, None, bus_id=lost.bus_id),
+                              f"cannot be reached: {lost.line}", reason=lost.reason))
     return Verdict(tuple(found))
 
 
@@ -831,21 +742,14 @@ def busy(snap: Snapshot, own_pids: Collection[int] = ()) -> Verdict:
     for app in apps:
         if app.pid is not None and app.pid in own:
             continue
-        owner = by_uuid.get(app.gpu_uuid) if app.gpu_uuid else None
-        what = ", ".join(x for x in (
-            app.process_name, f"{app.used_memory_mib} MiB" if app.used_memory_mib else None,
-        ) if x)
+        owner = by_uuid.get(app.gpu_uuid or "") or Gpu(None, app.gpu_uuid)
+        what = ", ".join(filter(None, (
+            app.process_name, f"{app.used_memory_mib} MiB" if app.used_memory_mib else None)))
         pid = f"pid {app.pid}" if app.pid is not None else "a process"
         text = (f"lists compute process {pid}{f' ({what})' if what else ''} that the attempt "
                 "did not start (--query-compute-apps; pids are the host's)")
-        reported = {"pid": app.pid, "process_name": app.process_name,
-                    "used_gpu_memory": app.used_memory_mib}
-        if owner is not None:
-            found.append(_finding("compute-app", owner, text, **reported))
-        else:
-            found.append(Finding("compute-app", None, app.gpu_uuid, None,
-                                 f"{_label(None, app.gpu_uuid, None)} {text}",
-                                 tuple(reported.items())))
+        found.append(_finding("compute-app", owner, text, pid=app.pid,
+                              process_name=app.process_name, used_gpu_memory=app.used_memory_mib))
     return Verdict(tuple(found))
 
 
@@ -894,31 +798,21 @@ def changed(start: Snapshot, now: Snapshot) -> Verdict:
 
 def _same_gpu(gpu: Gpu, candidates: Iterable[Gpu]) -> Gpu | None:
     """The same GPU: by UUID when it had one, else by bus id, else by index."""
-    for other in candidates:
-        if gpu.uuid:
-            if other.uuid == gpu.uuid:
-                return other
-        elif gpu.bus_id:
-            if other.bus_id == gpu.bus_id:
-                return other
-        elif gpu.index is not None and other.index == gpu.index:
-            return other
-    return None
+    key = "uuid" if gpu.uuid else "bus_id" if gpu.bus_id else "index"
+    mine = getattr(gpu, key)
+    return next((other for other in candidates
+                 if mine is not None and getattr(other, key) == mine), None)
 
 
 def _same_lost(gpu: Gpu, lost: Iterable[LostGpu]) -> LostGpu | None:
-    for candidate in lost:
-        if gpu.bus_id and candidate.bus_id == gpu.bus_id:
-            return candidate
-        if candidate.bus_id is None and gpu.index is not None and candidate.index == gpu.index:
-            return candidate
-    return None
+    """The lost GPU ``gpu`` is: by bus id, else (a message without one) by index."""
+    return next((lost_gpu for lost_gpu in lost
+                 if (gpu.bus_id and lost_gpu.bus_id == gpu.bus_id)
+                 or (lost_gpu.bus_id is None and gpu.index is not None
+                     and lost_gpu.index == gpu.index)), None)
 
 
 # --- the start's one judgment ---------------------------------------------------------------
-
-StartKind = Literal["short", "unresponsive", "unhealthy", "busy"]
-
 
 @dataclass(frozen=True)
 class StartVerdict:
@@ -929,7 +823,7 @@ class StartVerdict:
     (``--query-gpu`` killed at its bound), ``unhealthy`` or ``busy``. ``decided`` is True
     when no later answer can change the verdict: a fault reported, or every query ended."""
 
-    kind: StartKind | None
+    kind: Literal["short", "unresponsive", "unhealthy", "busy"] | None
     decided: bool
     text: str = ""
     findings: Verdict = Verdict()

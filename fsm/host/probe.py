@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from fsm.host import gpus
 from fsm.host.queries import Asked
@@ -34,9 +34,6 @@ from fsm.host.queries import Asked
 FACTS_WAIT_S = 2.0
 #: The slice of :meth:`HostProbe.settle`'s wait (a signal's handler runs between slices).
 SETTLE_SLICE_S = 0.1
-#: Overrides where the memory cgroup's OOM count is read (unusual mounts, tests).
-MEMORY_EVENTS_VAR = "FLASH_MEMORY_EVENTS"
-QUERY_VAR = "FLASH_GPU_QUERY_S"
 
 
 class Gpu(NamedTuple):
@@ -54,7 +51,7 @@ class HostFacts(NamedTuple):
     gpus: tuple[Gpu, ...] = ()
     driver: str | None = None
     problem: str | None = None
-    #: what went wrong, in words (the failing nvidia-smi's own last line)
+    #: what went wrong, in words (a failing nvidia-smi's own last line among them)
     detail: str = ""
     #: what names the machine (CONTRACT section 9): ``host_id``
     id: str | None = None
@@ -70,17 +67,8 @@ class HostFacts(NamedTuple):
             "driver": self.driver,
         }
         if self.problem is not None:
-            facts["error"] = self.describe_problem()
+            facts["error"] = self.detail
         return facts
-
-    def describe_problem(self) -> str:
-        if self.problem is None:
-            return "nvidia-smi answered"
-        if self.problem == "absent":
-            return "nvidia-smi is not on PATH (no NVIDIA driver visible)"
-        if self.problem == "failed":
-            return f"nvidia-smi failed: {self.detail}"
-        return self.detail or str(self.problem)
 
 
 def query_bound(environ: Mapping[str, str]) -> float:
@@ -88,7 +76,7 @@ def query_bound(environ: Mapping[str, str]) -> float:
     early probe starts with (the payload's value replaces it once read, and an unusable
     one is refused there: ``fsm.context.Tuning``)."""
     try:
-        value = float(environ.get(QUERY_VAR) or gpus.DEFAULT_QUERY_S)
+        value = float(environ.get("FLASH_GPU_QUERY_S") or gpus.DEFAULT_QUERY_S)
     except ValueError:
         return gpus.DEFAULT_QUERY_S
     return value if math.isfinite(value) and value >= gpus.MIN_QUERY_S else gpus.DEFAULT_QUERY_S
@@ -102,12 +90,13 @@ class HostProbe:
     ``--query-compute-apps`` together, each ending on its own) in a daemon thread, started
     at the runner's first step."""
 
-    def __init__(self, environ: Mapping[str, str], *, timeout_s: float | None = None,
-                 asked: Asked | None = None) -> None:
-        self._hostname = os.uname().nodename
+    #: The probe :meth:`start_early` started, until :meth:`for_attempt` takes it.
+    _early: ClassVar[HostProbe | None] = None
+
+    def __init__(self, environ: Mapping[str, str], *, asked: Asked | None = None) -> None:
+        self.hostname = os.uname().nodename
         self.path = environ.get("PATH") if asked is None else asked.path
-        self._pending = gpus.PendingSnapshot(
-            environ, timeout_s if timeout_s is not None else query_bound(environ), asked=asked)
+        self._pending = gpus.PendingSnapshot(environ, query_bound(environ), asked=asked)
         self._fired = threading.Lock()
 
     @classmethod
@@ -115,37 +104,19 @@ class HostProbe:
         """Read the queries the runner started among its first instructions
         (``fsm.launch``, ``fsm.host.queries.ask``): their answer overlaps the runner's
         imports and its setup."""
-        global _early
-        _early = cls(environ, asked=asked)
+        cls._early = cls(environ, asked=asked)
 
     @classmethod
     def for_attempt(cls, environ: Mapping[str, str]) -> HostProbe:
         """The probe started early, when it asked with the same PATH; else a new one."""
-        global _early
-        early, _early = _early, None
+        early, cls._early = cls._early, None
         if early is not None and early.path == environ.get("PATH"):
             return early
         return cls(environ)
 
-    @property
-    def hostname(self) -> str:
-        return self._hostname
-
     def limit(self, query_s: float) -> None:
         """Each query's bound: ``query_s`` from the probe's start (``FLASH_GPU_QUERY_S``)."""
         self._pending.limit(query_s)
-
-    def snapshot(self, wait_s: float) -> gpus.Snapshot | None:
-        """The whole snapshot, waiting at most ``wait_s`` for it (None while under way)."""
-        return self._pending.result(max(0.0, wait_s))
-
-    def partial(self) -> gpus.Snapshot:
-        """What has answered so far."""
-        return self._pending.partial()
-
-    def judge(self, expected: int | None) -> gpus.StartVerdict:
-        """The start's verdict on the answers so far (``fsm.host.gpus.before_setup``)."""
-        return gpus.before_setup(self._pending.partial(), expected)
 
     def watch(self, expected: int | None, on_fault: Fault) -> None:
         """Call ``on_fault(verdict, snapshot)`` once, the moment the answers report a fault
@@ -174,20 +145,15 @@ class HostProbe:
         """The answer's facts, waiting at most ``wait_s`` for the whole snapshot; else
         what has answered so far (``pending`` while ``--query-gpu`` has not)."""
         snap = self._pending.result(max(0.0, wait_s))
-        return facts_of(self._hostname, snap if snap is not None else self._pending.partial())
-
-
-_early: HostProbe | None = None
+        return facts_of(self.hostname, snap if snap is not None else self._pending.partial())
 
 
 def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
-    drivers = [gpu.driver for gpu in snap.gpus if gpu.driver]
     listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
-    detail = snap.detail if snap.problem == "failed" else (
-        snap.describe_problem() if snap.problem is not None else "")
-    return HostFacts(hostname, listed, drivers[0] if drivers else None, snap.problem, detail,
-                     host_id(hostname, listed))
+    detail = snap.describe_problem() if snap.problem is not None else ""
+    driver = next((gpu.driver for gpu in snap.gpus if gpu.driver), None)
+    return HostFacts(hostname, listed, driver, snap.problem, detail, host_id(hostname, listed))
 
 
 #: The kernel's boot id: one per boot, shared by every container of the host.
@@ -197,10 +163,9 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
     """The kernel's boot id (one per boot, shared by every container of the host), or None."""
     try:
-        text = path.read_text(encoding="ascii").strip()
+        return path.read_text(encoding="ascii").strip() or None
     except (OSError, ValueError):
         return None
-    return text or None
 
 
 def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
@@ -208,9 +173,7 @@ def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
     ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
     shares its host's boot id; the hostname tells two hosts apart where it is unreadable)."""
     uuids = sorted(gpu.uuid for gpu in listed if gpu.uuid)
-    if uuids:
-        return ",".join(uuids)
-    return f"boot:{boot_id() or 'unknown'}@{hostname}"
+    return ",".join(uuids) or f"boot:{boot_id() or 'unknown'}@{hostname}"
 
 
 # --- the kernel's OOM kills ---------------------------------------------------------------
@@ -219,14 +182,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def memory_events_path(environ: Mapping[str, str]) -> Path | None:
-    """The file holding this process's memory cgroup ``oom_kill`` count, or None."""
-    override = environ.get(MEMORY_EVENTS_VAR)
+    """The file holding this process's memory cgroup ``oom_kill`` count, or None.
+    ``FLASH_MEMORY_EVENTS`` overrides where it is read (unusual mounts, tests)."""
+    override = environ.get("FLASH_MEMORY_EVENTS")
     if override:
         return Path(override)
-    for candidate in _cgroup_candidates():
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((candidate for candidate in _cgroup_candidates() if candidate.is_file()), None)
 
 
 def _cgroup_candidates() -> list[Path]:
@@ -237,32 +198,22 @@ def _cgroup_candidates() -> list[Path]:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         lines = []
-    v2: list[str] = []
-    v1: list[str] = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            v2.append(path.lstrip("/"))
-        elif "memory" in controllers.split(","):
-            v1.append(path.lstrip("/"))
-    found: list[Path] = []
-    for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
-        found += [mount / rel / "memory.events" for rel in v2 if rel] + [mount / "memory.events"]
+    # hierarchy-id:controllers:path, the controllers empty for v2's one hierarchy
+    entries = [parts[1:] for parts in (line.split(":", 2) for line in lines) if len(parts) == 3]
+    v2 = [path.lstrip("/") for controllers, path in entries if controllers == ""]
+    v1 = [path.lstrip("/") for controllers, path in entries if "memory" in controllers.split(",")]
+    # each mount's own cgroup first, then its root ("": the same file again when the own
+    # cgroup is the root, which changes nothing: the first that exists is taken)
+    found = [mount / rel / "memory.events"
+             for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified") for rel in (*v2, "")]
     memory = CGROUP_ROOT / "memory"
-    found += [memory / rel / "memory.oom_control" for rel in v1 if rel]
-    found.append(memory / "memory.oom_control")
-    return found
+    return found + [memory / rel / "memory.oom_control" for rel in (*v1, "")]
 
 
 def oom_kills(path: Path | None) -> int | None:
     """The ``oom_kill`` count in ``path`` (either cgroup version's format), or None."""
-    if path is None:
-        return None
     try:
-        text = path.read_text()
+        text = path.read_text() if path is not None else ""
     except OSError:
         return None
     for line in text.splitlines():

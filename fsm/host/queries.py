@@ -14,28 +14,19 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 FORMAT = "--format=csv,noheader,nounits"
+#: The health fields of :data:`GPU_FIELDS`: one that nvidia-smi refuses (``Field "..." is
+#: not a valid field to query.``, a driver that renamed or dropped it) is dropped and the
+#: GPUs are asked again (its value unknown).
+GPU_HEALTH_FIELDS = ("ecc.errors.uncorrected.volatile.total", "retired_pages.pending")
 #: ``name`` last: a row is split into at most this many fields, so a comma in a product
 #: name cannot shift the others.
-GPU_FIELDS = (
-    "index",
-    "uuid",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "driver_version",
-    "ecc.errors.uncorrected.volatile.total",
-    "retired_pages.pending",
-    "name",
-)
-#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS` (``Field "..." is
-#: not a valid field to query.``, a driver that renamed or dropped a health field): the
-#: refused health field is dropped and the GPUs are asked again (its value unknown).
-GPU_BASE_FIELDS = (
-    "index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version", "name",
-)
+GPU_FIELDS = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used", "driver_version",
+              *GPU_HEALTH_FIELDS, "name")
+#: Never dropped when nvidia-smi refuses a field of :data:`GPU_FIELDS`.
+GPU_BASE_FIELDS = tuple(field for field in GPU_FIELDS if field not in GPU_HEALTH_FIELDS)
 REMAP_FIELDS = (
     "gpu_uuid",
     "gpu_bus_id",
@@ -69,14 +60,6 @@ def find(path: str | None) -> str | None:
     return None
 
 
-def spawn(exe: str, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """One query, in a session of its own (its group is killed at its bound)."""
-    return subprocess.Popen(
-        [exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
-    )
-
-
 class Asked:
     """The queries started (monotonic ``started``): ``exe`` None when there is no
     nvidia-smi on ``path``; each query's process, or why it could not be started. (A plain
@@ -97,13 +80,16 @@ class Asked:
 
 
 def ask(environ: Mapping[str, str]) -> Asked:
-    """Start every query of :data:`QUERIES` at once (never raises for what the OS says)."""
+    """Start every query of :data:`QUERIES` at once, each in a session of its own (its group
+    is killed at its bound); never raises for what the OS says."""
     path = environ.get("PATH")
     asked = Asked(path, find(path), {k: v for k, v in environ.items() if k in ENV_KEYS})
     if asked.exe is not None:
         for name, args in QUERIES.items():
             try:
-                asked.procs[name] = spawn(asked.exe, args, asked.env)
+                asked.procs[name] = subprocess.Popen(
+                    [asked.exe, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, env=asked.env, start_new_session=True)
             except OSError as exc:
                 asked.procs[name] = exc
     return asked

@@ -62,20 +62,11 @@ class Usage(NamedTuple):
     def full(self) -> bool:
         return self.free_bytes <= 0 or (self.inodes > 0 and self.free_inodes <= 0)
 
-    def evidence(self) -> dict[str, Any]:
-        return self._asdict()
-
 
 def _existing(path: Path) -> Path:
     """``path``, or its nearest ancestor that exists (what the write would have gone in)."""
-    current = path
-    for _ in range(64):
-        if current.exists():
-            return current
-        if current.parent == current:
-            break
-        current = current.parent
-    return current
+    chain = [path, *path.parents]
+    return next((folder for folder in chain if folder.exists()), chain[-1])
 
 
 def _mount_of(path: Path) -> tuple[str | None, str | None]:
@@ -89,7 +80,6 @@ def _mount_of(path: Path) -> tuple[str | None, str | None]:
     except (OSError, RuntimeError):
         real = str(path)
     best: tuple[str | None, str | None] = (None, None)
-    best_len = -1
     for line in lines.splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
@@ -97,8 +87,8 @@ def _mount_of(path: Path) -> tuple[str | None, str | None]:
             continue
         point = fields[4].replace("\\040", " ")
         inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best_len:
-            best, best_len = (point, right.split()[0]), len(point)
+        if inside and len(point) >= len(best[0] or ""):
+            best = (point, right.split()[0])
     return best
 
 
@@ -122,17 +112,9 @@ def snapshot(dirs: Iterable[Path]) -> dict[str, Usage]:
     """The filesystems under the runner's directories at the start of the attempt, by
     mount point (one entry per filesystem)."""
     seen: dict[str, Usage] = {}
-    for directory in dirs:
-        found = usage(directory)
-        if found is not None:
-            seen.setdefault(found.mount or found.path, found)
+    for found in filter(None, map(usage, dirs)):
+        seen.setdefault(found.mount or found.path, found)
     return seen
-
-
-def storage_errno(exc: BaseException) -> OSError | None:
-    """The first ``OSError`` of a storage errno on ``exc`` or down its cause chain."""
-    return next((e for e in causes(exc)
-                 if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
 
 
 def came_short(before: Usage, floor_bytes: int) -> bool:
@@ -144,10 +126,6 @@ def came_short(before: Usage, floor_bytes: int) -> bool:
 
 def floor(environ: Mapping[str, str]) -> int:
     """``FLASH_STORAGE_FLOOR_BYTES`` (a whole number of bytes), else :data:`FLOOR_BYTES`."""
-    return _floor(environ)
-
-
-def _floor(environ: Mapping[str, str]) -> int:
     try:
         value = int(environ.get("FLASH_STORAGE_FLOOR_BYTES", ""))
     except ValueError:
@@ -168,7 +146,9 @@ def classify(
     likely first: the error's own file name, when it has one, comes before them."""
     if isinstance(exc, FlashError):
         return None  # classified already by whoever raised it
-    os_error = storage_errno(exc)
+    # the first OSError of a storage errno on ``exc`` or down its cause chain
+    os_error = next((e for e in causes(exc)
+                     if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
     if os_error is None:
         return None
     paths = [Path(str(name)) for name in (os_error.filename, os_error.filename2) if name]
@@ -180,13 +160,11 @@ def classify(
     fs = looked[0] if paths else next((u for u in looked if u.read_only or u.full), looked[0])
     before = start.get(fs.mount or fs.path)
     code = errno.errorcode.get(os_error.errno or 0, "?")
-    read_only = os_error.errno == errno.EROFS or fs.read_only
-    floor = _floor(environ)
-    if read_only:
+    if os_error.errno == errno.EROFS or fs.read_only:
         verdict, why = rules.HOST_STORAGE, "read-only: the host's disk"
     elif before is None:
         verdict, why = rules.HOST_STORAGE_FILLED, _NO_START
-    elif came_short(before, floor):
+    elif came_short(before, floor(environ)):
         verdict, why = rules.HOST_STORAGE, _CAME_FULL
     else:
         verdict, why = rules.HOST_STORAGE_FILLED, _FILLED
@@ -199,7 +177,7 @@ def classify(
         f"free{'' if before is None else f' (at the start: {_size(before.free_bytes)})'}"
         f"{', mounted read-only' if fs.read_only else ''}; {why}"
     )
-    evidence = {"errno": code, **fs.evidence(), "verdict": why}
+    evidence = {"errno": code, **fs._asdict(), "verdict": why}
     if before is not None:
         evidence["at_start"] = {"free_bytes": before.free_bytes,
                                 "free_inodes": before.free_inodes}

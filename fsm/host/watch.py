@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 
 from fsm.host import gpus
 
@@ -32,39 +33,29 @@ CONFIRM_S = 5.0
 #: ECC errors alone (``ecc-rose``) are ``host-gpu-unhealthy``.
 LOST_KINDS = frozenset({"unreachable", "gone", "fewer"})
 
-Take = Callable[[Mapping[str, str], float], gpus.PendingSnapshot]
-
-
+@dataclass(eq=False)
 class GpuWatch:
     """The host watch of the supervision loop: see the module's docstring."""
 
-    def __init__(
-        self,
-        start: gpus.Snapshot,
-        environ: Mapping[str, str],
-        period_s: float,
-        *,
-        query_s: float = gpus.DEFAULT_QUERY_S,
-        confirm_s: float = CONFIRM_S,
-        clock: Callable[[], float] = time.monotonic,
-        take: Take = gpus.start,
-    ) -> None:
-        self.start = start
-        self.period_s = period_s
-        self.query_s = query_s
-        self.confirm_s = confirm_s
-        #: What the GPUs reported on two looks when the watch said the host failed.
-        self.verdict: gpus.Verdict | None = None
-        self.looks = 0
-        #: Looks whose ``--query-gpu`` did not answer (hung at its bound, or failed).
-        self.unanswered = 0
-        self._environ = dict(environ)
-        self._clock = clock
-        self._take = take
-        self._pending: gpus.PendingSnapshot | None = None
-        #: What the last answered look reported, waiting for a second look.
-        self._suspect: gpus.Verdict | None = None
-        self._next = clock() + period_s
+    start: gpus.Snapshot
+    environ: Mapping[str, str]
+    period_s: float
+    _: KW_ONLY
+    query_s: float = gpus.DEFAULT_QUERY_S
+    clock: Callable[[], float] = time.monotonic
+    take: Callable[[Mapping[str, str], float], gpus.PendingSnapshot] = gpus.start
+    #: What the GPUs reported on two looks when the watch said the host failed.
+    verdict: gpus.Verdict | None = field(default=None, init=False)
+    looks: int = field(default=0, init=False)
+    #: Looks whose ``--query-gpu`` did not answer (hung at its bound, or failed).
+    unanswered: int = field(default=0, init=False)
+    _pending: gpus.PendingSnapshot | None = field(default=None, init=False)
+    #: What the last answered look reported, waiting for a second look.
+    _suspect: gpus.Verdict = field(default=gpus.Verdict(), init=False)
+
+    def __post_init__(self) -> None:
+        self.environ = dict(self.environ)  # as it was when the watch began
+        self._next = self.clock() + self.period_s
 
     def due(self) -> float:
         return self._next
@@ -72,34 +63,30 @@ class GpuWatch:
     def look(self) -> bool:
         """Start a look when one is due, or collect the one under way; True when a
         second look confirmed what the GPUs reported on the first."""
-        now = self._clock()
+        now = self.clock()
+        if self._pending is None and now < self._next:
+            return False
         if self._pending is None:
-            if now < self._next:
-                return False
-            self._pending = self._take(self._environ, self.query_s)
-            self._next = now + POLL_S
-            return False
-        snap = self._pending.result(0)
-        if snap is None:  # still under way (it ends by its own bound)
-            self._next = now + POLL_S
-            return False
-        self._pending = None
-        self.looks += 1
-        return self._judge(snap, now)
+            self._pending = self.take(self.environ, self.query_s)
+        elif (snap := self._pending.result(0)) is not None:
+            self._pending = None
+            self.looks += 1
+            return self._judge(snap, now)
+        self._next = now + POLL_S  # a look started, or under way (it ends by its own bound)
+        return False
 
     def _judge(self, snap: gpus.Snapshot, now: float) -> bool:
         if snap.problem is not None and not snap.lost:
             self.unanswered += 1  # silence: neither a fault nor its all-clear
-            self._next = now + (self.confirm_s if self._suspect else self.period_s)
+            self._next = now + (CONFIRM_S if self._suspect else self.period_s)
             return False
         found = gpus.changed(self.start, snap)
-        if self._suspect is not None:
-            again = _again(self._suspect, found)
-            if again:
-                self.verdict = again
-                return True
-        self._suspect = found or None
-        self._next = now + (self.confirm_s if found else self.period_s)
+        again = _again(self._suspect, found)
+        if again:
+            self.verdict = again
+            return True
+        self._suspect = found
+        self._next = now + (CONFIRM_S if found else self.period_s)
         return False
 
     def evidence(self) -> dict[str, int]:
@@ -133,22 +120,12 @@ def hidden_by_env(start: gpus.Snapshot | None, visible: str | None) -> bool:
     snapshot of the host's GPUs, a MIG device id) is False: then it explains nothing."""
     if visible is None or start is None or start.problem is not None or not start.gpus:
         return False
-    entries = [entry.strip() for entry in visible.split(",")]
-    if entries == [""]:
-        return True
-    uuids = [gpu.uuid for gpu in start.gpus if gpu.uuid]
-    indices = {gpu.index for gpu in start.gpus if gpu.index is not None}
-    for entry in entries:  # CUDA reads the list up to its first invalid entry
-        if entry.startswith("MIG-"):
-            return False
-        if entry.lstrip("-").isdigit():
-            number = int(entry)
-            if number < 0:
-                break  # CUDA stops at the first invalid entry: the rest is not seen
-            if number in indices:
-                return False
-            break
-        if entry.startswith("GPU-") and any(uuid.startswith(entry) for uuid in uuids):
-            return False
-        break
-    return True
+    # CUDA reads the list up to its first invalid entry: whether the first names a GPU the
+    # host has decides (an empty list, or ``-1``, names none)
+    first = visible.split(",")[0].strip()
+    if first.startswith("MIG-"):
+        return False
+    if first.lstrip("-").isdigit():
+        return int(first) not in {gpu.index for gpu in start.gpus}
+    return not (first.startswith("GPU-")
+                and any(gpu.uuid and gpu.uuid.startswith(first) for gpu in start.gpus))
