@@ -60,31 +60,17 @@ def test_a_payload_that_is_not_a_bounded_regular_file_is_one_line_and_exit_2(
     assert layout.markers() == []
 
 
-def test_a_heartbeat_whose_attempt_is_true_is_not_attempt_1(layout: Layout) -> None:
-    """``"attempt": true`` is a bool, not the integer 1: the heartbeat says nothing, and the
-    failure without completion artifacts stays the worker's (fatal)."""
-    layout.write_worker("""
+@pytest.mark.parametrize("fields", [
+    '"ts": time.time(), "attempt": True',  # a bool, not the integer 1
+    '"ts": 10**400, "attempt": 1',  # JSON integers have no bound; float() raises on this
+], ids=["attempt-true", "ts-too-large-for-a-float"])
+def test_a_heartbeat_of_the_wrong_types_says_nothing(layout: Layout, fields: str) -> None:
+    """``"attempt": true`` is not attempt 1, and a ``ts`` of 10**400 is no finite number:
+    the heartbeat says nothing, and the failure without completion artifacts stays the
+    worker's (fatal), not the runner's internal error."""
+    layout.write_worker(f"""
         beat = SCRATCH / "heartbeat.json"
-        beat.write_text(json.dumps({"stage": "train", "ts": time.time(), "attempt": True,
-                                    "retriable": True}))
-        upload(beat, "heartbeat.json")
-        sys.exit(1)
-    """)
-    layout.write_payload(attempt=1)
-    done = layout.cli(*layout.run_args())
-    assert done.returncode == 1, done.stderr.decode()[-2000:]
-    marker = layout.marker(attempt=1)
-    assert marker is not None
-    assert (marker["retriable"], marker["rule"]) == (False, "worker-failed"), marker
-
-
-def test_a_heartbeat_whose_ts_is_too_large_for_a_float_says_nothing(layout: Layout) -> None:
-    """JSON integers have no bound: a ``ts`` of 10**400 is not a finite number (``float``
-    raises on it), so the heartbeat says nothing, and the verdict is the worker's own."""
-    layout.write_worker("""
-        beat = SCRATCH / "heartbeat.json"
-        beat.write_text(json.dumps({"stage": "train", "ts": 10**400, "attempt": 1,
-                                    "retriable": True}))
+        beat.write_text(json.dumps({{"stage": "train", {fields}, "retriable": True}}))
         upload(beat, "heartbeat.json")
         sys.exit(1)
     """)
