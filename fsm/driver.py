@@ -144,20 +144,13 @@ def _storage(ctx: Context, state: str, exc: BaseException) -> BaseException:
 
 
 def storage_dirs(ctx: Context, state: str) -> list[Path]:
-    """The directories the runner writes in, those of ``state`` first."""
+    """The directories the runner writes in, those ``state`` writes (``table.WRITES``) first."""
     s = ctx.settings
     cache = ctx.merged_env().get("HF_HOME")
-    by_state = {
-        table.LOAD_PAYLOAD: [s.payload_path.parent],
-        table.FETCH_CODE: [s.code_root],
-        table.RESOLVE_SPEC: [s.scratch_dir],
-        table.TRAIN: [s.scratch_dir, s.code_root],
-        table.PRELOAD: [Path(cache)] if cache else [],
-        table.MARK: [s.payload_path.parent, s.scratch_dir],
-    }
-    every = [s.payload_path.parent, s.code_root, s.scratch_dir, *([Path(cache)] if cache else [])]
-    first = by_state.get(state, [])
-    return [*first, *(d for d in every if d not in first)]
+    folders = {"payload": [s.payload_path.parent], "code": [s.code_root],
+               "scratch": [s.scratch_dir], "cache": [Path(cache)] if cache else []}
+    order = [*table.WRITES.get(state, ()), *folders]
+    return list(dict.fromkeys(d for name in order for d in folders[name]))
 
 
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:

@@ -136,7 +136,8 @@ PREFETCH: Final[dict[str, tuple[str, ...]]] = {
 #: against the room it had. ``payload``: next to the payload (the lock, the start, the
 #: result); ``scratch``: the scratch dir (the console, the installer's output, a spilled
 #: spec, the marker's local copy); ``code``: the code root; ``cache``: the model cache
-#: (``HF_HOME``) a preload warms and a worker reads.
+#: (``HF_HOME``) a preload warms and a worker reads. A state's folders are where a full or
+#: read-only disk under one of its writes is looked for first (``driver.storage_dirs``).
 WRITES: Final[dict[str, tuple[str, ...]]] = {
     LOAD_PAYLOAD: ("payload",),
     INSTALL_EXTRAS: ("scratch",),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
 
 from conftest import TRAIN_PATH
 
@@ -117,3 +119,19 @@ def test_every_working_state_says_which_folders_it_writes_and_each_is_measured()
     # the runner measures these at its start; LoadPayload measures the cache
     assert written == {*table.WRITTEN_AT_START, "cache"}
     assert table.PUBLISHES == table.MARK and table.RUN_AFTER_DEADLINE == (table.LOAD_PAYLOAD,)
+
+
+def test_a_full_disk_is_looked_for_first_where_the_state_writes(tmp_path: Path) -> None:
+    """``WRITES`` is the one statement of a state's folders: the driver looks for a full or
+    read-only filesystem there first, then in the runner's other folders."""
+    from fsm.driver import storage_dirs
+
+    dirs = {"payload": tmp_path / "flash", "code": tmp_path / "runcode",
+            "scratch": tmp_path / "scratch", "cache": tmp_path / "hf"}
+    settings = SimpleNamespace(payload_path=dirs["payload"] / "payload.json",
+                               code_root=dirs["code"], scratch_dir=dirs["scratch"])
+    ctx = SimpleNamespace(settings=settings, merged_env=lambda: {"HF_HOME": str(dirs["cache"])})
+    for state, folders in table.WRITES.items():
+        got = storage_dirs(ctx, state)  # type: ignore[arg-type]
+        assert got[:len(folders)] == [dirs[name] for name in folders], state
+        assert sorted(got) == sorted(dirs.values()), state
