@@ -295,6 +295,10 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "nccl-2013-ibv-modify-qp-timeout-cross-nic",
         "nccl-778-ibv-reg-dmabuf-mr-not-supported",
         "amazon-dsstne-26-no-cuda-device-wrong-instance",
+        # the sixth tuning batch (issue 37)
+        "lwa-issues-117-gpu-node-mce-uncorrectable-dimm",
+        "pytorch-80802-segfault-faulty-ram-removed",
+        "shapetexturedebiased-12-no-cuda-gpus-gpu-id-arg",
     }
 
 
