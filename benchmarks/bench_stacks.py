@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fsm.worker.stacks import capture, find_py_spy, group_members
+from fsm.worker.procs import group_members
+from fsm.worker.stacks import capture, find_py_spy
 
 CHILD = "import os, sys{imports}; print('up', flush=True); os.read(0, 1)"
 LEADER = """
