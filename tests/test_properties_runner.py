@@ -17,7 +17,6 @@ unless completion was confirmed; a deadline gives fatal; success only after ``DO
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -40,7 +39,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from fsm import policy, table
-from fsm.attempt import publish, result
+from fsm.attempt import outcome, result
 from fsm.attempt.runner import Outcome, run_attempt
 from fsm.budget import Budget
 from fsm.errors import (
@@ -489,12 +488,11 @@ def _environ() -> dict[str, str]:
 
 #: Mark's backoff between tries of the marker's commit, shortened so a plan whose commit
 #: fails three times costs milliseconds, not seconds (the tries and what they carry are
-#: the real publisher's; the watchdog passes its own backoff and keeps it).
+#: the real publisher's; the watchdog passes its own backoff and keeps it). Mark reads its
+#: backoff from the store's settings (``retry_delays``), so that is what is shortened.
+_real_delays = outcome.retry_delays
 _quick_retries = mock.patch.object(
-    publish.Publisher,
-    "publish",
-    functools.partialmethod(publish.Publisher.publish, base_delay_s=0.01),
-)
+    outcome, "retry_delays", lambda environ: (0.01, _real_delays(environ)[1]))
 
 
 def run_in_process(layout: Layout, journal: Journal) -> Ran:
