@@ -37,7 +37,7 @@ from typing import Any
 
 from fsm.attempt import marker as marker_format
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import AttemptView, Found, decide, found_in, human_age, lease_files
+from fsm.attempts import AttemptView, Found, decide, found_in, human_age, lease_files, verdict
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -111,11 +111,9 @@ class Row:
 
     @property
     def outcome(self) -> str:
-        if self.view is not None:
-            return self.view.kind
-        if self.marker is None:
-            return "unreadable"
-        return "ok" if self.marker["ok"] else "failed"
+        if self.view is None and self.marker is not None:
+            return "ok" if self.marker["ok"] else "failed"
+        return self.verdict or "unreadable"  # a lease's row: its kind
 
     @property
     def verdict(self) -> str | None:
@@ -123,11 +121,7 @@ class Row:
         a lease's row: running, lost or unknown."""
         if self.view is not None:
             return self.view.kind
-        if self.marker is None:
-            return None
-        if self.marker["ok"]:
-            return "succeeded"
-        return "retriable" if self.marker.get("retriable") is True else "fatal"
+        return None if self.marker is None else verdict(self.marker)
 
     @property
     def ts(self) -> float | None:
@@ -672,17 +666,16 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
     except KeyError:
         return (f"decided by  {_printable(rule_id, 80)}: not a rule of this runner's policy "
                 "(written by another version?)")
-    verdict = "succeeded" if rule is policy.SUCCESS else rule.verdict
+    ruled = "succeeded" if rule is policy.SUCCESS else rule.verdict
     lines = [
         f"decided by  {rule.id}",
-        f"  class  {verdict}",
+        f"  class  {ruled}",
         f"  where  {'any state' if rule.where == ANY else rule.where}",
         f"  what   {rule.what}",
     ]
-    said = "succeeded" if marker.get("ok") is True else (
-        "retriable" if marker.get("retriable") is True else "fatal")
-    if said != verdict:
-        lines.append(f"  note   the marker says {said}, the rule {verdict}")
+    said = verdict(marker)
+    if said != ruled:
+        lines.append(f"  note   the marker says {said}, the rule {ruled}")
     return "\n".join(lines)
 
 
