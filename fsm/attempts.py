@@ -90,7 +90,8 @@ from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
 __all__ = [
-    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "decide", "found_in",
+    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "attempt_files", "decide",
+    "found_in",
     "human_age", "judge", "lease_files", "read_attempt", "read_attempts", "read_lease",
     "read_marker", "verdict",
 ]
@@ -336,7 +337,7 @@ def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
     return sorted(found, key=lambda f: (f[2], f[1], f[0]))
 
 
-def _attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
+def attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
     """The attempts a folder's names hold a marker or a lease of, by attempt then arm, as
     (arm, attempt, whether it has a marker)."""
     names = list(names)
@@ -432,7 +433,7 @@ def read_attempts(
         listing = store.changes(folder)
         changes += listing.values()
         found += [found_in(store, folder, listing, arm, n)
-                  for arm, n, _ in _attempt_files(listing)]
+                  for arm, n, _ in attempt_files(listing)]
     return decide(store, found, changes, now)
 
 
@@ -457,7 +458,7 @@ def read_attempt(
         found = [target]
         if isinstance(_alone(target, now), tuple):  # expired: the rest of the reading matters
             found += [found_in(store, folder, listing, other, n)
-                      for other, n, marked in _attempt_files(listing)
+                      for other, n, marked in attempt_files(listing)
                       if not marked and (other, n) != (arm, attempt)]
         return decide(store, found, listing.values(), now)[0]
     except (FlashError, DeadlineExceeded) as exc:

@@ -31,13 +31,14 @@ import re
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fsm.attempt import marker as marker_format
+from fsm.attempt.lease import lease_name
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import AttemptView, Found, decide, found_in, human_age, lease_files, verdict
+from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age, verdict
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -426,14 +427,6 @@ NOT_READ = "not read: --timeout reached"
 Wanted = list[tuple[str, MarkerFile, int]]
 
 
-def _unmarked(names: Collection[str]) -> tuple[list[MarkerFile], list[MarkerFile]]:
-    """The attempt markers among a folder's names, and the leases of attempts without one."""
-    markers = marker_format.listed(names)
-    marked = {(m.arm, m.attempt) for m in markers}
-    return markers, [MarkerFile(name, arm, attempt) for name, arm, attempt in lease_files(names)
-                     if (arm, attempt) not in marked]
-
-
 def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]:
     """The markers to read, and the leases of attempts without a marker to judge, each as
     (the run's folder, the file, how many attempts the run holds), from one bounded listing:
@@ -448,13 +441,14 @@ def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]
     wanted: Wanted = []
     leases: Wanted = []
     for folder in sorted(folders):
-        markers, leased = _unmarked(folders[folder])
-        held = {(f.arm, f.attempt) for f in (*markers, *leased)}
-        last = max((attempt for _, attempt in held), default=None)
+        held = attempt_files(folders[folder])  # its marker, or else its lease, by attempt
+        last = max((attempt for _, attempt, _ in held), default=None)
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
         count = len(held) if recursive else 1
-        wanted += [(run, m, count) for m in markers if not recursive or m.attempt == last]
-        leases += [(run, f, count) for f in leased if not recursive or f.attempt == last]
+        for arm, attempt, marked in held:
+            if not recursive or attempt == last:
+                name = marker_format.name(arm, attempt) if marked else lease_name(arm, attempt)
+                (wanted if marked else leases).append((run, MarkerFile(name, arm, attempt), count))
     return wanted, leases
 
 
