@@ -25,6 +25,7 @@ line is unusable, or ``explain`` would have to pick among several arms.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -467,23 +468,21 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     if not leases:
         return []
     now = time.time()  # before the listings: no lease looks older than it is
-    by_folder: dict[str, list[tuple[MarkerFile, int]]] = {}
-    for folder, f, held in leases:
-        by_folder.setdefault(folder, []).append((f, held))
     found: list[Found] = []
     changes: list[float] = []
-    try:
-        for folder, files in by_folder.items():
+    try:  # a folder's leases are together in ``leases`` (_wanted), one Found each, in order
+        for folder, group in itertools.groupby(leases, key=lambda lease: lease[0]):
+            files = [f for _, f, _ in group]
             try:
                 listing = store.changes(folder)
             except (StoreAuthError, StoreUnavailable):
                 raise
             except FatalError as exc:
                 why = f"the store refused to list {folder}/: {' '.join(exc.message.split())}"
-                found += [Found(f.arm, f.attempt, folder, lease_problem=why) for f, _ in files]
+                found += [Found(f.arm, f.attempt, folder, lease_problem=why) for f in files]
                 continue
             changes += listing.values()
-            for f, _ in files:
+            for f in files:
                 if f.name in listing or marker_format.name(f.arm, f.attempt) in listing:
                     found.append(found_in(store, folder, listing, f.arm, f.attempt))
                 else:
@@ -494,14 +493,12 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     except DeadlineExceeded:
         views = [AttemptView(f.arm, f.attempt, "unknown", LEASE_NOT_READ, prefix=folder)
                  for folder, f, _ in leases]
-    held_of = {(folder, f.arm, f.attempt): (f, held) for folder, f, held in leases}
     rows = []
-    for view in views:
-        f, held = held_of[(view.prefix, view.arm, view.attempt)]
+    for (folder, f, held), view in zip(leases, views, strict=True):  # views in found's order
         landed = view.marker is not None  # its marker landed between the two listings: shown
         if landed:
             f = MarkerFile(marker_format.name(f.arm, f.attempt), f.arm, f.attempt)
-        rows.append(Row(f, view.marker, None, view.prefix, held, None if landed else view))
+        rows.append(Row(f, view.marker, None, folder, held, None if landed else view))
     return rows
 
 
