@@ -149,8 +149,7 @@ class AttemptView:
 
     @property
     def hostname(self) -> str | None:
-        name = self.host.get("hostname") if self.host is not None else None
-        return name if isinstance(name, str) and name else None
+        return _text(self.host.get("hostname")) if self.host is not None else None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 import time
 import unicodedata
@@ -561,13 +560,7 @@ def summary_line(counted: Mapping[str, Any]) -> str:
 def _finite(value: Any) -> Any:
     """``value`` with every NaN or infinity (JSON has none; a marker may hold them, as
     Python's json reads them) replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+    return json.loads(json.dumps(value), parse_constant=lambda constant: None)
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -720,10 +713,9 @@ def _gpus(marker: Mapping[str, Any] | None) -> str | None:
         facts = marker.get(key)
         if not isinstance(facts, dict) or not isinstance(facts.get("findings"), list):
             continue
-        findings = facts["findings"]
         when = facts.get("when") if isinstance(facts.get("when"), str) else None
         lines.append(f"{head}{f' ({_printable(when, 60)})' if when else ''}")
-        for finding in findings[:16]:
+        for finding in facts["findings"][:16]:
             if not isinstance(finding, dict):
                 continue
             gpu = " ".join(_printable(str(finding[k]), 60) for k in ("index", "uuid", "bus_id")
