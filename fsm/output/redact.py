@@ -188,11 +188,10 @@ def _utf8(text: str) -> dict[str, builtins.bytes]:
 
 def _agreeing(value: int, bits: int, low: bool) -> frozenset[str]:
     """The base64 characters whose ``bits`` low (else high) bits are those of ``value``'s."""
-    if low:
-        mask = (1 << bits) - 1
-        return frozenset(c for i, c in enumerate(_BASE64) if i & mask == value & mask)
-    shift = 6 - bits
-    return frozenset(c for i, c in enumerate(_BASE64) if i >> shift == value >> shift)
+    def key(index: int) -> int:
+        return index & ((1 << bits) - 1) if low else index >> (6 - bits)
+
+    return frozenset(c for i, c in enumerate(_BASE64) if key(i) == key(value))
 
 
 def _base64_cores(data: builtins.bytes) -> Iterable[tuple[str, _Around]]:
@@ -260,12 +259,8 @@ def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
     out: dict[builtins.bytes, _BytesForm] = {}
     for form in forms:
         for errors, data in _utf8(form).items():  # what encodes the form encodes its pieces
-            suffix = len(form[-_FRAGMENT:].encode("utf-8", errors))
-            prefix = len(form[:_FRAGMENT].encode("utf-8", errors))
-            if len(form) < _FRAGMENT:
-                suffix = 1
-            if len(form) <= _FRAGMENT:
-                prefix = 0
+            suffix = 1 if len(form) < _FRAGMENT else len(form[-_FRAGMENT:].encode("utf-8", errors))
+            prefix = 0 if len(form) <= _FRAGMENT else len(form[:_FRAGMENT].encode("utf-8", errors))
             out.setdefault(data, _BytesForm(data, suffix, prefix))
     return list(out.values())
 
@@ -297,8 +292,7 @@ def _cut_piece(
 
 def _char(value: str | builtins.bytes, at: int) -> str:
     """The character (byte, as Latin-1) at ``at``; "" outside ``value``."""
-    piece = value[at : at + 1] if at >= 0 else value[:0]
-    return piece.decode("latin-1") if isinstance(piece, builtins.bytes) else piece
+    return _text_of(value[at : at + 1] if at >= 0 else value[:0])
 
 
 def _widened(
