@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, TextIO
 
 import structlog
@@ -107,9 +107,9 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
     if json is None:
         json = forced == "json" if forced in ("json", "console") else not _is_terminal(stream)
     renderer: Any
-    if json:
+    if json:  # each line one write of the line and its newline: an outlet's one offer
         renderer, _lines = structlog.processors.JSONRenderer(), None
-        logger = _Logger(_json_writer(stream))
+        logger = _Logger(_Lines(stream, live=False).write)
     else:
         renderer, _lines = _render_line, _Lines(stream, live=_is_terminal(stream))
         logger = _Logger(_lines.write)
@@ -138,12 +138,11 @@ def attach(redactor: Redactor) -> None:
     """Make ``redactor`` (the attempt's) the one every log event passes through from now,
     and forget the identity of an attempt before (a new attempt starts)."""
     _identity.clear()
-    processors = list(structlog.get_config()["processors"])
-    found = [i for i, p in enumerate(processors) if isinstance(p, RedactEvent)]
-    if found:
-        processors[found[0]] = RedactEvent(redactor)
-    else:  # configured by someone else (a test, an embedding program): redact before rendering
-        processors.insert(max(0, len(processors) - 1), RedactEvent(redactor))
+    # Also where someone else configured structlog (a test, an embedding program): the
+    # redaction goes just before the renderer.
+    processors = [p for p in structlog.get_config()["processors"]
+                  if not isinstance(p, RedactEvent)]
+    processors.insert(max(0, len(processors) - 1), RedactEvent(redactor))
     structlog.configure(processors=processors)
 
 
@@ -258,7 +257,8 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class _Lines:
-    """Where readable lines go; on a terminal the live progress bars stay below them."""
+    """Where log lines go, each written and flushed; with readable lines on a terminal
+    (``live``) the live progress bars stay below them."""
 
     def __init__(self, stream: TextIO, *, live: bool) -> None:
         self.stream = stream
@@ -327,20 +327,6 @@ class _Logger:
     exception = msg
 
 
-def _json_writer(stream: TextIO) -> Callable[[str], object]:
-    """Each JSON line as one write of the line and its newline (an outlet's ``write_line``
-    counts it as one line)."""
-    write_line: Callable[[str], object] | None = getattr(stream, "write_line", None)
-    if write_line is not None:
-        return write_line
-
-    def write(message: str) -> None:
-        stream.write(message + "\n")
-        stream.flush()
-
-    return write
-
-
 #: Fields a readable line leaves out: the person at the terminal watches one attempt.
 _HIDDEN = ("run_id", "attempt", "level", "timestamp", "msg", "state", "exception")
 
@@ -376,11 +362,11 @@ _PROGRESS_KEYS = ("files_done", "files_total", "bytes_done", "bytes_total", "byt
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    raise AssertionError("unreachable")  # pragma: no cover
+    return f"{n:.1f} GB"
 
 
 def _summary(fields: Mapping[str, Any]) -> str:
@@ -400,7 +386,7 @@ def _summary(fields: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-class Progress:
+class Progress(AbstractContextManager["Progress"]):
     """Long work's progress as ``<name>.progress`` events, at a bounded rate.
 
     One event when created (``report: start``), then at most one every ``every_s``
@@ -467,9 +453,6 @@ class Progress:
             if _lines is not None:
                 _lines.show(id(self), None)  # the end line replaces the bar
             self._emit("end", ok=ok)
-
-    def __enter__(self) -> Progress:
-        return self
 
     def __exit__(self, exc_type: object, *_exc: object) -> None:
         self.done(ok=exc_type is None)  # unless done already

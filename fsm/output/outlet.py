@@ -199,12 +199,6 @@ class OutletStream(io.TextIOBase):
                 self.outlet.offer((head + newline).encode("utf-8", "backslashreplace"))
         return len(text)
 
-    def write_line(self, line: str) -> None:
-        """``line`` and its newline as one offer (a log event: one line, counted as one)."""
-        with self._lock:
-            pending, self._pending = self._pending, ""
-            self.outlet.offer((pending + line + "\n").encode("utf-8", "backslashreplace"))
-
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, ""
