@@ -254,12 +254,6 @@ class Tuning:
             lease_s=watch_seconds(env, "FLASH_LEASE_S", cls.lease_s, minimum=MIN_LEASE_S),
         )
 
-    def reserve_for(self, budget_s: float) -> float:
-        """Seconds kept back from the worker for the tail, the verification and the marker."""
-        if self.exit_reserve_s is not None:
-            return max(0.0, self.exit_reserve_s)
-        return min(60.0, max(1.0, budget_s * 0.1))
-
 
 def _float(value: str | None, default: Any) -> Any:
     try:
@@ -577,8 +571,11 @@ class Context:
 
     @property
     def reserve_s(self) -> float:
-        """Seconds of the budget kept back for the tail, the verification and the marker."""
-        return self.tuning.reserve_for(self.deadline.at - self.started_at)
+        """Seconds of the budget kept back from the worker for the tail, the verification
+        and the marker: FLASH_EXIT_RESERVE_S, else a tenth of the budget (1 to 60 s)."""
+        if self.tuning.exit_reserve_s is not None:
+            return max(0.0, self.tuning.exit_reserve_s)
+        return min(60.0, max(1.0, (self.deadline.at - self.started_at) * 0.1))
 
     @property
     def work_deadline(self) -> Deadline:
