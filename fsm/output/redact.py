@@ -118,11 +118,10 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
 
 def _url_password(value: str) -> str | None:
     """The password of ``scheme://user:password@host...``, decoded, or None."""
-    try:
+    with suppress(ValueError):  # not a URL
         password = urlsplit(value.strip()).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
+        return unquote(password) if password else None
+    return None
 
 
 def _backslashed(secret: str, quote_char: str) -> str:
@@ -214,10 +213,9 @@ def _base64_cores(data: builtins.bytes) -> Iterable[tuple[str, _Around]]:
         yield encoded[first:last], _Around(before, after, -(offset + len(data)) % 3)
 
 
-def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
-    """Every encoded form of ``secret`` long enough to be masked (see the module), with what
-    a match of each may take with it."""
-    forms: dict[str, list[_Around]] = {}
+def _add_encoded_forms(secret: str, forms: dict[str, list[_Around]]) -> None:
+    """Add to ``forms`` every encoded form of ``secret`` long enough to be masked (see the
+    module), with what a match of each may take with it (each once)."""
 
     def add(form: str, around: _Around | None = None) -> None:
         if len(form) >= _MIN_SECRET_LEN:
@@ -241,7 +239,6 @@ def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
         for form in (alone, alone.translate(_URL_SAFE)):
             add(form)
             add(form.rstrip("="), _Around(_NOTHING, None, pad))
-    return forms
 
 
 class _BytesForm(NamedTuple):
@@ -392,9 +389,7 @@ class Redactor:
             return
         self._secrets |= new
         for secret in new:
-            for form, arounds in _encoded_forms(secret).items():
-                known = self._arounds.setdefault(form, [])
-                known += (a for a in arounds if a not in known)
+            _add_encoded_forms(secret, self._arounds)
         forms = {f for s in self._secrets for f in _forms(s)} | self._arounds.keys()
         self._forms = sorted(forms)
         self._bforms = _byte_forms(self._forms)
