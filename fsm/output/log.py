@@ -87,8 +87,6 @@ def _add_identity(
     """The identity first; an event's own ``state`` wins (the state it is about), but
     ``attempt`` always names the attempt: an event's own (a retry's try number) is kept
     as ``try``."""
-    if not _identity:
-        return event
     if "attempt" in _identity and "attempt" in event:
         event = dict(event)
         event.setdefault("try", event.pop("attempt"))
@@ -106,13 +104,10 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
     forced = os.environ.get(FORMAT_SETTING, "").strip().lower()
     if json is None:
         json = forced == "json" if forced in ("json", "console") else not _is_terminal(stream)
-    renderer: Any
-    if json:  # each line one write of the line and its newline: an outlet's one offer
-        renderer, _lines = structlog.processors.JSONRenderer(), None
-        logger = _Logger(_Lines(stream, live=False).write)
-    else:
-        renderer, _lines = _render_line, _Lines(stream, live=_is_terminal(stream))
-        logger = _Logger(_lines.write)
+    # A JSON line is one write of the line and its newline: an outlet's one offer.
+    logger = _Lines(stream, live=not json and _is_terminal(stream))
+    _lines = None if json else logger
+    renderer: Any = structlog.processors.JSONRenderer() if json else _render_line
     structlog.configure(
         processors=[
             _add_identity,
@@ -257,8 +252,10 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class _Lines:
-    """Where log lines go, each written and flushed; with readable lines on a terminal
-    (``live``) the live progress bars stay below them."""
+    """structlog's logger: each rendered event is written as a line and flushed, and a
+    stream that fails never raises into the caller (``fsm.output.outlet``: under ``run``
+    the stream never blocks either). With readable lines on a terminal (``live``) the live
+    progress bars stay below the lines."""
 
     def __init__(self, stream: TextIO, *, live: bool) -> None:
         self.stream = stream
@@ -267,10 +264,13 @@ class _Lines:
         self._lock = threading.Lock()
         self._closed = False
 
-    def write(self, line: str) -> None:
-        with self._lock:
+    def msg(self, line: str) -> None:
+        with suppress(Exception), self._lock:  # a log line never breaks what it reports
             self.stream.write((_CLEAR_LINE if self._bars else "") + line + "\n")
             self._draw()
+
+    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
+    exception = msg
 
     def show(self, key: int, bar: str | None) -> None:
         """Draw (None: remove) the bar ``key``; every bar shares the last line."""
@@ -309,22 +309,6 @@ def _width(stream: TextIO) -> int:
     except (AttributeError, ValueError, OSError):
         columns = 0
     return columns if columns > 20 else 100  # a pty nobody sized says 0
-
-
-class _Logger:
-    """structlog's logger: hands each rendered event to ``write``, and a stream that fails
-    never raises into the caller (``fsm.output.outlet``: under ``run`` the stream never
-    blocks either)."""
-
-    def __init__(self, write: Callable[[str], object]) -> None:
-        self._write = write
-
-    def msg(self, message: str) -> None:
-        with suppress(Exception):  # a log line never breaks what it reports
-            self._write(message)
-
-    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
-    exception = msg
 
 
 #: Fields a readable line leaves out: the person at the terminal watches one attempt.
