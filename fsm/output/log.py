@@ -261,7 +261,7 @@ class _Lines:
         self.stream = stream
         self.live = live
         self._bars: dict[int, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a stream whose write logs does not deadlock
         self._closed = False
 
     def msg(self, line: str) -> None:
