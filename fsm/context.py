@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -256,10 +256,9 @@ class Tuning:
 
 
 def _float(value: str | None, default: Any) -> Any:
-    try:
-        return float(value) if value not in (None, "") else default
-    except ValueError:
-        return default
+    with suppress(ValueError):  # unset, empty or not a number: the default
+        return float(value or "")
+    return default
 
 
 def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFault:
