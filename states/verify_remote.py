@@ -140,18 +140,17 @@ def _reason(
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
-    if match is not None and match.signature.id in ("disk-full", "shm-exhausted"):
+    if match is None:
+        return f"worker {exited} without completion artifacts ({missing} missing)"
+    sig = match.signature
+    if sig.id in ("disk-full", "shm-exhausted"):
         return _space_reason(ctx, rule, match, exited, missing)
-    if match is not None and rule is rules.WORKER_HOST_FAULT:
-        sig = match.signature
+    if rule is rules.WORKER_HOST_FAULT:
         return (f"host fault, retry on a fresh host: {sig.meaning} ({sig.id}); worker "
                 f"{exited} without {missing}; its console: {match.line}")
-    if match is not None:
-        sig = match.signature
-        return (f"worker {exited} without completion artifacts ({missing} missing); its "
-                f"console shows the job's own fault, which fails on any host: {sig.meaning} "
-                f"({sig.id}): {match.line}")
-    return f"worker {exited} without completion artifacts ({missing} missing)"
+    return (f"worker {exited} without completion artifacts ({missing} missing); its "
+            f"console shows the job's own fault, which fails on any host: {sig.meaning} "
+            f"({sig.id}): {match.line}")
 
 
 def _space_reason(
