@@ -90,9 +90,10 @@ from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
 __all__ = [
-    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "decide", "found_in",
+    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "attempt_files", "decide",
+    "found_in",
     "human_age", "judge", "lease_files", "read_attempt", "read_attempts", "read_lease",
-    "read_marker",
+    "read_marker", "verdict",
 ]
 
 Kind = Literal["running", "succeeded", "retriable", "fatal", "lost", "unknown"]
@@ -148,8 +149,7 @@ class AttemptView:
 
     @property
     def hostname(self) -> str | None:
-        name = self.host.get("hostname") if self.host is not None else None
-        return name if isinstance(name, str) and name else None
+        return _text(self.host.get("hostname")) if self.host is not None else None
 
 
 @dataclass(frozen=True)
@@ -292,14 +292,20 @@ def _marker_view(f: Found) -> AttemptView:
     if marker is None or f.marker_problem is not None:
         return _view(f, "unknown", f"the marker is unreadable: {f.marker_problem}")
     rule = marker.get("rule") if isinstance(marker.get("rule"), str) else None
-    kind: Kind = "succeeded" if marker.get("ok") is True else (
-        "retriable" if marker.get("retriable") is True else "fatal")
+    kind = verdict(marker)
     why = {"succeeded": "the marker says ok",
            "retriable": "the marker says failed, retriable: retry on a fresh host",
            "fatal": "the marker says failed, not retriable: fail the run"}[kind]
     return _view(f, kind, why + (f" (rule {rule})" if rule else ""), rule=rule,
                  state=_text(marker.get("state")), host=_dict(marker.get("host")),
                  marker=dict(marker))
+
+
+def verdict(marker: Mapping[str, Any]) -> Kind:
+    """What a readable marker says (rule 1): succeeded, retriable or fatal."""
+    if marker.get("ok") is True:
+        return "succeeded"
+    return "retriable" if marker.get("retriable") is True else "fatal"
 
 
 def _lease_view(f: Found, kind: Kind, why: str, now: float,
@@ -330,7 +336,7 @@ def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
     return sorted(found, key=lambda f: (f[2], f[1], f[0]))
 
 
-def _attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
+def attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
     """The attempts a folder's names hold a marker or a lease of, by attempt then arm, as
     (arm, attempt, whether it has a marker)."""
     names = list(names)
@@ -426,7 +432,7 @@ def read_attempts(
         listing = store.changes(folder)
         changes += listing.values()
         found += [found_in(store, folder, listing, arm, n)
-                  for arm, n, _ in _attempt_files(listing)]
+                  for arm, n, _ in attempt_files(listing)]
     return decide(store, found, changes, now)
 
 
@@ -451,7 +457,7 @@ def read_attempt(
         found = [target]
         if isinstance(_alone(target, now), tuple):  # expired: the rest of the reading matters
             found += [found_in(store, folder, listing, other, n)
-                      for other, n, marked in _attempt_files(listing)
+                      for other, n, marked in attempt_files(listing)
                       if not marked and (other, n) != (arm, attempt)]
         return decide(store, found, listing.values(), now)[0]
     except (FlashError, DeadlineExceeded) as exc:

@@ -181,24 +181,10 @@ def _die_of_sigpipe() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_without_repeated_command(argv))
-    command: str = args.command
+    commands = {"run": _run, "validate": _validate, "demo": _demo, "diagram": _diagram,
+                "policy": _policy, "status": _fleet, "explain": _fleet}
     try:
-        if command == "run":
-            return _run(args)
-        if command == "validate":
-            return _validate(Path(args.payload))
-        if command == "demo":
-            from fsm.ops.demo import run_demo
-
-            return run_demo(args.scenario, keep=Path(args.keep) if args.keep else None)
-        if command == "diagram":
-            return _diagram(args)
-        if command == "policy":
-            from fsm.policy import render_table
-
-            print(render_table())
-            return 0
-        return _fleet(args)  # status or explain: argparse allows no other command
+        return commands[args.command](args)
     except KeyboardInterrupt:
         _last_say("interrupted")
         return 130
@@ -281,18 +267,31 @@ def _fleet(args: argparse.Namespace) -> int:
     return fleet.explain(attempt=args.attempt, arm=args.arm, **common)
 
 
-def _validate(path: Path) -> int:
+def _validate(args: argparse.Namespace) -> int:
     from fsm.errors import PayloadError
     from fsm.payload import parse, read_raw
 
     try:
-        payload = parse(read_raw(path))
+        payload = parse(read_raw(Path(args.payload)))
     except PayloadError as exc:
         _say(f"payload unusable: {exc}")
         return 2
     dest = payload.dest
     print(json.dumps({"valid": True, "mode": payload.mode, "marker": dest.path(dest.marker_name),
                       "hf_repo": dest.hf_repo}))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fsm.ops.demo import run_demo
+
+    return run_demo(args.scenario, keep=Path(args.keep) if args.keep else None)
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from fsm.policy import render_table
+
+    print(render_table())
     return 0
 
 

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -254,18 +254,11 @@ class Tuning:
             lease_s=watch_seconds(env, "FLASH_LEASE_S", cls.lease_s, minimum=MIN_LEASE_S),
         )
 
-    def reserve_for(self, budget_s: float) -> float:
-        """Seconds kept back from the worker for the tail, the verification and the marker."""
-        if self.exit_reserve_s is not None:
-            return max(0.0, self.exit_reserve_s)
-        return min(60.0, max(1.0, budget_s * 0.1))
-
 
 def _float(value: str | None, default: Any) -> Any:
-    try:
-        return float(value) if value not in (None, "") else default
-    except ValueError:
-        return default
+    with suppress(ValueError):  # unset, empty or not a number: the default
+        return float(value or "")
+    return default
 
 
 def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFault:
@@ -577,8 +570,11 @@ class Context:
 
     @property
     def reserve_s(self) -> float:
-        """Seconds of the budget kept back for the tail, the verification and the marker."""
-        return self.tuning.reserve_for(self.deadline.at - self.started_at)
+        """Seconds of the budget kept back from the worker for the tail, the verification
+        and the marker: FLASH_EXIT_RESERVE_S, else a tenth of the budget (1 to 60 s)."""
+        if self.tuning.exit_reserve_s is not None:
+            return max(0.0, self.tuning.exit_reserve_s)
+        return min(60.0, max(1.0, (self.deadline.at - self.started_at) * 0.1))
 
     @property
     def work_deadline(self) -> Deadline:

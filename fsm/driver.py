@@ -62,10 +62,12 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
     problems = handler_problems(handlers)
     if problems:  # loud now; a state without a handler still ends in its internal-error marker
         log.error("driver.table_mismatch", problems=problems, rule=rules.INTERNAL_ERROR.id)
-    while not machine.is_terminal:
+    while True:
         state = machine.state
         started = ctx.timeline.enter(state)
         log_config.bind(state=state)  # every event carries it
+        if machine.is_terminal:
+            return state
         if state == table.PUBLISHES:
             event = _mark(ctx, handlers.get(state))
         else:
@@ -82,9 +84,6 @@ def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | Non
             **{"from": state, "_event": event, "to": machine.state},
             seconds=round(time.monotonic() - started, 4),
         )
-    ctx.timeline.enter(machine.state)
-    log_config.bind(state=machine.state)
-    return machine.state
 
 
 def _step(ctx: Context, state: str, handler: Handler | None) -> str:
@@ -124,23 +123,16 @@ def _step(ctx: Context, state: str, handler: Handler | None) -> str:
             # Whatever broke after a SIGTERM/SIGINT broke because of it (a pipe cut, a
             # process killed): the host is going away, and that is what decides.
             exc = Interrupted(ctx.interrupt.signum or 15)
-        exc = _storage(ctx, state, exc)
+        # The typed failure of the host's storage it may be (``fsm.host.storage``): a full
+        # or read-only filesystem under one of the runner's own writes, with its evidence.
+        from fsm.host import storage
+
+        found = storage.classify(exc, state=state, candidates=storage_dirs(ctx, state),
+                                 start=ctx.storage_start, environ=ctx.merged_env())
+        if found is not None:
+            exc, ctx.evidence["storage"] = found
         rule = policy.classify(state, exc)
         return _failed(ctx, state, rule, describe(exc), type(exc).__name__)
-
-
-def _storage(ctx: Context, state: str, exc: BaseException) -> BaseException:
-    """``exc``, or the typed failure of the host's storage it is (``fsm.host.storage``): a full
-    or read-only filesystem under one of the runner's own writes, named with its evidence."""
-    from fsm.host import storage
-
-    found = storage.classify(exc, state=state, candidates=storage_dirs(ctx, state),
-                             start=ctx.storage_start, environ=ctx.merged_env())
-    if found is None:
-        return exc
-    typed, evidence = found
-    ctx.evidence["storage"] = evidence
-    return typed
 
 
 def storage_dirs(ctx: Context, state: str) -> list[Path]:

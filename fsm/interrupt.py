@@ -163,12 +163,8 @@ def install_early(flag: InterruptFlag = PROCESS_FLAG, *, wakeup: bool = True) ->
     """Route the stop signals to ``flag`` (the runner installs its own handler later) and
     catch the ignored ones, so that none of the table's signals ends the process; with
     ``wakeup`` also arm the wakeup descriptor (else the caller does, once it may open one)."""
-
-    def handler(signum: int, _frame: object) -> None:
-        flag.trigger(signum)
-
     for sig in STOP_SIGNALS:
-        signal.signal(sig, handler)
+        signal.signal(sig, lambda signum, _frame: flag.trigger(signum))
     install_ignored()
     if wakeup:
         arm_wakeup()

@@ -90,7 +90,7 @@ def read_raw(path: Path) -> dict[str, Any]:
         raise PayloadError(f"payload file {shown} does not exist") from None
     except OSError as exc:
         raise PayloadError(
-            f"payload file {shown} is unreadable: {_one_line(exc.strerror or str(exc))}"
+            f"payload file {shown} is unreadable: {' '.join((exc.strerror or str(exc)).split())}"
         ) from None
     try:
         raw = json_object(data, parse_int=_parse_int)
@@ -244,8 +244,7 @@ def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination
             f"payload key 'hf_repo' must look like 'org/name', got {_quoted(repo, raw)}"
         )
     prefix = _required(raw, "hf_prefix", str)
-    problem = _prefix_problem(prefix)
-    if problem is not None:
+    if (problem := _prefix_problem(prefix)) is not None:
         raise PayloadError(f"payload key 'hf_prefix' {problem}, got {_quoted(prefix, raw)}")
     arm = _opt(raw, "flash_arm", str, "instance")
     if not NAME_RE.fullmatch(arm):
@@ -357,10 +356,6 @@ def _shown(path: Path) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 _TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
 
 
@@ -393,8 +388,7 @@ def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | 
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PayloadError(f"payload key {key!r} must be a number, got {json_type(value)}")
-    number = finite_number(value)
-    if number is None:
+    if (number := finite_number(value)) is None:
         raise PayloadError(f"payload key {key!r} must be finite")
     return number
 

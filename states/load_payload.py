@@ -68,11 +68,7 @@ def load_payload(ctx: Context) -> str:
         if parsed is not None:
             # This process's budget bounds the wait for the lock; once the lock is held,
             # the attempt's own start fixes the deadline (_own_budget).
-            ctx.deadline = Deadline.for_attempt(
-                parsed.deadline_at
-                if parsed.deadline_at is not None
-                else ctx.started_at + parsed.max_wall_s
-            )
+            ctx.deadline = Deadline.for_attempt(_deadline_at(parsed, ctx.started_at))
         _take_lock(ctx, dest)
         ctx.dest = dest  # from here on this process owns the attempt and may mark it
         log_config.bind(run_id=ctx.evidence.get("run_id"), attempt=dest.attempt)
@@ -82,12 +78,10 @@ def load_payload(ctx: Context) -> str:
         ctx.tuning = Tuning.from_env({**ctx.environ, **parsed.env})
         ident = result.identity(dest, run_id=parsed.run_id, mode=parsed.mode)
         recorded = result.load_persisted(result.result_path(ctx.settings.payload_path, dest), ident)
-        spent: str | None = None
+        spent = _own_budget(ctx, parsed, dest, ident) if recorded is None else None
         if recorded is not None:
             # A replay only re-publishes; it needs a short bound, not the (maybe past) budget.
             ctx.deadline = Deadline.after(REPLAY_BOUND_S)
-        else:
-            spent = _own_budget(ctx, parsed, dest, ident)
         # An unusable store setting (FLASH_STORE in the payload's env) is the payload's
         # fault: it raises PayloadError before the payload counts as loaded.
         ctx.store = ctx.setup_store()
@@ -120,7 +114,7 @@ def _own_budget(
     boot = probe.boot_id()
     path = result.start_path(ctx.settings.payload_path, dest)
     start, continued = attempt_start.begin(path, ident, ctx.started_at, boot)
-    at = p.deadline_at if p.deadline_at is not None else start.started_at + p.max_wall_s
+    at = _deadline_at(p, start.started_at)
     deadline = start.deadline(at, boot)
     ctx.started_at = start.started_at  # the exit reserve is derived from the whole budget
     ctx.deadline = deadline
@@ -142,6 +136,11 @@ def _own_budget(
         return (f"run wall deadline exceeded: {first} left only the exit reserve "
                 f"({left_s:.1f}s) when this restart came ({spent_s:.1f}s after that start)")
     return None
+
+
+def _deadline_at(p: payload.Payload, started_at: float) -> float:
+    """The attempt's deadline (epoch): the payload's own, else its budget from ``started_at``."""
+    return p.deadline_at if p.deadline_at is not None else started_at + p.max_wall_s
 
 
 def _utc(epoch: float) -> str:

@@ -36,15 +36,14 @@ _KERNEL_ARG_CAP = 6 * 1024 * 1024
 #: What the kernel always allows (the legacy ``ARG_MAX``), when ``sysconf`` cannot say.
 _MIN_ARG_MAX = 131_072
 _POINTER = struct.calcsize("P")
-
+#: The spec's two ways to the worker (inline or as a file): only the one chosen is set.
+SPEC_VARS = ("FLASH_JOB_SPEC_JSON", "FLASH_JOB_SPEC_PATH")
 
 
 def resolve_spec(ctx: Context) -> str:
     p = ctx.require_payload()
     spec = _spec(ctx, p)
-    env = ctx.merged_env()
-    env.pop("FLASH_JOB_SPEC_JSON", None)
-    env.pop("FLASH_JOB_SPEC_PATH", None)
+    env = {k: v for k, v in ctx.merged_env().items() if k not in SPEC_VARS}
     assert p.phase is not None and p.seed is not None  # parse() requires both for training
     code_dir = ctx.settings.code_root / "code"
     env.update(
@@ -58,24 +57,20 @@ def resolve_spec(ctx: Context) -> str:
             "FLASH_SCRATCH_DIR": str(ctx.scratch),
             # Touched by a worker in a long silent phase: a sign of progress (CONTRACT 7).
             "FLASH_PROGRESS_FILE": str(progress_path(ctx)),
-            "PYTHONPATH": os.pathsep.join(
-                [str(code_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-            ),
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(code_dir), env.get("PYTHONPATH")))),
         }
     )
     env.update(ctx.require_store().worker_env())
     argv = [ctx.python, *WORKER_ARGV]
-    inline = {**env, "FLASH_JOB_SPEC_JSON": spec}
-    if _nbytes(spec) <= INLINE_SPEC_MAX_BYTES and exec_problem(argv, inline) is None:
-        ctx.worker_env = inline
-        return table.SPEC_RESOLVED
-    spec_file = ctx.scratch / "job_spec.json"
-    env["FLASH_JOB_SPEC_PATH"] = str(spec_file)
-    problem = exec_problem(argv, env)
-    if problem is not None:
-        raise FatalError(problem, rule=rules.WORKER_ENV_TOO_LARGE)
-    spec_file.write_text(spec, encoding="utf-8")
-    ctx.worker_env = env
+    worker_env = {**env, "FLASH_JOB_SPEC_JSON": spec}
+    if _nbytes(spec) > INLINE_SPEC_MAX_BYTES or exec_problem(argv, worker_env) is not None:
+        spec_file = ctx.scratch / "job_spec.json"
+        worker_env = {**env, "FLASH_JOB_SPEC_PATH": str(spec_file)}
+        problem = exec_problem(argv, worker_env)
+        if problem is not None:
+            raise FatalError(problem, rule=rules.WORKER_ENV_TOO_LARGE)
+        spec_file.write_text(spec, encoding="utf-8")
+    ctx.worker_env = worker_env
     return table.SPEC_RESOLVED
 
 
@@ -94,18 +89,15 @@ def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     Names the offending environment variable and the size of its value in bytes, never
     the value itself.
     """
-    for arg in argv:
-        if _nbytes(arg) + 1 > MAX_ARG_STRLEN:
-            return (
-                f"a worker argument is {_nbytes(arg)} bytes; the kernel refuses any argument "
-                f"over {MAX_ARG_STRLEN - 1} bytes (MAX_ARG_STRLEN)"
-            )
+    # No argument can be over MAX_ARG_STRLEN: argv is the interpreter's path (a path the
+    # kernel can exec is under PATH_MAX) and WORKER_ARGV.
     # Each variable reaches the kernel as one "NAME=VALUE" string and its NUL.
-    entries = {name: _nbytes(name) + 1 + _nbytes(value) + 1 for name, value in env.items()}
+    sizes = {name: _nbytes(value) for name, value in env.items()}
+    entries = {name: _nbytes(name) + 1 + size + 1 for name, size in sizes.items()}
     for name, entry in entries.items():
         if entry > MAX_ARG_STRLEN:
             return (
-                f"the worker's environment variable {name} holds {_value_bytes(name, entry)} "
+                f"the worker's environment variable {name} holds {sizes[name]} "
                 f"bytes; the kernel refuses any NAME=VALUE over {MAX_ARG_STRLEN - 1} bytes "
                 "(MAX_ARG_STRLEN)"
             )
@@ -114,21 +106,13 @@ def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     total += sum(entry + _POINTER for entry in entries.values()) + 2 * _POINTER  # NULL ends
     limit = arg_max() - ARG_MAX_MARGIN
     if total > limit:
-        which = ""
-        if entries:
-            largest = max(entries, key=entries.__getitem__)
-            which = (f"; the largest variable is {largest} "
-                     f"({_value_bytes(largest, entries[largest])} bytes)")
+        largest = max(entries, key=entries.__getitem__)  # the worker's env is never empty
         return (
             f"the worker's argv and environment are {total} bytes, over the kernel's limit of "
-            f"{limit} bytes (ARG_MAX less a margin){which}"
+            f"{limit} bytes (ARG_MAX less a margin); the largest variable is {largest} "
+            f"({sizes[largest]} bytes)"
         )
     return None
-
-
-def _value_bytes(name: str, entry: int) -> int:
-    """The size of a variable's value, from the size of its "NAME=VALUE" string and NUL."""
-    return entry - _nbytes(name) - 2
 
 
 def _nbytes(text: str) -> int:

@@ -76,19 +76,16 @@ def verify_remote(ctx: Context) -> str:
     if all(present.values()):
         return table.COMPLETION_CONFIRMED
 
-    result = ctx.worker.exit
-    on_its_own = result is not None and result.reason == "exited"
-    # A stall was called before any signal came: it stands, as a worker's own exit does.
-    stalled = result is not None and result.reason == "stalled"
-    # So was a stop for the host's GPUs (the host watch), which decides by itself.
-    host_failed = result is not None and result.reason == "host"
-    if ctx.interrupt.is_set() and not (on_its_own or stalled or host_failed):
+    ended = ctx.worker.exit.reason if ctx.worker.exit is not None else None
+    # A worker's own exit stands after a signal; so does a stall called before any signal
+    # came, and a stop for the host's GPUs (the host watch), which decides by itself.
+    if ctx.interrupt.is_set() and ended not in ("exited", "stalled", "host"):
         raise Interrupted(ctx.interrupt.signum or 15)
     missing = ", ".join(name for name, ok in present.items() if not ok)
-    if host_failed:
+    if ended == "host":
         raise _host_failed(ctx, p, missing)
     facts = WorkerFacts(
-        stalled=stalled,
+        stalled=ended == "stalled",
         heartbeat_retriable=heartbeat_retriable,
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
         oom_killed=ctx.worker.oom_killed is True,
@@ -108,7 +105,7 @@ def verify_remote(ctx: Context) -> str:
         f"{_reason(ctx, p, rule, match, missing)}; see error_{p.phase}.txt and "
         f"console_{p.phase}.txt in the store",
         rule=rule,
-        stands_after_signal=on_its_own or stalled,
+        stands_after_signal=ended in ("exited", "stalled"),
     )
 
 
@@ -143,18 +140,17 @@ def _reason(
         return (f"host RAM exhausted: the kernel's OOM killer ended {killed}; not a GPU OOM "
                 f"(worker {exited} without {missing}; the container's memory cgroup counted "
                 "an OOM kill while it ran)")
-    if match is not None and match.signature.id in ("disk-full", "shm-exhausted"):
+    if match is None:
+        return f"worker {exited} without completion artifacts ({missing} missing)"
+    sig = match.signature
+    if sig.id in ("disk-full", "shm-exhausted"):
         return _space_reason(ctx, rule, match, exited, missing)
-    if match is not None and rule is rules.WORKER_HOST_FAULT:
-        sig = match.signature
+    if rule is rules.WORKER_HOST_FAULT:
         return (f"host fault, retry on a fresh host: {sig.meaning} ({sig.id}); worker "
                 f"{exited} without {missing}; its console: {match.line}")
-    if match is not None:
-        sig = match.signature
-        return (f"worker {exited} without completion artifacts ({missing} missing); its "
-                f"console shows the job's own fault, which fails on any host: {sig.meaning} "
-                f"({sig.id}): {match.line}")
-    return f"worker {exited} without completion artifacts ({missing} missing)"
+    return (f"worker {exited} without completion artifacts ({missing} missing); its "
+            f"console shows the job's own fault, which fails on any host: {sig.meaning} "
+            f"({sig.id}): {match.line}")
 
 
 def _space_reason(

@@ -65,13 +65,9 @@ class AttemptLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self._fd = fd
                 return "held"
-            ended: LockWait | None = None
-            if budget.interrupt.is_set():
-                ended = "interrupted"
-            elif budget.expired():
-                ended = "deadline"
-            elif budget.clock() >= give_up:
-                ended = "busy"
+            ended: LockWait | None = ("interrupted" if budget.interrupt.is_set()
+                                      else "deadline" if budget.expired()
+                                      else "busy" if budget.clock() >= give_up else None)
             if ended is not None:
                 os.close(fd)
                 return ended

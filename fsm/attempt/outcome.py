@@ -183,17 +183,15 @@ def publish(ctx: Context, record: Persisted, budget: Budget) -> Published:
     marker's tries follow the store's own retry settings (``FLASH_STORE_RETRY_BASE_S``,
     ``FLASH_STORE_RETRY_MAX_S``)."""
     assert ctx.dest is not None
-    environ = ctx.store_env()
-    readback: Store | None = None
     try:
         # The tries end READBACK_S before the budget: the read-back keeps that.
         store: Store | None = ctx.store_for(budget.reserving(READBACK_S))
-        readback = ctx.store_for(budget)
-        base_s, max_s = retry_delays(environ)
+        readback: Store | None = ctx.store_for(budget)
+        base_s, max_s = retry_delays(ctx.store_env())
     except Exception as exc:  # an unusable store setting: the result stays persisted
         log.error("marker.store_unusable", exc_type=type(exc).__name__,
                   error=ctx.redactor.text(str(exc)))
-        store, (base_s, max_s) = None, retry_delays({})
+        store, readback, (base_s, max_s) = None, None, retry_delays({})
     return ctx.publisher.publish(
         record, dest=ctx.dest, store=store, result_file=result_file(ctx), ident=identity(ctx),
         scratch_dir=ctx.scratch, budget=budget, fence=ctx.fence, base_delay_s=base_s,

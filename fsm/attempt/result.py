@@ -23,7 +23,7 @@ from fsm.files import JsonProblem, json_object, write_atomic
 from fsm.payload import Destination
 
 __all__ = ["RESULT_VERSION", "Persisted", "identity", "load_persisted", "lock_path", "persist",
-           "result_path", "start_path"]
+           "read_own", "result_path", "start_path"]
 
 #: The persisted result's format; a file of any other version is set aside, never replayed.
 RESULT_VERSION = 1
@@ -75,45 +75,58 @@ def load_persisted(path: Path, ident: dict[str, Any]) -> Persisted | None:
     forensics, and logged, and the attempt runs.
     """
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+        found = read_own(path, ident, version=RESULT_VERSION, what="result")
     except OSError as exc:
         log.warning("result.unreadable", path=str(path), error=exc.strerror)
         return None
-    problem, record = _check_persisted(data, ident)
-    if problem is None:
-        return record
+    # this attempt's result, None (no file), or why the file there is set aside
+    verdict = _persisted(found, ident) if isinstance(found, dict) else found
+    if not isinstance(verdict, str):
+        return verdict
     aside = path.with_name(f"{path.name}.set-aside-{time.time_ns()}")
     try:
         os.replace(path, aside)
     except OSError as exc:
-        log.error("result.set_aside_failed", path=str(path), reason=problem, error=exc.strerror)
+        log.error("result.set_aside_failed", path=str(path), reason=verdict, error=exc.strerror)
         return None
-    log.warning("result.set_aside", path=str(path), kept_as=str(aside), reason=problem)
+    log.warning("result.set_aside", path=str(path), kept_as=str(aside), reason=verdict)
     return None
 
 
-def _check_persisted(data: bytes, ident: dict[str, Any]) -> tuple[str | None, Persisted | None]:
+def read_own(path: Path, ident: dict[str, Any], *, version: int, what: str,
+             ) -> dict[str, Any] | str | None:
+    """The JSON object at ``path`` when it is the ``version`` format of this attempt's
+    ``what`` (its identity ``ident``, as :func:`identity` makes it), else why not; None when
+    there is no file. The persisted result and the start file (``fsm.attempt.start``) are
+    read here. A file that cannot be read raises its ``OSError``."""
     try:
-        raw = json_object(data)
+        raw = json_object(path.read_bytes())
+    except FileNotFoundError:
+        return None
     except JsonProblem as exc:
-        return str(exc), None
-    if raw.get("version") != RESULT_VERSION or not isinstance(raw.get("identity"), dict):
-        return "no attempt identity (an older format)", None
-    if raw["identity"] != ident:
-        differ = sorted(k for k in set(ident) | set(raw["identity"])
-                        if raw["identity"].get(k) != ident.get(k))
-        return f"another attempt's result (differs in {', '.join(differ)})", None
+        return str(exc)
+    recorded = raw.get("identity")
+    if raw.get("version") != version:
+        return f"not version {version}"
+    if not isinstance(recorded, dict):
+        return "no attempt identity"
+    if recorded != ident:
+        differ = sorted(k for k in set(ident) | set(recorded) if recorded.get(k) != ident.get(k))
+        return f"another attempt's {what} (differs in {', '.join(differ)})"
+    return raw
+
+
+def _persisted(raw: dict[str, Any], ident: dict[str, Any]) -> Persisted | str:
+    """This attempt's result as ``raw`` holds it, else why it cannot be replayed."""
     record, artifacts = raw.get("marker"), raw.get("artifacts", {})
     problem = marker.problem(record, ident["attempt"])
     if problem is not None:
-        return f"malformed marker: {problem}", None
+        return f"malformed marker: {problem}"
     if not isinstance(artifacts, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()):
-        return "malformed artifacts", None
+        return "malformed artifacts"
     remove = raw.get("remove", [])
     if not isinstance(remove, list) or not all(isinstance(name, str) for name in remove):
-        return "malformed removals", None
+        return "malformed removals"
     assert isinstance(record, dict)
-    return None, Persisted(marker=record, artifacts=artifacts, remove=tuple(remove))
+    return Persisted(marker=record, artifacts=artifacts, remove=tuple(remove))

@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 
 import structlog
 
+from fsm.attempt.result import read_own
 from fsm.clock import Deadline
-from fsm.files import JsonProblem, finite_number, json_object, write_atomic
+from fsm.files import finite_number, write_atomic
 
 #: The start file's format; a file of any other version is ignored and replaced.
 START_VERSION = 1
@@ -84,23 +85,11 @@ def begin(
 def _load(path: Path, ident: dict[str, Any], boot: str | None) -> AttemptStart | str | None:
     """The persisted start of this attempt, else why the file there is not (None: no file)."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+        raw = read_own(path, ident, version=START_VERSION, what="start")
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
-    try:
-        raw = json_object(data)
-    except JsonProblem as exc:
-        return str(exc)
-    if raw.get("version") != START_VERSION:
-        return f"not version {START_VERSION}"
-    recorded = raw.get("identity")
-    if not isinstance(recorded, dict):
-        return "no attempt identity"
-    if recorded != ident:
-        differ = sorted(k for k in set(ident) | set(recorded) if recorded.get(k) != ident.get(k))
-        return f"another attempt's start (differs in {', '.join(differ)})"
+    if not isinstance(raw, dict):
+        return raw
     for name in ("started_at", "monotonic"):
         if finite_number(raw.get(name)) is None:
             return f"'{name}' is not a finite number"

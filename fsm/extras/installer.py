@@ -290,10 +290,8 @@ def pip_file_settings(env: Mapping[str, str], python: str) -> dict[str, str]:
     """The transport and cosmetic settings pip's configuration files give (an image's
     ``cert``, ``timeout``, ``retries``), as ``PIP_*`` names, the later file winning as in
     pip: what :func:`uv_env` carries over to uv."""
-    merged: dict[str, str] = {}
-    for settings in _pip_files(env, python).values():
-        merged.update({k: v for k, v in (settings or {}).items() if k in _PIP_NEUTRAL_SETTINGS})
-    return merged
+    return {k: v for settings in _pip_files(env, python).values()
+            for k, v in (settings or {}).items() if k in _PIP_NEUTRAL_SETTINGS}
 
 
 def _pip_files(env: Mapping[str, str], python: str) -> dict[Path, dict[str, str] | None]:
@@ -488,8 +486,7 @@ def _uv_error_line(console: str) -> str:
     causes: list[str] = []
     output_last, in_output = "", False
     for line in lines[starts[-1] + 1 :]:
-        cause = _CAUSE.match(line)
-        if cause:
+        if cause := _CAUSE.match(line):
             causes.append(cause.group(1))
             in_output = False
             continue

@@ -38,6 +38,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from itertools import takewhile
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -191,8 +192,7 @@ def refused_extra_pip(entries: Sequence[str]) -> Refusal | None:
 def _option_refusal(name: str) -> str:
     # pip reads "-r/etc/x" as "-r /etc/x": a short option is its first two characters
     key = name if name in _REFUSED_OPTIONS or name.startswith("--") else name[:2]
-    reason = _REFUSED_OPTIONS.get(key)
-    if reason is not None:
+    if reason := _REFUSED_OPTIONS.get(key):
         return f"pip option {key} {reason}"
     allowed = ", ".join("/".join(option.names) for option in EXTRA_PIP_OPTIONS)
     return f"not an allowed pip option (allowed: {allowed})"
@@ -229,9 +229,7 @@ def _requirement_problem(entry: str) -> str | None:
             "not a requirement (PEP 508), a URL, or the path of a wheel or sdist "
             f"({', '.join(ARCHIVE_SUFFIXES)}; no spaces or any of ; # @ [ ])"
         )
-    if requirement.url is not None:
-        return _package_url_problem(requirement.url)
-    return None
+    return None if requirement.url is None else _package_url_problem(requirement.url)
 
 
 def _package_url_problem(url: str) -> str | None:
@@ -600,17 +598,13 @@ def _subprocess_cause(lines: Sequence[str]) -> str:
     """The last line a failed subprocess printed, in pip's console or its log."""
     stripped = [line.strip() for line in lines]
     if "[end of output]" in stripped:  # the console's boxed copy of the output
-        end = len(stripped) - 1 - stripped[::-1].index("[end of output]")
-        return next((ln for ln in reversed(stripped[:end]) if ln), "")
-    starts = [i for i, ln in enumerate(stripped) if ln.startswith("Running command ")]
-    if not starts:
+        output = stripped[: len(stripped) - 1 - stripped[::-1].index("[end of output]")]
+    elif starts := [i for i, ln in enumerate(stripped) if ln.startswith("Running command ")]:
+        # the log: the output, then pip's ERROR line
+        output = list(takewhile(lambda ln: not ln.startswith("ERROR:"), stripped[starts[-1] + 1 :]))
+    else:
         return ""
-    cause = ""
-    for line in stripped[starts[-1] + 1 :]:  # the log: the output, then pip's ERROR line
-        if line.startswith("ERROR:"):
-            break
-        cause = line or cause
-    return cause
+    return next((ln for ln in reversed(output) if ln), "")
 
 
 def _report_log(output_log: Path, log_lines: Sequence[str]) -> None:

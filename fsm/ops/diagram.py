@@ -32,7 +32,6 @@ from fsm import table
 __all__ = [
     "FORMATS",
     "DiagramUnavailable",
-    "InvalidMarker",
     "dot",
     "graph",
     "mermaid",
@@ -50,11 +49,8 @@ REGENERATE = ("python -m fsm.ops.diagram --write diagrams --doc docs/policy.md -
 
 
 class DiagramUnavailable(Exception):
-    """The requested picture cannot be drawn here (the CLI prints this one line, exit 2)."""
-
-
-class InvalidMarker(DiagramUnavailable):
-    """The ``--marker`` file is JSON but not an attempt marker (one line, exit 2)."""
+    """The requested picture cannot be drawn here, or the ``--marker`` file is JSON but not
+    an attempt marker (the CLI prints this one line, exit 2)."""
 
 
 #: The working states that share the four failure exits (every working state but Mark).
@@ -81,10 +77,10 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     skipped, and a step the table does not allow is not drawn: the picture never invents
     a transition."""
     if not isinstance(marker, Mapping):
-        raise InvalidMarker(f"--marker: expected a JSON object, got {type(marker).__name__}")
+        raise DiagramUnavailable(f"--marker: expected a JSON object, got {type(marker).__name__}")
     raw_path = marker.get("path")
     if not isinstance(raw_path, list) or not raw_path:
-        raise InvalidMarker("--marker: the marker has no 'path' (a list of state names)")
+        raise DiagramUnavailable("--marker: the marker has no 'path' (a list of state names)")
     from fsm.policy import BY_ID  # only for a marker
 
     path = [s for s in raw_path if isinstance(s, str) and s in table.STATES]

@@ -25,19 +25,20 @@ line is unusable, or ``explain`` would have to pick among several arms.
 
 from __future__ import annotations
 
+import itertools
 import json
-import math
 import re
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fsm.attempt import marker as marker_format
+from fsm.attempt.lease import lease_name
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import AttemptView, Found, decide, found_in, human_age, lease_files
+from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age, verdict
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -111,11 +112,9 @@ class Row:
 
     @property
     def outcome(self) -> str:
-        if self.view is not None:
-            return self.view.kind
-        if self.marker is None:
-            return "unreadable"
-        return "ok" if self.marker["ok"] else "failed"
+        if self.view is None and self.marker is not None:
+            return "ok" if self.marker["ok"] else "failed"
+        return self.verdict or "unreadable"  # a lease's row: its kind
 
     @property
     def verdict(self) -> str | None:
@@ -123,11 +122,7 @@ class Row:
         a lease's row: running, lost or unknown."""
         if self.view is not None:
             return self.view.kind
-        if self.marker is None:
-            return None
-        if self.marker["ok"]:
-            return "succeeded"
-        return "retriable" if self.marker.get("retriable") is True else "fatal"
+        return None if self.marker is None else verdict(self.marker)
 
     @property
     def ts(self) -> float | None:
@@ -432,14 +427,6 @@ NOT_READ = "not read: --timeout reached"
 Wanted = list[tuple[str, MarkerFile, int]]
 
 
-def _unmarked(names: Collection[str]) -> tuple[list[MarkerFile], list[MarkerFile]]:
-    """The attempt markers among a folder's names, and the leases of attempts without one."""
-    markers = marker_format.listed(names)
-    marked = {(m.arm, m.attempt) for m in markers}
-    return markers, [MarkerFile(name, arm, attempt) for name, arm, attempt in lease_files(names)
-                     if (arm, attempt) not in marked]
-
-
 def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]:
     """The markers to read, and the leases of attempts without a marker to judge, each as
     (the run's folder, the file, how many attempts the run holds), from one bounded listing:
@@ -454,13 +441,14 @@ def _wanted(store: Store, prefix: str, recursive: bool) -> tuple[Wanted, Wanted]
     wanted: Wanted = []
     leases: Wanted = []
     for folder in sorted(folders):
-        markers, leased = _unmarked(folders[folder])
-        held = {(f.arm, f.attempt) for f in (*markers, *leased)}
-        last = max((attempt for _, attempt in held), default=None)
+        held = attempt_files(folders[folder])  # its marker, or else its lease, by attempt
+        last = max((attempt for _, attempt, _ in held), default=None)
         run = "/".join(part for part in (prefix, folder) if part)  # the run's hf_prefix
         count = len(held) if recursive else 1
-        wanted += [(run, m, count) for m in markers if not recursive or m.attempt == last]
-        leases += [(run, f, count) for f in leased if not recursive or f.attempt == last]
+        for arm, attempt, marked in held:
+            if not recursive or attempt == last:
+                name = marker_format.name(arm, attempt) if marked else lease_name(arm, attempt)
+                (wanted if marked else leases).append((run, MarkerFile(name, arm, attempt), count))
     return wanted, leases
 
 
@@ -479,23 +467,21 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     if not leases:
         return []
     now = time.time()  # before the listings: no lease looks older than it is
-    by_folder: dict[str, list[tuple[MarkerFile, int]]] = {}
-    for folder, f, held in leases:
-        by_folder.setdefault(folder, []).append((f, held))
     found: list[Found] = []
     changes: list[float] = []
-    try:
-        for folder, files in by_folder.items():
+    try:  # a folder's leases are together in ``leases`` (_wanted), one Found each, in order
+        for folder, group in itertools.groupby(leases, key=lambda lease: lease[0]):
+            files = [f for _, f, _ in group]
             try:
                 listing = store.changes(folder)
             except (StoreAuthError, StoreUnavailable):
                 raise
             except FatalError as exc:
                 why = f"the store refused to list {folder}/: {' '.join(exc.message.split())}"
-                found += [Found(f.arm, f.attempt, folder, lease_problem=why) for f, _ in files]
+                found += [Found(f.arm, f.attempt, folder, lease_problem=why) for f in files]
                 continue
             changes += listing.values()
-            for f, _ in files:
+            for f in files:
                 if f.name in listing or marker_format.name(f.arm, f.attempt) in listing:
                     found.append(found_in(store, folder, listing, f.arm, f.attempt))
                 else:
@@ -506,14 +492,12 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     except DeadlineExceeded:
         views = [AttemptView(f.arm, f.attempt, "unknown", LEASE_NOT_READ, prefix=folder)
                  for folder, f, _ in leases]
-    held_of = {(folder, f.arm, f.attempt): (f, held) for folder, f, held in leases}
     rows = []
-    for view in views:
-        f, held = held_of[(view.prefix, view.arm, view.attempt)]
+    for (folder, f, held), view in zip(leases, views, strict=True):  # views in found's order
         landed = view.marker is not None  # its marker landed between the two listings: shown
         if landed:
             f = MarkerFile(marker_format.name(f.arm, f.attempt), f.arm, f.attempt)
-        rows.append(Row(f, view.marker, None, view.prefix, held, None if landed else view))
+        rows.append(Row(f, view.marker, None, folder, held, None if landed else view))
     return rows
 
 
@@ -576,13 +560,7 @@ def summary_line(counted: Mapping[str, Any]) -> str:
 def _finite(value: Any) -> Any:
     """``value`` with every NaN or infinity (JSON has none; a marker may hold them, as
     Python's json reads them) replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+    return json.loads(json.dumps(value), parse_constant=lambda constant: None)
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -672,17 +650,16 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
     except KeyError:
         return (f"decided by  {_printable(rule_id, 80)}: not a rule of this runner's policy "
                 "(written by another version?)")
-    verdict = "succeeded" if rule is policy.SUCCESS else rule.verdict
+    ruled = "succeeded" if rule is policy.SUCCESS else rule.verdict
     lines = [
         f"decided by  {rule.id}",
-        f"  class  {verdict}",
+        f"  class  {ruled}",
         f"  where  {'any state' if rule.where == ANY else rule.where}",
         f"  what   {rule.what}",
     ]
-    said = "succeeded" if marker.get("ok") is True else (
-        "retriable" if marker.get("retriable") is True else "fatal")
-    if said != verdict:
-        lines.append(f"  note   the marker says {said}, the rule {verdict}")
+    said = verdict(marker)
+    if said != ruled:
+        lines.append(f"  note   the marker says {said}, the rule {ruled}")
     return "\n".join(lines)
 
 
@@ -736,10 +713,9 @@ def _gpus(marker: Mapping[str, Any] | None) -> str | None:
         facts = marker.get(key)
         if not isinstance(facts, dict) or not isinstance(facts.get("findings"), list):
             continue
-        findings = facts["findings"]
         when = facts.get("when") if isinstance(facts.get("when"), str) else None
         lines.append(f"{head}{f' ({_printable(when, 60)})' if when else ''}")
-        for finding in findings[:16]:
+        for finding in facts["findings"][:16]:
             if not isinstance(finding, dict):
                 continue
             gpu = " ".join(_printable(str(finding[k]), 60) for k in ("index", "uuid", "bus_id")

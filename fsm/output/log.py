@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any, TextIO
 
 import structlog
@@ -87,8 +87,6 @@ def _add_identity(
     """The identity first; an event's own ``state`` wins (the state it is about), but
     ``attempt`` always names the attempt: an event's own (a retry's try number) is kept
     as ``try``."""
-    if not _identity:
-        return event
     if "attempt" in _identity and "attempt" in event:
         event = dict(event)
         event.setdefault("try", event.pop("attempt"))
@@ -106,13 +104,10 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None) -> None
     forced = os.environ.get(FORMAT_SETTING, "").strip().lower()
     if json is None:
         json = forced == "json" if forced in ("json", "console") else not _is_terminal(stream)
-    renderer: Any
-    if json:
-        renderer, _lines = structlog.processors.JSONRenderer(), None
-        logger = _Logger(_json_writer(stream))
-    else:
-        renderer, _lines = _render_line, _Lines(stream, live=_is_terminal(stream))
-        logger = _Logger(_lines.write)
+    # A JSON line is one write of the line and its newline: an outlet's one offer.
+    logger = _Lines(stream, live=not json and _is_terminal(stream))
+    _lines = None if json else logger
+    renderer: Any = structlog.processors.JSONRenderer() if json else _render_line
     structlog.configure(
         processors=[
             _add_identity,
@@ -138,12 +133,11 @@ def attach(redactor: Redactor) -> None:
     """Make ``redactor`` (the attempt's) the one every log event passes through from now,
     and forget the identity of an attempt before (a new attempt starts)."""
     _identity.clear()
-    processors = list(structlog.get_config()["processors"])
-    found = [i for i, p in enumerate(processors) if isinstance(p, RedactEvent)]
-    if found:
-        processors[found[0]] = RedactEvent(redactor)
-    else:  # configured by someone else (a test, an embedding program): redact before rendering
-        processors.insert(max(0, len(processors) - 1), RedactEvent(redactor))
+    # Also where someone else configured structlog (a test, an embedding program): the
+    # redaction goes just before the renderer.
+    processors = [p for p in structlog.get_config()["processors"]
+                  if not isinstance(p, RedactEvent)]
+    processors.insert(max(0, len(processors) - 1), RedactEvent(redactor))
     structlog.configure(processors=processors)
 
 
@@ -258,19 +252,25 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class _Lines:
-    """Where readable lines go; on a terminal the live progress bars stay below them."""
+    """structlog's logger: each rendered event is written as a line and flushed, and a
+    stream that fails never raises into the caller (``fsm.output.outlet``: under ``run``
+    the stream never blocks either). With readable lines on a terminal (``live``) the live
+    progress bars stay below the lines."""
 
     def __init__(self, stream: TextIO, *, live: bool) -> None:
         self.stream = stream
         self.live = live
         self._bars: dict[int, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a stream whose write logs does not deadlock
         self._closed = False
 
-    def write(self, line: str) -> None:
-        with self._lock:
+    def msg(self, line: str) -> None:
+        with suppress(Exception), self._lock:  # a log line never breaks what it reports
             self.stream.write((_CLEAR_LINE if self._bars else "") + line + "\n")
             self._draw()
+
+    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
+    exception = msg
 
     def show(self, key: int, bar: str | None) -> None:
         """Draw (None: remove) the bar ``key``; every bar shares the last line."""
@@ -311,36 +311,6 @@ def _width(stream: TextIO) -> int:
     return columns if columns > 20 else 100  # a pty nobody sized says 0
 
 
-class _Logger:
-    """structlog's logger: hands each rendered event to ``write``, and a stream that fails
-    never raises into the caller (``fsm.output.outlet``: under ``run`` the stream never
-    blocks either)."""
-
-    def __init__(self, write: Callable[[str], object]) -> None:
-        self._write = write
-
-    def msg(self, message: str) -> None:
-        with suppress(Exception):  # a log line never breaks what it reports
-            self._write(message)
-
-    log = debug = info = warn = warning = fatal = failure = err = error = critical = msg
-    exception = msg
-
-
-def _json_writer(stream: TextIO) -> Callable[[str], object]:
-    """Each JSON line as one write of the line and its newline (an outlet's ``write_line``
-    counts it as one line)."""
-    write_line: Callable[[str], object] | None = getattr(stream, "write_line", None)
-    if write_line is not None:
-        return write_line
-
-    def write(message: str) -> None:
-        stream.write(message + "\n")
-        stream.flush()
-
-    return write
-
-
 #: Fields a readable line leaves out: the person at the terminal watches one attempt.
 _HIDDEN = ("run_id", "attempt", "level", "timestamp", "msg", "state", "exception")
 
@@ -376,11 +346,11 @@ _PROGRESS_KEYS = ("files_done", "files_total", "bytes_done", "bytes_total", "byt
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    raise AssertionError("unreachable")  # pragma: no cover
+    return f"{n:.1f} GB"
 
 
 def _summary(fields: Mapping[str, Any]) -> str:
@@ -400,7 +370,7 @@ def _summary(fields: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-class Progress:
+class Progress(AbstractContextManager["Progress"]):
     """Long work's progress as ``<name>.progress`` events, at a bounded rate.
 
     One event when created (``report: start``), then at most one every ``every_s``
@@ -467,9 +437,6 @@ class Progress:
             if _lines is not None:
                 _lines.show(id(self), None)  # the end line replaces the bar
             self._emit("end", ok=ok)
-
-    def __enter__(self) -> Progress:
-        return self
 
     def __exit__(self, exc_type: object, *_exc: object) -> None:
         self.done(ok=exc_type is None)  # unless done already

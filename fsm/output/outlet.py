@@ -78,7 +78,8 @@ class Outlet:
         self.dropped_writes = 0
         self.dropped_bytes = 0
         self._queue: collections.deque[bytes] = collections.deque()
-        self._queued = 0  # bytes offered and not yet written (the chunk being written too)
+        #: Bytes offered and not yet written (the chunk being written too).
+        self.pending = 0
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._stalled = False
@@ -101,7 +102,7 @@ class Outlet:
                 self.dropped_bytes += len(data)
                 return False
             self._queue.append(data)
-            self._queued += len(data)
+            self.pending += len(data)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"flash-outlet-{self.name}", daemon=True)
@@ -111,7 +112,7 @@ class Outlet:
 
     def _no_wait(self, data: bytes) -> bool:
         """Whether ``data`` fits now, or never will be written (broken): no use waiting."""
-        fits = self._queued + len(data) <= self.capacity or not self._queued
+        fits = self.pending + len(data) <= self.capacity or not self.pending
         return fits or self.broken is not None
 
     def drain(self, timeout_s: float) -> bool:
@@ -119,7 +120,7 @@ class Outlet:
         up); True when nothing is left waiting."""
         with self._cond:
             return self._cond.wait_for(
-                lambda: not self._queued or self.broken is not None, timeout=max(0.0, timeout_s))
+                lambda: not self.pending or self.broken is not None, timeout=max(0.0, timeout_s))
 
     def close(self, drain_s: float) -> None:
         """Drain (bounded), then let the writer end; later offers are dropped. A writer
@@ -128,12 +129,6 @@ class Outlet:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-
-    @property
-    def pending(self) -> int:
-        """Bytes offered and not written yet."""
-        with self._cond:
-            return self._queued
 
     def stuck_s(self) -> float:
         """How long the write under way has been waiting for its reader (0: none)."""
@@ -155,15 +150,15 @@ class Outlet:
                 with self._cond:
                     self.broken = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
                     self.dropped_writes += 1 + len(self._queue)
-                    self.dropped_bytes += self._queued
+                    self.dropped_bytes += self.pending
                     self._queue.clear()
-                    self._queued = 0
+                    self.pending = 0
                     self._cond.notify_all()
                 return
             with self._cond:
                 self._writing_since = None
-                self._queued -= len(chunk)
-                if self._queued <= self.capacity // 2:
+                self.pending -= len(chunk)
+                if self.pending <= self.capacity // 2:
                     self._stalled = False  # the reader keeps up again
                 self._cond.notify_all()
 
@@ -198,12 +193,6 @@ class OutletStream(io.TextIOBase):
                 self._pending = rest
                 self.outlet.offer((head + newline).encode("utf-8", "backslashreplace"))
         return len(text)
-
-    def write_line(self, line: str) -> None:
-        """``line`` and its newline as one offer (a log event: one line, counted as one)."""
-        with self._lock:
-            pending, self._pending = self._pending, ""
-            self.outlet.offer((pending + line + "\n").encode("utf-8", "backslashreplace"))
 
     def flush(self) -> None:
         with self._lock:

@@ -118,11 +118,10 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
 
 def _url_password(value: str) -> str | None:
     """The password of ``scheme://user:password@host...``, decoded, or None."""
-    try:
+    with suppress(ValueError):  # not a URL
         password = urlsplit(value.strip()).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
+        return unquote(password) if password else None
+    return None
 
 
 def _backslashed(secret: str, quote_char: str) -> str:
@@ -188,11 +187,10 @@ def _utf8(text: str) -> dict[str, builtins.bytes]:
 
 def _agreeing(value: int, bits: int, low: bool) -> frozenset[str]:
     """The base64 characters whose ``bits`` low (else high) bits are those of ``value``'s."""
-    if low:
-        mask = (1 << bits) - 1
-        return frozenset(c for i, c in enumerate(_BASE64) if i & mask == value & mask)
-    shift = 6 - bits
-    return frozenset(c for i, c in enumerate(_BASE64) if i >> shift == value >> shift)
+    def key(index: int) -> int:
+        return index & ((1 << bits) - 1) if low else index >> (6 - bits)
+
+    return frozenset(c for i, c in enumerate(_BASE64) if key(i) == key(value))
 
 
 def _base64_cores(data: builtins.bytes) -> Iterable[tuple[str, _Around]]:
@@ -215,10 +213,9 @@ def _base64_cores(data: builtins.bytes) -> Iterable[tuple[str, _Around]]:
         yield encoded[first:last], _Around(before, after, -(offset + len(data)) % 3)
 
 
-def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
-    """Every encoded form of ``secret`` long enough to be masked (see the module), with what
-    a match of each may take with it."""
-    forms: dict[str, list[_Around]] = {}
+def _add_encoded_forms(secret: str, forms: dict[str, list[_Around]]) -> None:
+    """Add to ``forms`` every encoded form of ``secret`` long enough to be masked (see the
+    module), with what a match of each may take with it (each once)."""
 
     def add(form: str, around: _Around | None = None) -> None:
         if len(form) >= _MIN_SECRET_LEN:
@@ -242,7 +239,6 @@ def _encoded_forms(secret: str) -> dict[str, list[_Around]]:
         for form in (alone, alone.translate(_URL_SAFE)):
             add(form)
             add(form.rstrip("="), _Around(_NOTHING, None, pad))
-    return forms
 
 
 class _BytesForm(NamedTuple):
@@ -260,12 +256,8 @@ def _byte_forms(forms: Iterable[str]) -> list[_BytesForm]:
     out: dict[builtins.bytes, _BytesForm] = {}
     for form in forms:
         for errors, data in _utf8(form).items():  # what encodes the form encodes its pieces
-            suffix = len(form[-_FRAGMENT:].encode("utf-8", errors))
-            prefix = len(form[:_FRAGMENT].encode("utf-8", errors))
-            if len(form) < _FRAGMENT:
-                suffix = 1
-            if len(form) <= _FRAGMENT:
-                prefix = 0
+            suffix = 1 if len(form) < _FRAGMENT else len(form[-_FRAGMENT:].encode("utf-8", errors))
+            prefix = 0 if len(form) <= _FRAGMENT else len(form[:_FRAGMENT].encode("utf-8", errors))
             out.setdefault(data, _BytesForm(data, suffix, prefix))
     return list(out.values())
 
@@ -297,8 +289,7 @@ def _cut_piece(
 
 def _char(value: str | builtins.bytes, at: int) -> str:
     """The character (byte, as Latin-1) at ``at``; "" outside ``value``."""
-    piece = value[at : at + 1] if at >= 0 else value[:0]
-    return piece.decode("latin-1") if isinstance(piece, builtins.bytes) else piece
+    return _text_of(value[at : at + 1] if at >= 0 else value[:0])
 
 
 def _widened(
@@ -398,9 +389,7 @@ class Redactor:
             return
         self._secrets |= new
         for secret in new:
-            for form, arounds in _encoded_forms(secret).items():
-                known = self._arounds.setdefault(form, [])
-                known += (a for a in arounds if a not in known)
+            _add_encoded_forms(secret, self._arounds)
         forms = {f for s in self._secrets for f in _forms(s)} | self._arounds.keys()
         self._forms = sorted(forms)
         self._bforms = _byte_forms(self._forms)

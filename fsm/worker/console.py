@@ -160,8 +160,12 @@ class PeriodicTail:
             if tail == self._last:
                 return  # nothing new: no commit
             self._commit(tail)
-        except StoreUnavailable as exc:
-            self._back_off(exc.retry_after, reason=ctx.redactor.text(str(exc)))
+        except StoreUnavailable as exc:  # back off: the interval doubles, up to the cap
+            self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
+            wait = max(self.interval_s, exc.retry_after or 0.0)
+            self._next_at = time.monotonic() + wait
+            log.warning("console.upload_backoff", interval_s=self.interval_s,
+                        next_in_s=round(wait, 3), error=ctx.redactor.text(str(exc)))
             return
         except Exception as exc:  # best effort: the tail never decides how the attempt ends
             log.warning("console.upload_failed", exc_type=type(exc).__name__,
@@ -185,13 +189,6 @@ class PeriodicTail:
                                     f"Console tail {name} and lease")
         finally:
             lease.carried(landed)
-
-    def _back_off(self, retry_after: float | None, *, reason: str) -> None:
-        self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
-        wait = max(self.interval_s, retry_after or 0.0)
-        self._next_at = time.monotonic() + wait
-        log.warning("console.upload_backoff", interval_s=self.interval_s,
-                    next_in_s=round(wait, 3), error=reason)
 
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""

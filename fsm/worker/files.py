@@ -51,11 +51,10 @@ def heartbeat_says_retriable(path: Path, attempt: int) -> bool:
         return False
     try:
         beat = json_object(data, limit=MAX_HEARTBEAT_BYTES)
+        problem = heartbeat_problem(beat, attempt)
     except JsonProblem as exc:
-        log.warning("heartbeat.ignored", reason=str(exc))
-        return False
-    problem = heartbeat_problem(beat, attempt)
+        problem = str(exc)
     if problem is not None:
         log.warning("heartbeat.ignored", reason=problem)
         return False
-    return bool(beat.get("retriable") is True)
+    return beat.get("retriable") is True

@@ -44,9 +44,11 @@ __all__ = [
     "Proc",
     "await_exit",
     "become_subreaper",
+    "close_fds",
     "descendants",
     "group_members",
     "lower_own_oom_score",
+    "poll_ms",
     "reap_orphans",
     "stop_all",
 ]
@@ -88,9 +90,7 @@ def _read(path: str) -> bytes | None:
 
 
 def _stat(pid: int) -> Proc | None:
-    data = _read(f"/proc/{pid}/stat")
-    if data is None:
-        return None
+    data = _read(f"/proc/{pid}/stat") or b""  # unreadable: no fields, no Proc
     # pid (comm) state ppid pgrp session tty tpgid flags 11 counters priority nice threads
     # itreal starttime: comm may hold anything, so split after its last ')'.
     fields = data[data.rfind(b")") + 2 :].split()
@@ -125,15 +125,13 @@ def descendants(leader: int, token: str) -> list[Proc]:
     chain (whatever their group or session), and the runner's children that carry the
     run's ``token`` (orphans re-parented to it), with their descendants."""
     procs = _table()
-    me = os.getpid()
     children: dict[int, list[int]] = {}
     for proc in procs.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
     needle = f"\0{TOKEN_VAR}={token}\0".encode()
-    roots = [leader, *(pid for pid in children.get(me, ())
-                       if pid != leader and _has_token(pid, needle))]
     found: dict[int, Proc] = {}
-    todo = list(roots)
+    todo = [leader, *(pid for pid in children.get(os.getpid(), ())
+                      if pid != leader and _has_token(pid, needle))]
     while todo:
         pid = todo.pop()
         for child in children.get(pid, ()):
@@ -181,9 +179,7 @@ def stop_all(procs: Iterable[Proc], sig: int, *, wait_until: float | None = None
                 os.waitpid(pid, os.WNOHANG)  # an orphan re-parented to us: no zombie left
         return [fds[fd] for fd in pending]
     finally:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds(*fds)
 
 
 def await_exit(pidfds: Iterable[int], until_mono: float) -> set[int]:
@@ -197,11 +193,23 @@ def await_exit(pidfds: Iterable[int], until_mono: float) -> set[int]:
         left = until_mono - time.monotonic()
         if left <= 0:
             break
-        # Within what poll accepts (TRAPS): a longer wait loops.
-        for fd, _ in poll.poll(math.ceil(os_timeout(left) * 1000)):
+        for fd, _ in poll.poll(poll_ms(left)):  # at most MAX_OS_WAIT_S: a longer wait loops
             poll.unregister(fd)
             pending.discard(fd)
     return pending
+
+
+def poll_ms(seconds: float | None) -> int:
+    """A ``poll(2)`` timeout in milliseconds for ``seconds`` (None: as long as allowed):
+    within what ``poll`` accepts (TRAPS)."""
+    return math.ceil(os_timeout(seconds) * 1000)
+
+
+def close_fds(*fds: int) -> None:
+    """Close each of ``fds``, whatever closing one of them raises."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def reap_orphans(pgid: int, *, leader_too: bool = False) -> int:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from fsm.clock import os_timeout
 from fsm.worker import bounded
@@ -186,10 +186,8 @@ def capture(
     """
     started = time.monotonic()
     try:
-        order = list(dict.fromkeys(int(p) for p in pids))
-        if leader in order:
-            order.remove(leader)
-            order.insert(0, leader)
+        # Each pid once, the leader first (a stable sort keeps the others' order).
+        order = sorted(dict.fromkeys(int(p) for p in pids), key=lambda pid: pid != leader)
         shared = _Shared(
             exe=find_py_spy() if py_spy is FIND else py_spy,
             end=started + os_timeout(budget_s),
@@ -202,9 +200,10 @@ def capture(
         width = parallel if parallel is not None else min(_PARALLEL_MAX, os.cpu_count() or 1)
         results = _run_all(order, shared, max(1, width))
         ran_out = "the capture's time ran out while this process was being read"
-        taken = [r or _unread(pid, shared, ran_out) for pid, r in zip(order, results, strict=True)]
-        lead = taken[0] if order and order[0] == leader else None
-        where = lead.where if lead else None
+        processes = tuple(r or _unread(pid, shared, ran_out)
+                          for pid, r in zip(order, results, strict=True))
+        # The leader's thread set them before its result came (none: not in time).
+        where, where_in_code = shared.where if results and results[0] else (None, None)
         seconds = time.monotonic() - started
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         spy = (f"{shared.exe} (dump --json, shown in py-spy dump's format with full file names)"
@@ -217,9 +216,8 @@ def capture(
             f"where: {where or 'unknown'}",
             "",
         ])
-        processes = tuple(t.stacks for t in taken)
         text = "\n".join([_redacted(redact, header), *(p.text for p in processes)])
-        return Stacks(text, where, lead.where_in_code if lead else None, processes, seconds)
+        return Stacks(text, where, where_in_code, processes, seconds)
     except Exception as exc:  # the evidence is optional; the marker is not
         note = _redacted(redact, f"stack capture failed: {type(exc).__name__}: {exc}")
         text = f"{_TITLE}\n{note}\n"
@@ -244,21 +242,14 @@ class _Shared:
     native: bool  # try --native first; cleared when py-spy refuses it as an option
     native_refused: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The leader's ``where`` and ``where_in_code`` (:class:`Stacks`), set by its thread.
+    where: tuple[str | None, str | None] = (None, None)
 
 
-@dataclass
-class _Taken:
-    """One process's result before it becomes a :class:`ProcessStacks`."""
-
-    stacks: ProcessStacks
-    where: str | None = None
-    where_in_code: str | None = None
-
-
-def _run_all(order: list[int], shared: _Shared, width: int) -> list[_Taken | None]:
+def _run_all(order: list[int], shared: _Shared, width: int) -> list[ProcessStacks | None]:
     """Each pid taken on one of ``width`` daemon threads, the first pids first; waits until
     all are done or the budget is gone, and returns what is done by then."""
-    results: list[_Taken | None] = [None] * len(order)
+    results: list[ProcessStacks | None] = [None] * len(order)
     done = threading.Condition()
     next_index = iter(range(len(order)))
 
@@ -285,10 +276,10 @@ def _run_all(order: list[int], shared: _Shared, width: int) -> list[_Taken | Non
         return list(results)
 
 
-def _take(pid: int, shared: _Shared) -> _Taken:
+def _take(pid: int, shared: _Shared) -> ProcessStacks:
     """One process: py-spy when there is one and time for it, else (or when it fails) /proc."""
     t0 = time.monotonic()
-    proc = _Proc(pid)
+    proc = _Proc(pid, _cmdline(pid))
     tried: list[str] = []  # what py-spy said, for the section
     least = _MIN_TRY_S + _REAP_S + _PROC_S
     if shared.exe is None:
@@ -301,12 +292,12 @@ def _take(pid: int, shared: _Shared) -> _Taken:
         dump, why = _py_spy(shared.exe, pid, shared, t0, tried)
         if dump is not None:
             return _from_dump(proc, dump, why, tried, shared, t0)
-    return _Taken(_section(proc, shared, "proc", why, tried + _proc_body(proc), t0))
+    return _section(proc, shared, "proc", why, tried + _proc_body(pid), t0)
 
 
-def _unread(pid: int, shared: _Shared, why: str) -> _Taken:
+def _unread(pid: int, shared: _Shared, why: str) -> ProcessStacks:
     """A process whose stacks could not be read (``why``): its header, method ``none``."""
-    return _Taken(_section(_Proc(pid, read=False), shared, "none", why, []))
+    return _section(_Proc(pid, "(not read)"), shared, "none", why, [])
 
 
 # --- py-spy -----------------------------------------------------------------------------------
@@ -363,13 +354,10 @@ def _py_spy(
         began = time.monotonic()
         ran = _run_py_spy(exe, pid, native, until)
         flag: Method = "py-spy --native" if native else "py-spy"
-        if not ran.hung and ran.status == 0:
-            threads = _parse(ran.stdout)
-            if threads is not None:
-                return _Dump(flag, threads), why
-            reason = "printed no stacks it could read"
-        else:
-            reason = _reason(ran, until - began)
+        threads = _parse(ran.stdout) if ran.status == 0 else None  # None when killed
+        if threads is not None:
+            return _Dump(flag, threads), why
+        reason = _reason(ran, until - began)
         said = " | ".join(_said(ran))
         tried.append(f"tried {flag}: {reason}{f'; it said: {said}' if said else ''}")
         if not native or reason in _TARGET_SPECIFIC:
@@ -397,6 +385,8 @@ def _reason(ran: Ran, allowed_s: float) -> str:
         return f"could not be started ({ran.start_error})"
     if ran.hung:
         return f"timed out after {max(0.0, allowed_s):.1f} s, killed"
+    if ran.status == 0:
+        return "printed no stacks it could read"
     said = ran.stderr.decode(errors="replace")
     for reason, needles in _TARGET_SPECIFIC.items():
         if any(needle in said for needle in needles):
@@ -417,49 +407,43 @@ def _parse(stdout: bytes) -> tuple[_Thread, ...] | None:
         data = json.loads(stdout)
         if not isinstance(data, list):
             return None
-        threads = []
-        for trace in data:
-            frames = tuple(
-                _Frame(
-                    name=str(f["name"]),
-                    filename=str(f["filename"]),
-                    line=int(f.get("line") or 0),
-                    native=f.get("module") is not None,
-                )
-                for f in trace["frames"]
-            )
-            os_tid = trace.get("os_thread_id")
-            name = trace.get("thread_name")
-            threads.append(_Thread(
+        return tuple(
+            _Thread(
                 thread_id=int(trace.get("thread_id") or 0),
-                os_thread_id=int(os_tid) if os_tid is not None else None,
-                name=str(name) if name is not None else None,
+                os_thread_id=(int(trace["os_thread_id"]) if trace.get("os_thread_id") is not None
+                              else None),
+                name=str(trace["thread_name"]) if trace.get("thread_name") is not None else None,
                 active=bool(trace.get("active")),
                 owns_gil=bool(trace.get("owns_gil")),
-                frames=frames,
-            ))
-        return tuple(threads)
+                frames=tuple(
+                    _Frame(
+                        name=str(f["name"]),
+                        filename=str(f["filename"]),
+                        line=int(f.get("line") or 0),
+                        native=f.get("module") is not None,
+                    )
+                    for f in trace["frames"]
+                ),
+            )
+            for trace in data
+        )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 def _from_dump(
     proc: _Proc, dump: _Dump, why: str, tried: list[str], shared: _Shared, t0: float
-) -> _Taken:
+) -> ProcessStacks:
     lines = list(tried)
     for thread in reversed(dump.threads):  # py-spy dump prints them in this order
         lines.append(_thread_line(thread))
         lines.extend(f"    {_frame_text(f.name, f.filename, f.line)}" for f in thread.frames)
-    shown = {t.os_thread_id for t in dump.threads if t.os_thread_id is not None}
-    others = [tid for tid in proc.tids() if tid not in shown]
-    if others:
-        lines.append("Threads without Python frames (from /proc: state, wait channel, "
-                     "kernel stack):")
-        lines.extend(_task_groups(proc.pid, others))
-    where = where_in_code = None
+    lines.extend(_task_groups(
+        proc.pid, {t.os_thread_id for t in dump.threads},
+        "Threads without Python frames (from /proc: state, wait channel, kernel stack):"))
     if proc.pid == shared.leader:
-        where, where_in_code = _where(proc.pid, dump.threads, shared)
-    return _Taken(_section(proc, shared, dump.method, why or None, lines, t0), where, where_in_code)
+        shared.where = _where(proc.pid, dump.threads, shared)
+    return _section(proc, shared, dump.method, why or None, lines, t0)
 
 
 def _thread_line(thread: _Thread) -> str:
@@ -512,25 +496,19 @@ def _relative(filename: str, code_dir: Path) -> str | None:
 # --- /proc --------------------------------------------------------------------------------------
 
 
-class _Proc:
-    """A process as /proc shows it; each read says what it found or why it could not."""
+class _Proc(NamedTuple):
+    """A process, and its command line as /proc showed it (or why it could not)."""
 
-    def __init__(self, pid: int, *, read: bool = True) -> None:
-        self.pid = pid
-        self.cmdline = self._cmdline() if read else "(not read)"
+    pid: int
+    cmdline: str
 
-    def _cmdline(self) -> str:
-        data = _read(f"/proc/{self.pid}/cmdline")
-        if isinstance(data, str):
-            return data
-        args = [arg.decode(errors="replace") for arg in data.split(b"\0") if arg]
-        return " ".join(args) if args else "(empty)"
 
-    def tids(self) -> list[int]:
-        try:
-            return sorted(int(n) for n in os.listdir(f"/proc/{self.pid}/task") if n.isdigit())
-        except OSError:
-            return []
+def _cmdline(pid: int) -> str:
+    data = _read(f"/proc/{pid}/cmdline")
+    if isinstance(data, str):
+        return data
+    args = [arg.decode(errors="replace") for arg in data.split(b"\0") if arg]
+    return " ".join(args) if args else "(empty)"
 
 
 def _read(path: str) -> bytes | str:
@@ -568,31 +546,34 @@ def _kernel_stack(task: str) -> list[str]:
     return [line for line in lines if line] or ["(empty)"]
 
 
-def _proc_body(proc: _Proc) -> list[str]:
+def _proc_body(pid: int) -> list[str]:
     """The fallback: state, wait channel and kernel stack of the process, then its threads."""
-    pid = proc.pid
-    lines = [
+    return [
         f"State: {_state(str(pid))}",
         f"wchan: {_text(f'/proc/{pid}/wchan')}",
         f"kernel stack (/proc/{pid}/stack):",
         *(f"    {line}" for line in _kernel_stack(str(pid))),
+        *_task_groups(pid, {pid}, f"Other threads (/proc/{pid}/task):"),
     ]
-    others = [tid for tid in proc.tids() if tid != pid]
-    if others:
-        lines.append(f"Other threads (/proc/{pid}/task):")
-        lines.extend(_task_groups(pid, others))
-    return lines
 
 
-def _task_groups(pid: int, tids: list[int]) -> list[str]:
-    """Threads grouped by state, wait channel and kernel stack: a pool of 96 threads in
-    one futex is one entry naming them all, its stack shown once."""
+def _task_groups(pid: int, skip: set[int | None], title: str) -> list[str]:
+    """``title``, then the process's threads but ``skip``, grouped by state, wait channel
+    and kernel stack: a pool of 96 threads in one futex is one entry naming them all, its
+    stack shown once. Nothing when there are no such threads."""
+    try:
+        tids = sorted(int(n) for n in os.listdir(f"/proc/{pid}/task") if n.isdigit())
+    except OSError:
+        tids = []
+    tids = [tid for tid in tids if tid not in skip]
+    if not tids:
+        return []
     groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
     for tid in tids[:_THREADS_MAX]:
         task = f"{pid}/task/{tid}"
         key = (_state(task), _text(f"/proc/{task}/wchan"), tuple(_kernel_stack(task)))
         groups.setdefault(key, []).append(f'{tid} "{_text(f"/proc/{task}/comm")}"')
-    lines = []
+    lines = [title]
     for (state, wchan, stack), names in groups.items():
         label = "Thread" if len(names) == 1 else f"{len(names)} threads"
         lines.append(f"    {label} {', '.join(names)}: {state}, wchan {wchan}")

@@ -254,8 +254,8 @@ def supervise(
         log.info(f"{name}.started", pid=run.pid, executable=argv[0], cwd=str(cwd))
         stop_ticks = _start_ticks(tail_sink, held or console_path, tail_interval_s, name)
         try:
-            watch = _StallWatch(stall_s, progress_file, run) if stall_s > 0 else None
-            reason, silent_s = _wait_and_stop(
+            stall = _StallWatch(stall_s, progress_file, run, deadline) if stall_s > 0 else None
+            reason = _wait_and_stop(
                 run,
                 deadline=deadline,
                 stop_by=stop_by,
@@ -263,15 +263,15 @@ def supervise(
                 grace_s=grace_s,
                 signal_stop_s=signal_stop_s,
                 drain_timeout_s=drain_timeout_s,
-                watch=watch,
-                watches=watches,
+                watches=[("stalled", stall), *watches] if stall else watches,
                 before_stop=before_stop,
             )
+            silent_s = stall.silent_s if stall and reason == "stalled" else None
             if reason != "exited":
-                line = _cap_line(reason, interrupt, name, after=run.pump.last_byte,
+                line = _cap_line(reason, interrupt, name, after=run.last_byte,
                                  silent_s=silent_s)
                 _append_console(console_fd, line, name)
-                if run.pump.finished and out is not None:  # after the pump's last chunk
+                if run.pump_joined and out is not None:  # after the pump's last chunk
                     out.offer(line)
         finally:
             stop_ticks.set()
@@ -308,16 +308,15 @@ def _wait_and_stop(
     grace_s: float,
     signal_stop_s: float | None,
     drain_timeout_s: float,
-    watch: _StallWatch | None,
     watches: Sequence[tuple[StopReason, Watch]],
     before_stop: Callable[[StopReason], None] | None,
-) -> tuple[ExitReason, float | None]:
+) -> ExitReason:
     """Wait for the worker's end, stop it if it does not come, kill what is left of the group.
 
-    Returns why it ended, and for a stall how long the worker had been silent."""
+    Returns why it ended."""
     log = structlog.get_logger()
-    waker, exited, eof = run.waker, run.exited.is_set, run.pump.eof.is_set
-    reason, silent_s = _wait(run, deadline, interrupt, watch, watches)
+    waker, exited, eof = run.waker, run.exited.is_set, run.eof.is_set
+    reason = _wait(run, deadline, interrupt, watches)
     if reason == "superseded":
         log.warning(f"{run.name}.stopping", reason=reason, pgid=run.pid, grace_s=0)
     elif reason != "exited":
@@ -358,27 +357,27 @@ def _wait_and_stop(
     run.kill_escapees(kill_end)  # before the reap: the leader's pid still names the run
     if not waker.wait_until(lambda: exited() and eof(), kill_end):
         log.error(f"{run.name}.kill_unconfirmed", pgid=run.pid, leader_exited=exited(), eof=eof())
-    run.pump.finish()
+    run.stop_pump()
     if exited():
         run.reap()
     left = _await_group_gone(run.pid, kill_end)
     if left:
         log.error(f"{run.name}.survivors", pgid=run.pid, pids=left)
-    return reason, silent_s
+    return reason
 
 
 def _wait(
     run: _Run,
     deadline: Deadline,
     interrupt: InterruptFlag,
-    watch: _StallWatch | None,
     watches: Sequence[tuple[StopReason, Watch]],
-) -> tuple[ExitReason, float | None]:
-    """Wait until the leader exits, a signal comes, the deadline passes, the worker stalls
-    or a watch says it must be stopped.
+) -> ExitReason:
+    """Wait until the leader exits, a signal comes, the deadline passes, or a watch (the
+    stall watch first) says the worker must be stopped.
 
-    The leader's exit and a signal are looked at before a stall is called: whichever the
-    main thread sees first decides, and the exit before the signal, as always."""
+    The leader's exit and a signal are looked at before a watch's look, and again before
+    another watch than the stall watch is obeyed: whichever the main thread sees first
+    decides, and the exit before the signal, as always."""
     exited = run.exited.is_set
 
     def ended() -> bool:
@@ -392,36 +391,21 @@ def _wait(
         # for (the attempt's deadline follows a backward wall-clock step, fsm.clock).
         until = min([deadline.mono_at, time.monotonic() + DEADLINE_RECHECK_S,
                      *(other.due() for _, other in watches)])
-        if watch is not None:
-            until = min(until, watch.due())
-        if not run.waker.wait_until(ended, until):
-            silent_s = watch.stalled() if watch is not None else None
-            deadline_at = deadline.mono_at
-            if ended():
-                pass
-            elif silent_s is not None and watch is not None and watch.fell_due() < deadline_at:
-                structlog.get_logger().warning(
-                    f"{run.name}.stalled", pgid=run.pid, silent_s=round(silent_s, 3),
-                    stall_s=watch.stall_s, last_sign=watch.last_kind(),
-                )
-                return "stalled", silent_s
-            elif (stop := _looked(watches)) is not None and not ended():
+        if not run.waker.wait_until(ended, until) and not ended():
+            # The reason of the first due watch whose look says stop (the rest wait).
+            stop = next((why for why, watch in watches
+                         if time.monotonic() >= watch.due() and watch.look()), None)
+            if stop == "stalled":  # called, and logged, by the stall watch: it stands
+                return stop
+            if stop is not None and not ended():
                 structlog.get_logger().warning(f"{run.name}.watch_stops", reason=stop,
                                                pgid=run.pid)
-                return stop, None
-            elif time.monotonic() < deadline_at:
+                return stop
+            if time.monotonic() < deadline.mono_at:
                 continue
         if exited():
-            return "exited", None
-        return ("interrupted" if interrupt.is_set() else "deadline"), None
-
-
-def _looked(watches: Sequence[tuple[StopReason, Watch]]) -> StopReason | None:
-    """The reason of the first due watch whose look says stop, or None."""
-    for reason, other in watches:
-        if time.monotonic() >= other.due() and other.look():
-            return reason
-    return None
+            return "exited"
+        return "interrupted" if interrupt.is_set() else "deadline"
 
 
 def _signal_cut(interrupt: InterruptFlag, signal_stop_s: float | None) -> float:
@@ -480,7 +464,7 @@ def _result(reason: ExitReason, returncode: int | None, started: float, console_
         silent_s=silent_s,
         console_held=held,
     )
-    weakref.finalize(result, _close_fds, console_fd)
+    weakref.finalize(result, procs.close_fds, console_fd)
     return result
 
 
@@ -495,7 +479,7 @@ class _Waker:
 
     def __init__(self) -> None:
         self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        weakref.finalize(self, _close_fds, self.fd, self._w)
+        weakref.finalize(self, procs.close_fds, self.fd, self._w)
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
         self._signals: int | None = None  # the wakeup descriptor registered, if any
@@ -518,7 +502,7 @@ class _Waker:
             left = until_mono - time.monotonic()
             if left <= 0:
                 return False
-            self._poll.poll(_poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
+            self._poll.poll(procs.poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
 
     def _watch_signals(self) -> int | None:
         """Poll the process's signal wakeup descriptor too (it may change between waits)."""
@@ -533,75 +517,34 @@ class _Waker:
         return current
 
 
-def _poll_ms(seconds: float | None) -> int:
-    """A ``poll(2)`` timeout in milliseconds for ``seconds`` (None: as long as allowed)."""
-    return math.ceil(os_timeout(seconds) * 1000)
-
-
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _watch_leader(pid: int, waker: _Waker) -> threading.Event:
-    """An event a daemon thread sets when the leader exits, without reaping it."""
-    exited = threading.Event()
-
-    def watch() -> None:
-        with contextlib.suppress(ChildProcessError):  # reaped by someone else: gone anyway
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        exited.set()
-        waker.wake()
-
-    threading.Thread(target=watch, name=f"worker-watch-{pid}", daemon=True).start()
-    return exited
-
-
 class _StallWatch:
-    """The last sign of progress, and whether the worker is stalled (the module's docstring).
+    """The last sign of progress, and whether the worker is stalled (the module's docstring):
+    the loop's first :class:`Watch`, for ``"stalled"``.
 
     Used by the main thread only; the pump's share is its ``last_read`` stamp."""
 
-    def __init__(self, stall_s: float, progress_file: Path | None, run: _Run) -> None:
+    def __init__(self, stall_s: float, progress_file: Path | None, run: _Run,
+                 deadline: Deadline) -> None:
         self.stall_s = stall_s
         self._file = progress_file
-        self._pump = run.pump
-        self._name = run.name
-        self._start = run.pump.last_read  # the worker's start is the first sign
+        self._run = run
+        self._deadline = deadline
+        self._start = run.last_read  # the worker's start is the first sign
         self._file_at = self._start  # the last change of the file seen, dated (monotonic)
-        self._last = self._start  # the last sign, as of the last call of stalled()
         self._complained = False
         self._looked, self._lead = self._clocks()  # the last look at the file
         self._key = self._stat()
+        #: How long the worker had shown no sign of progress when :meth:`look` called a stall.
+        self.silent_s: float | None = None
 
     def due(self) -> float:
         """When the worker is stalled unless a sign comes first (monotonic); the file is
         not looked at for this."""
-        return max(self._pump.last_read, self._file_at) + self.stall_s
+        return max(self._run.last_read, self._file_at) + self.stall_s
 
-    def stalled(self) -> float | None:
-        """How long the worker has shown no sign of progress, when that is ``stall_s`` or
-        more (None otherwise). Looks at the file first when the watch is due."""
-        now = time.monotonic()
-        if self.due() <= now:
-            self._look()
-            now = time.monotonic()
-        self._last = max(self._pump.last_read, self._file_at)
-        silent_s = now - self._last
-        return silent_s if silent_s >= self.stall_s else None
-
-    def fell_due(self) -> float:
-        """When the stall that :meth:`stalled` found fell due (monotonic)."""
-        return self._last + self.stall_s
-
-    def last_kind(self) -> str:
-        """What the last sign was: ``"console"``, ``"progress_file"`` or ``"start"``."""
-        if self._last == self._start:
-            return "start"
-        return "console" if self._pump.last_read >= self._file_at else "progress_file"
-
-    def _look(self) -> None:
+    def look(self) -> bool:
+        """Called once due: whether the worker is stalled, the file looked at first. A stall
+        that fell due at or after the deadline is not called (the deadline was first)."""
         key = self._stat()
         now, lead = self._clocks()
         if key is not None and key != self._key:
@@ -610,6 +553,19 @@ class _StallWatch:
             at = key[3] / 1e9 - min(self._lead, lead)
             self._file_at = max(self._file_at, at if self._looked < at <= now else now)
         self._key, self._looked, self._lead = key, now, lead
+        console = self._run.last_read
+        last = max(console, self._file_at)
+        silent_s = time.monotonic() - last
+        if silent_s < self.stall_s or last + self.stall_s >= self._deadline.mono_at:
+            return False
+        self.silent_s = silent_s
+        kind = ("start" if last == self._start
+                else "console" if console >= self._file_at else "progress_file")
+        structlog.get_logger().warning(
+            f"{self._run.name}.stalled", pgid=self._run.pid, silent_s=round(silent_s, 3),
+            stall_s=self.stall_s, last_sign=kind,
+        )
+        return True
 
     def _stat(self) -> tuple[int, int, int, int] | None:
         """What tells a change of the file (its inode and times), None when it is missing."""
@@ -622,7 +578,7 @@ class _StallWatch:
         except OSError as exc:  # unreadable: no sign either, and said once
             if not self._complained:
                 self._complained = True
-                structlog.get_logger().warning(f"{self._name}.progress_file_unreadable",
+                structlog.get_logger().warning(f"{self._run.name}.progress_file_unreadable",
                                                path=str(self._file), error=str(exc))
             return None
         return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
@@ -634,92 +590,15 @@ class _StallWatch:
         return mono, time.time() - mono
 
 
-class _Pump:
-    """Copies the console pipe to the console file and ``out`` in 1 MiB chunks.
-
-    Owns the pipe's read end. A write error drops the console file and the pump keeps
-    draining; ``out`` is an outlet, which never blocks it and never raises. So the worker
-    never blocks on a full pipe because a destination failed.
-    """
-
-    def __init__(
-        self, pipe_fd: int, out: Outlet | None, console_fd: int, waker: _Waker, name: str,
-        on_output: Callable[[bytes], None] | None = None,
-    ) -> None:
-        self.eof = threading.Event()
-        self.name = name
-        self.last_byte = b""
-        #: When the last chunk was read from the pipe (monotonic); the start before any.
-        self.last_read = time.monotonic()
-        self._pipe_fd = pipe_fd
-        self._console_fd: int | None = console_fd  # None once a write to it failed
-        self._out = out
-        self._on_output = on_output
-        self._waker = waker
-        self._stop = _Waker()
-        self.finished = False
-        self._thread = threading.Thread(target=self._run, name=f"{name}-pump", daemon=True)
-        self._thread.start()
-
-    def finish(self) -> None:
-        """Stop pumping (what the pipe holds is copied first); sets ``finished`` once ended."""
-        if self.finished:
-            return
-        self._stop.wake()
-        self._thread.join(os_timeout(_JOIN_S))
-        if self._thread.is_alive():  # blocked writing the console file: leave it its fds
-            structlog.get_logger().error(f"{self.name}.pump_stuck")
-            return
-        self.finished = True
-        os.close(self._pipe_fd)
-
-    def _run(self) -> None:
-        view = memoryview(bytearray(_CHUNK))
-        monotonic = time.monotonic
-        poll = select.poll()
-        poll.register(self._pipe_fd, select.POLLIN)
-        poll.register(self._stop.fd, select.POLLIN)
-        stopping = False
-        try:
-            while True:
-                # Without a stop request, wait as long as the OS allows; waking early is a no-op.
-                ready = {fd for fd, _ in poll.poll(0 if stopping else _poll_ms(None))}
-                if self._stop.fd in ready:
-                    poll.unregister(self._stop.fd)
-                    stopping = True
-                if self._pipe_fd not in ready:
-                    if stopping:
-                        return  # told to stop and nothing is left to copy
-                    continue
-                n = os.readv(self._pipe_fd, [view])
-                if n == 0:
-                    return
-                self.last_read = monotonic()  # the stall watch's sign: nothing else to do here
-                self._copy(view[:n])
-        except OSError as exc:
-            structlog.get_logger().error(f"{self.name}.pump_failed", error=str(exc))
-        finally:
-            self.eof.set()
-            self._waker.wake()
-
-    def _copy(self, chunk: memoryview) -> None:
-        if self._console_fd is not None and not _append_console(self._console_fd, chunk, self.name):
-            self._console_fd = None
-        self.last_byte = bytes(chunk[-1:])
-        data = bytes(chunk) if self._out is not None or self._on_output is not None else b""
-        if self._out is not None:
-            self._out.offer(data)
-        if self._on_output is not None:
-            try:
-                self._on_output(data)
-            except Exception as exc:
-                structlog.get_logger().error(f"{self.name}.output_reader_failed",
-                                             error=f"{type(exc).__name__}: {exc}")
-                self._on_output = None
-
-
 class _Run:
-    """A started worker: its process, its pump, and the clean-up that kills its group."""
+    """A started worker: its process, the pump that copies its console, and the clean-up
+    that kills its group.
+
+    The pump (a thread) copies the console pipe to the console file and ``out`` in 1 MiB
+    chunks, and owns the pipe's read end. A write error drops the console file and the pump
+    keeps draining; ``out`` is an outlet, which never blocks it and never raises. So the
+    worker never blocks on a full pipe because a destination failed.
+    """
 
     def __init__(
         self,
@@ -736,8 +615,18 @@ class _Run:
     ) -> None:
         self.name = name
         self.waker = waker
+        self._on_group: Callable[[int | None], None] | None = None
         #: Marks every process of this run, so an orphan that left the group is found.
         self.token = secrets.token_hex(8)
+        self.eof = threading.Event()  # the pump ended
+        self.exited = threading.Event()  # the leader exited (not reaped: a zombie at worst)
+        self.pump_joined = False  # the pump ended and was joined: its last chunk is written
+        self.last_byte = b""  # the console's last byte so far
+        self._console_fd: int | None = console_fd  # None once a write to it failed
+        self._out = out
+        self._on_output = on_output
+        self._stop = _Waker()
+        self._pump = threading.Thread(target=self._pump_all, name=f"{name}-pump", daemon=True)
         r, w = os.pipe()  # both ends close-on-exec; Popen dup2()s w onto the worker's 1 and 2
         try:
             with contextlib.suppress(OSError):  # a bigger pipe means fewer wake-ups; optional
@@ -759,16 +648,82 @@ class _Run:
         finally:
             os.close(w)  # only the worker's group holds the write end: its exit means EOF
         self.pid = self.proc.pid
-        self._on_group: Callable[[int | None], None] | None = None
+        self._pipe_fd = r
+        #: When the pump last read a chunk from the pipe (monotonic); the start before any.
+        self.last_read = time.monotonic()
         try:
-            self.pump = _Pump(r, out, console_fd, waker, name, on_output)
-            self.exited = _watch_leader(self.pid, waker)
+            self._pump.start()
+            threading.Thread(target=self._watch_leader, name=f"worker-watch-{self.pid}",
+                             daemon=True).start()
             self._on_group = on_group
             if on_group is not None:
                 on_group(self.pid)
         except BaseException:
             self.close()
             raise
+
+    def _watch_leader(self) -> None:
+        """Set ``exited`` when the leader exits, without reaping it (a daemon thread)."""
+        with contextlib.suppress(ChildProcessError):  # reaped by someone else: gone anyway
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        self.exited.set()
+        self.waker.wake()
+
+    def stop_pump(self) -> None:
+        """Stop pumping (what the pipe holds is copied first); sets ``pump_joined`` once ended."""
+        if self.pump_joined:
+            return
+        self._stop.wake()
+        self._pump.join(os_timeout(_JOIN_S))
+        if self._pump.is_alive():  # blocked writing the console file: leave it its fds
+            structlog.get_logger().error(f"{self.name}.pump_stuck")
+            return
+        self.pump_joined = True
+        os.close(self._pipe_fd)
+
+    def _pump_all(self) -> None:
+        view = memoryview(bytearray(_CHUNK))
+        monotonic = time.monotonic
+        poll = select.poll()
+        poll.register(self._pipe_fd, select.POLLIN)
+        poll.register(self._stop.fd, select.POLLIN)
+        stopping = False
+        try:
+            while True:
+                # Without a stop request, wait as long as the OS allows; waking early is a no-op.
+                ready = {fd for fd, _ in poll.poll(0 if stopping else procs.poll_ms(None))}
+                if self._stop.fd in ready:
+                    poll.unregister(self._stop.fd)
+                    stopping = True
+                if self._pipe_fd not in ready:
+                    if stopping:
+                        return  # told to stop and nothing is left to copy
+                    continue
+                n = os.readv(self._pipe_fd, [view])
+                if n == 0:
+                    return
+                self.last_read = monotonic()  # the stall watch's sign: nothing else to do here
+                self._copy(view[:n])
+        except OSError as exc:
+            structlog.get_logger().error(f"{self.name}.pump_failed", error=str(exc))
+        finally:
+            self.eof.set()
+            self.waker.wake()
+
+    def _copy(self, chunk: memoryview) -> None:
+        if self._console_fd is not None and not _append_console(self._console_fd, chunk, self.name):
+            self._console_fd = None
+        self.last_byte = bytes(chunk[-1:])
+        data = bytes(chunk) if self._out is not None or self._on_output is not None else b""
+        if self._out is not None:
+            self._out.offer(data)
+        if self._on_output is not None:
+            try:
+                self._on_output(data)
+            except Exception as exc:
+                structlog.get_logger().error(f"{self.name}.output_reader_failed",
+                                             error=f"{type(exc).__name__}: {exc}")
+                self._on_output = None
 
     def escapees(self) -> list[procs.Proc]:
         """The run's live processes outside its group (``setsid``, or orphaned and
@@ -803,8 +758,8 @@ class _Run:
             self.kill_escapees(time.monotonic() + _KILL_WAIT_S)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.reap(_KILL_WAIT_S)
-        if hasattr(self, "pump"):  # absent when the pump thread could not be started
-            self.pump.finish()
+        if self._pump.ident is not None:  # else the pump thread could not be started
+            self.stop_pump()
         procs.reap_orphans(self.pid, leader_too=True)
 
 
@@ -864,4 +819,4 @@ def _await_group_gone(pgid: int, until_mono: float) -> list[int]:
         procs.await_exit(fds, until_mono)
         return procs.group_members(pgid) if fds else []
     finally:
-        _close_fds(*fds)
+        procs.close_fds(*fds)

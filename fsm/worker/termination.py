@@ -70,9 +70,8 @@ def write(
     row = exits.by_code(status)
     fields = {"status": status, "name": row.name if row else None, "class": verdict,
               "rule": rule, "marker": marker, "reason": reason}
-    flags = os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    if where[1]:
-        flags |= os.O_CREAT
+    create = os.O_CREAT if where[1] else 0
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | create
     try:
         data = message(fields, redactor)
         fd = os.open(where[0], flags, 0o644)
