@@ -299,6 +299,9 @@ def test_the_ambiguous_texts_are_the_known_ones() -> None:
         "lwa-issues-117-gpu-node-mce-uncorrectable-dimm",
         "pytorch-80802-segfault-faulty-ram-removed",
         "shapetexturedebiased-12-no-cuda-gpus-gpu-id-arg",
+        # the seventh tuning batch (issue 37)
+        "reward-learning-rl-15-ray-trial-cuinit-no-device",
+        "awsome-distributed-ai-203-ofi-register-memory",
     }
 
 

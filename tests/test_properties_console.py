@@ -130,6 +130,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cuda-system-not-ready": (
         "RuntimeError: cuda runtime error (802) : system not yet initialized at /opt/conda/"
         "conda-bld/pytorch_1579022034529/work/aten/src/THC/THCGeneral.cpp:50",  # pytorch-35710
+        "Failed to allocate device vector A (error code system not yet initialized)! [Vector "
+        "addition of 5000 elements]",  # gpu-operator-1043
     ),
     "nvls-fabric": (
         "[2026-06-23 15:45:07] gpu-stress-dgc86-xfpt6:420:437 [5] transport/nvls.cc:379 "
@@ -281,6 +283,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f",  # nccl-1405
         "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 "
         "len=32696 vendor err 129 (Send)",  # nccl-1664
+        "NCCL WARN NET/IB Got completion error 12",  # nccl-1170
         "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
         "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
     ),
@@ -294,6 +297,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cuda-devices-unavailable": (
         "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable",
         "cudaErrorDevicesUnavailable: CUDA-capable device(s) is/are busy or unavailable",
+        "Check failed: CUDA_SUCCESS == dynload::cuCtxSetCurrent(context) (0 vs. 216)",  # tf-526
+        "CUDA_ERROR_CONTEXT_ALREADY_IN_USE: exclusive-thread device already in use by a "
+        "different thread",
     ),
     "cuda-launch-failure": (
         "RuntimeError: CUDA error: unspecified launch failure",
@@ -322,6 +328,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "nvlink-uncorrectable": (
         "RuntimeError: CUDA error: uncorrectable NVLink error was detected during the execution",
+        "P2P is disabled between NVLINK connected GPUs 1 and 0. This should not be the case "
+        "given their connectivity, and is probably due to a hardware issue.",  # nccl-2329
     ),
     "ib-retry-exceeded": (
         "[compute001:31180:0:31180] ib_mlx5_log.c:143  Transport retry count exceeded on "

@@ -54,12 +54,13 @@ def _gh(*threads: str) -> tuple[str, ...]:
 def cuda_number(*numbers: int) -> str:
     """A CUDA error by its number, as the libraries print it: "CUDA error 999", "cuda runtime
     error (999)", "Cuda failure 999", "CUDA Error: 999", "CUDA error DRIVER: '999'", glog's
-    check "error == cudaSuccess (999 vs. 0)", "cudaRuntimeGetVersion() failed with error
+    check "error == cudaSuccess (999 vs. 0)" or "CUDA_SUCCESS == cuInit(0) (0 vs. 999)",
+    "cudaRuntimeGetVersion() failed with error
     #999". More than one number: the error's number in older CUDA releases too."""
     number = "(?:" + "|".join(map(str, numbers)) + ")"
     return (r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*(?: DRIVER| RUNTIME)?\s*"
             rf"(?:code)?\s*[:=#]?\s*[('\"]?{number}[)'\"]?(?![\d.])"
-            rf"|\bcudaSuccess \({number} vs\. 0\)"
+            rf"|\bcudaSuccess \({number} vs\. 0\)|\bCUDA_SUCCESS == [^\n]*\(0 vs\. {number}\)"
             rf"|\bcuda\w+\(\)[^\n]{{0,24}}?\berror #?{number}\b")
 
 
@@ -235,10 +236,14 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("cuda-devices-unavailable", "gpu-unavailable", "gpu",
           cuda_error(46, r"CUDA-capable device\(?s?\)?\s*(?:is|are|is/are)?\s*busy or "
                      r"unavailable", "cudaErrorDevicesUnavailable",
-                     "CUDA_ERROR_DEVICE_UNAVAILABLE"),
-          "CUDA finds every GPU busy or unavailable (cudaErrorDevicesUnavailable, 46): another "
-          "process holds a GPU in exclusive mode, or the GPU is in a bad state; the runner saw "
-          "no other process on the GPUs before the worker started", (CUDA_ERRORS,)),
+                     "CUDA_ERROR_DEVICE_UNAVAILABLE")
+          + "|" + cuda_error(216, r"exclusive-thread device (?:that is )?already in use",
+                             "cudaErrorDeviceAlreadyInUse", "CUDA_ERROR_CONTEXT_ALREADY_IN_USE"),
+          "CUDA finds every GPU busy or unavailable (cudaErrorDevicesUnavailable, 46), or a GPU "
+          "in exclusive-thread mode already held (cudaErrorDeviceAlreadyInUse, 216): another "
+          "process holds a GPU, the host's compute mode is exclusive, or the GPU is in a bad "
+          "state; the runner saw no other process on the GPUs before the worker started",
+          (CUDA_ERRORS, *_gh("tensorflow/tensorflow#526"))),
     _host("cuda-launch-failure", "gpu-launch-failure", "gpu",
           cuda_error(719, r"unspecified launch failure", "cudaErrorLaunchFailure",
                      "CUDA_ERROR_LAUNCH_FAILED", "CURAND_STATUS_LAUNCH_FAILURE"),
@@ -400,10 +405,13 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("nvlink-uncorrectable", "nvlink", "interconnect",
           cuda_error(220, r"uncorrectable NVLink error", "cudaErrorNvlinkUncorrectable",
                      "CUDA_ERROR_NVLINK_UNCORRECTABLE")
-          + r"|\bNVLink\b[^\n]*\b(?:uncorrectable|link down|training failed)\b",
-          "an NVLink between GPUs failed (cudaErrorNvlinkUncorrectable, 220)", (CUDA_ERRORS,)),
+          + r"|\bNVLink\b[^\n]*\b(?:uncorrectable|link down|training failed)\b"
+          r"|P2P is disabled between NVLINK connected GPUs",
+          "an NVLink between GPUs failed (cudaErrorNvlinkUncorrectable, 220), or NVML finds "
+          "GPUs joined by NVLink unable to reach each other's memory (NCCL: 'probably due to a "
+          "hardware issue')", (CUDA_ERRORS, *_gh("NVIDIA/nccl#2329"))),
     _host("cuda-system-not-ready", "fabric", "interconnect",
-          r"(?:\b802\b|\bCUDA\b)[^\n]*?system not yet initialized"
+          r"(?:\b802\b|\bCUDA\b|\berror\b)[^\n]*?system not yet initialized"
           r"|\bcudaErrorSystemNotReady\b|\bCUDA_ERROR_SYSTEM_NOT_READY\b",
           "CUDA error 802: the NVSwitch fabric is not initialized (the host's fabric manager "
           "is not running)", (CUDA_ERRORS, *_gh("pytorch/pytorch#35710"))),
@@ -427,7 +435,7 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "kernel shows its own row, which wins)",
           (NCCL_ERRORS, *_gh("vllm-project/vllm#7896")), weak=True),
     _host("ib-completion-error", "interconnect", "interconnect",
-          r"\bNET/IB\w*\s*:\s*Got completion\b"
+          r"\bNET/IB\w*\s*:?\s*Got completion\b"
           r"|\bIBV_WC_\w+_ERR\b"
           r"|\b(?:work )?completion (?:with|has) (?:an? )?(?:error|status)\b"
           r"|\bwc(?:\.|_| )status\b[^\n]*\b(?:err|error|fail)"
