@@ -284,6 +284,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "NET/IBP:Got completion from peer 7.6.13.83<36315> with status=12 opcode=32698 "
         "len=32696 vendor err 129 (Send)",  # nccl-1664
         "NCCL WARN NET/IB Got completion error 12",  # nccl-1170
+        "[[1176,1],0][btl_openib_component.c:2905:handle_wc] from tango092.vpac.org to: "
+        "tango090 error polling LP CQ with status RETRY",  # Open MPI's users' list
         "gpu-node-3:1234:5678 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
         "from peer 10.0.0.4<45678> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
     ),
@@ -325,6 +327,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "nvml-error": (
         "pynvml.NVMLError_Unknown: Unknown Error",
         "pynvml.nvml.NVMLError_DriverNotLoaded: Driver Not Loaded",
+        # NVML's return codes that name the host (NVML_API's nvmlReturn_t)
+        "pynvml.NVMLError_CorruptedInforom: Corrupted infoROM",
+        "pynvml.NVMLError_InsufficientPower: Insufficient External Power",
+        "WARNING: infoROM is corrupted at gpu 0000:0B:00.0",  # the GPU operator's guide
     ),
     "nvlink-uncorrectable": (
         "RuntimeError: CUDA error: uncorrectable NVLink error was detected during the execution",
@@ -334,6 +340,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "ib-retry-exceeded": (
         "[compute001:31180:0:31180] ib_mlx5_log.c:143  Transport retry count exceeded on "
         "mlx5_0:1/RoCE (synd 0x15 vend 0x81 hw_synd 0/0)",  # ucx-6000
+        # Open MPI's openib transport, as its users' list quotes it (wrapped, and not)
+        "The InfiniBand retry count between two MPI processes has been",
+        "The InfiniBand retry count between two MPI processes has been exceeded.",
     ),
 }
 

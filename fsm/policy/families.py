@@ -349,11 +349,15 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
     _host("nvml-error", "nvml", "driver",
           r"(?<!initialize )(?<!detection error: )"
           r"\bNVML(?:Error)?\b[^\n]{0,24}?\bUnknown Error\b"
-          r"|\bNVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch)\b"
-          r"|\bNVML_ERROR_(?:UNKNOWN|DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH)\b",
-          "NVML answered with an error of its own (unknown, driver not loaded, library and "
-          "kernel module of different versions): the host's driver, as pynvml and "
-          "nvidia-smi report it", (NVML_API, *_gh("pytorch/pytorch#88363"))),
+          r"|\bNVMLError_(?:Unknown|DriverNotLoaded|LibRmVersionMismatch|InsufficientPower"
+          r"|IrqIssue|CorruptedInforom|OperatingSystem)\b"
+          r"|\bNVML_ERROR_(?:UNKNOWN|DRIVER_NOT_LOADED|LIB_RM_VERSION_MISMATCH|INSUFFICIENT_POWER"
+          r"|IRQ_ISSUE|CORRUPTED_INFOROM|OPERATING_SYSTEM)\b|\binfoROM is corrupted\b",
+          "NVML answered with an error of its own that names the host (unknown, driver not "
+          "loaded, library and kernel module of different versions, a GPU's power cables, an "
+          "interrupt fault, a corrupted infoROM, the GPU's device blocked by the host's "
+          "cgroups): the host's driver or GPU, as pynvml and nvidia-smi report it",
+          (NVML_API, *_gh("pytorch/pytorch#88363"))),
     _host("container-gpu-setup", "container-runtime", "driver",
           r"nvidia-container-cli: (?!requirement error)[^\n]*?\berror\b"
           r"(?![^\n]*\bdriver/library version mismatch\b)"
@@ -439,16 +443,20 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           r"|\bIBV_WC_\w+_ERR\b"
           r"|\b(?:work )?completion (?:with|has) (?:an? )?(?:error|status)\b"
           r"|\bwc(?:\.|_| )status\b[^\n]*\b(?:err|error|fail)"
-          r"|\bGot completion from peer\b|\bcqe (?:with|has) (?:an? )?error\b",
+          r"|\bGot completion from peer\b|\bcqe (?:with|has) (?:an? )?error\b"
+          r"|\berror polling [HL]P CQ with status\b",
           "InfiniBand or RoCE: a work request completed with an error status (12: retries "
-          "exceeded, the peer's NIC unreachable), as NCCL, an IB net plugin or verbs print it",
+          "exceeded, the peer's NIC unreachable), as NCCL, an IB net plugin, Open MPI or verbs "
+          "print it",
           _gh("NVIDIA/nccl#1405", "NVIDIA/nccl#1664")),
     _host("ib-retry-exceeded", "interconnect", "interconnect",
           r"\bIBV_WC_RETRY_EXC_ERR\b|\btransport retry count(?:er)? exceeded\b"
+          r"|\bInfiniBand retry count between two MPI processes has been\b"
           r"|\bUCX\s+(?:ERROR|FATAL)\b[^\n]*(?:Endpoint timeout|Remote (?:access|operation) "
           r"error|local protection error|port (?:error|down)|link down)",
-          "libibverbs/UCX: the InfiniBand or RoCE transport's retries ran out or its link "
-          "failed: the link or the fabric dropped the traffic", _gh("openucx/ucx#6000")),
+          "libibverbs, UCX or Open MPI: the InfiniBand or RoCE transport's retries ran out or "
+          "its link failed: the link or the fabric dropped the traffic",
+          _gh("openucx/ucx#6000")),
     _host("nccl-network", "interconnect", "interconnect",
           r"NET/(?:IB|Socket|OFI)\b(?![^\n]*\bGot completion\b)"
           r"[^\n]*?\b(?:error|errors|fail|failed|failure|closed"
