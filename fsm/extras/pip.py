@@ -200,9 +200,8 @@ def _value_problem(kind: ValueKind, value: str) -> str | None:
         return None if value in ("eager", "only-if-needed") else "must be eager or only-if-needed"
     if kind == "host":
         return None if _HOST.fullmatch(value) else "must be a host name or address"
-    if value in (":all:", ":none:") or all(
-        _PACKAGE_NAME.fullmatch(name) for name in value.split(",")
-    ):
+    names = all(_PACKAGE_NAME.fullmatch(name) for name in value.split(","))
+    if names or value in (":all:", ":none:"):
         return None
     return "must be :all:, :none: or a comma list of package names"
 
@@ -211,9 +210,8 @@ def _requirement_problem(entry: str) -> str | None:
     """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
     if _SCHEME.match(entry):
         return _package_url_problem(entry)
-    if entry.lower().endswith(ARCHIVE_SUFFIXES) and entry.isprintable() and not (
-        _UNSAFE_IN_PATH.search(entry)
-    ):
+    path = entry.isprintable() and not _UNSAFE_IN_PATH.search(entry)
+    if path and entry.lower().endswith(ARCHIVE_SUFFIXES):
         return None  # a wheel or an sdist on this host
     from packaging.requirements import InvalidRequirement, Requirement  # only when needed
 
