@@ -442,8 +442,6 @@ class Redactor:
         """One line of at most ``limit`` characters (errors, the final stderr line): redacted,
         whitespace collapsed to single spaces (and redacted again: collapsing can form a
         secret's collapsed form), then cut."""
-        if limit <= 0:
-            return ""
         return self.text(" ".join(self.text(text).split()))[:limit]
 
     def tail_of(self, path: Path, limit: int) -> builtins.bytes:
