@@ -156,14 +156,10 @@ def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     return HostFacts(hostname, listed, driver, snap.problem, detail, host_id(hostname, listed))
 
 
-#: The kernel's boot id: one per boot, shared by every container of the host.
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-
-
-def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+def boot_id() -> str | None:
     """The kernel's boot id (one per boot, shared by every container of the host), or None."""
     try:
-        return path.read_text(encoding="ascii").strip() or None
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
     except (OSError, ValueError):
         return None
 
@@ -184,8 +180,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 def memory_events_path(environ: Mapping[str, str]) -> Path | None:
     """The file holding this process's memory cgroup ``oom_kill`` count, or None.
     ``FLASH_MEMORY_EVENTS`` overrides where it is read (unusual mounts, tests)."""
-    override = environ.get("FLASH_MEMORY_EVENTS")
-    if override:
+    if override := environ.get("FLASH_MEMORY_EVENTS"):
         return Path(override)
     return next((candidate for candidate in _cgroup_candidates() if candidate.is_file()), None)
 
@@ -206,8 +201,7 @@ def _cgroup_candidates() -> list[Path]:
     # cgroup is the root, which changes nothing: the first that exists is taken)
     found = [mount / rel / "memory.events"
              for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified") for rel in (*v2, "")]
-    memory = CGROUP_ROOT / "memory"
-    return found + [memory / rel / "memory.oom_control" for rel in (*v1, "")]
+    return found + [CGROUP_ROOT / "memory" / rel / "memory.oom_control" for rel in (*v1, "")]
 
 
 def oom_kills(path: Path | None) -> int | None:
