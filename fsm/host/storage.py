@@ -158,7 +158,8 @@ def classify(
     # The file's own filesystem when the error names one; else the first that is read-only
     # or full; else the first candidate.
     fs = looked[0] if paths else next((u for u in looked if u.read_only or u.full), looked[0])
-    before = start.get(fs.mount or fs.path)
+    where = fs.mount or fs.path
+    before = start.get(where)
     code = errno.errorcode.get(os_error.errno or 0, "?")
     if os_error.errno == errno.EROFS or fs.read_only:
         verdict, why = rules.HOST_STORAGE, "read-only: the host's disk"
@@ -168,7 +169,6 @@ def classify(
         verdict, why = rules.HOST_STORAGE, _CAME_FULL
     else:
         verdict, why = rules.HOST_STORAGE_FILLED, _FILLED
-    where = fs.mount or fs.path
     message = (
         f"{state}: the host's storage refused the runner's write ({code}: "
         f"{os_error.strerror}{' on ' + str(paths[0]) if paths else ''}): "

@@ -97,8 +97,8 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     # Train left by worker_stalled (host_failed) when the runner stopped the worker as
     # stalled (for its GPUs, the host watch)
     reason = worker.get("reason") if isinstance(worker, Mapping) else None
-    steps = ((s, d, _event_between(s, d, failed_by, reason=reason))
-             for s, d in itertools.pairwise(path))
+    stopped = _STOPPED_BY.get(reason) if isinstance(reason, str) else None
+    steps = ((s, d, _event_between(s, d, failed_by, stopped)) for s, d in itertools.pairwise(path))
     state, watchdog = marker.get("state"), marker.get("watchdog") is True
     attempt, run_id, error = marker.get("attempt"), marker.get("run_id"), marker.get("error")
     title = "attempt {}{}: {}{}".format(
@@ -125,16 +125,15 @@ _STOPPED_BY = {"stalled": table.WORKER_STALLED, "host": table.HOST_FAILED}
 
 
 def _event_between(
-    source: str, dest: str, failed_by: str | None, *, reason: object = None
+    source: str, dest: str, failed_by: str | None, stopped: str | None
 ) -> str | None:
     """The event that took the attempt from ``source`` to ``dest`` (None when the table
-    has no such transition): ``failed_by`` into Mark; ``worker_stalled`` (``host_failed``)
-    out of Train for a worker the marker says was stopped as stalled (for its GPUs); else
-    the one progress event."""
+    has no such transition): ``failed_by`` into Mark; ``stopped`` (``worker_stalled`` or
+    ``host_failed``) out of Train for a worker the marker says was stopped as stalled (for
+    its GPUs); else the one progress event."""
     events = [e for e, s, d in table.TRANSITIONS if (s, d) == (source, dest)]
     if dest == table.MARK and failed_by in events:
         return failed_by
-    stopped = _STOPPED_BY.get(reason) if isinstance(reason, str) else None
     if stopped in events:
         return stopped
     progress = [e for e in events
@@ -202,7 +201,7 @@ def _drawing(engine: Literal["mermaid", "pygraphviz"], attempt: Attempt | None) 
 
     mermaid = engine == "mermaid"
     nodes: dict[str, Any] = _node_styles()
-    if mermaid:
+    if mermaid:  # Mermaid takes them as classDefs
         nodes = {name: _css(style) for name, style in nodes.items()}
 
     class Drawing(GraphMachine):
