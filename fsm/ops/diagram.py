@@ -29,18 +29,6 @@ from typing import Any, Literal
 
 from fsm import table
 
-__all__ = [
-    "FORMATS",
-    "DiagramUnavailable",
-    "dot",
-    "graph",
-    "mermaid",
-    "normalise_svg",
-    "render",
-    "transition_table",
-    "write_all",
-]
-
 FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
