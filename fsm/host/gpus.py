@@ -451,17 +451,15 @@ def parse_snapshot(
                          else Query(name, "not-started", None, 0.0, "not asked"))
             continue
         rows, stray = _rows(answer.stdout, its_fields)
+        lines = stray + _lines(answer.stderr)
         said: list[str] = []
-        named = False  # a lost GPU, or that there is none: an answer too
-        for line in stray + _lines(answer.stderr):
-            gone = _lost_gpu(line)
-            if gone is not None:
+        for line in lines:
+            if gone := _lost_gpu(line):
                 lost.setdefault(gone.bus_id or gone.line, gone)
-            if gone is not None or line == NO_DEVICES:
-                named = True
-            else:
+            elif line != NO_DEVICES:
                 said.append(line[:MESSAGE_CHARS])
-        query = _outcome(name, answer, bool(rows) or named, said)
+        # a line not said named a lost GPU, or that there is none: an answer too
+        query = _outcome(name, answer, bool(rows) or len(said) < len(lines), said)
         asked.append(query)
         if query.outcome == "answered":
             parsed[name] = rows
