@@ -36,19 +36,14 @@ FACTS_WAIT_S = 2.0
 SETTLE_SLICE_S = 0.1
 
 
-class Gpu(NamedTuple):
-    name: str
-    uuid: str
-    memory_mib: int | None
-
-
 class HostFacts(NamedTuple):
     """What ``nvidia-smi`` said. ``problem`` is None when ``--query-gpu`` answered: else
     ``"absent"`` (not on PATH), ``"failed"`` (non-zero exit or unreadable output),
     ``"hung"`` (killed at its bound) or ``"pending"`` (not answered yet)."""
 
     hostname: str
-    gpus: tuple[Gpu, ...] = ()
+    #: as ``--query-gpu`` listed them
+    gpus: tuple[gpus.Gpu, ...] = ()
     driver: str | None = None
     problem: str | None = None
     #: what went wrong, in words (a failing nvidia-smi's own last line among them)
@@ -63,7 +58,8 @@ class HostFacts(NamedTuple):
         facts: dict[str, Any] = {
             "id": self.id,
             "hostname": self.hostname,
-            "gpus": [gpu._asdict() for gpu in self.gpus],
+            "gpus": [{"name": gpu.name or "", "uuid": gpu.uuid or "",
+                      "memory_mib": gpu.memory_total_mib} for gpu in self.gpus],
             "driver": self.driver,
         }
         if self.problem is not None:
@@ -150,10 +146,10 @@ class HostProbe:
 
 def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
-    listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
     detail = snap.describe_problem() if snap.problem is not None else ""
     driver = next((gpu.driver for gpu in snap.gpus if gpu.driver), None)
-    return HostFacts(hostname, listed, driver, snap.problem, detail, host_id(hostname, listed))
+    return HostFacts(hostname, snap.gpus, driver, snap.problem, detail,
+                     host_id(hostname, snap.gpus))
 
 
 def boot_id() -> str | None:
@@ -164,7 +160,7 @@ def boot_id() -> str | None:
         return None
 
 
-def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
+def host_id(hostname: str, listed: tuple[gpus.Gpu, ...] = ()) -> str:
     """What names the machine (CONTRACT section 9): its GPUs' UUIDs, sorted, when
     ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
     shares its host's boot id; the hostname tells two hosts apart where it is unreadable)."""
