@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 from fsm import table
 
-FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
 REGENERATE = ("python -m fsm.ops.diagram --write diagrams --doc docs/policy.md --doc README.md "
@@ -124,9 +123,8 @@ def _event_between(
         return failed_by
     if stopped in events:
         return stopped
-    progress = [e for e in events
-                if e not in table.FAILURE_EVENTS and e not in _STOPPED_BY.values()]
-    return progress[0] if progress else None
+    return next((e for e in events
+                 if e not in table.FAILURE_EVENTS and e not in _STOPPED_BY.values()), None)
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -288,15 +286,14 @@ def normalise_svg(svg: bytes) -> bytes:
 
 
 def render(fmt: str, marker: Mapping[str, Any] | None = None) -> bytes:
-    """The machine in ``fmt`` (one of :data:`FORMATS`), highlighting ``marker``'s path."""
+    """The machine in ``fmt`` (``mermaid``, ``dot``, ``svg`` or ``png``: the CLI's choices,
+    the fleet view's and :func:`renderings`' are no other), highlighting ``marker``'s path."""
     if fmt == "mermaid":
         return mermaid(marker).encode()
     if fmt == "dot":
         return dot(marker).encode()
-    if fmt in ("svg", "png"):
-        drawn = bytes(graph(marker).draw(format=fmt, prog="dot", args="-Gdpi=110" * (fmt == "png")))
-        return normalise_svg(drawn) if fmt == "svg" else drawn
-    raise DiagramUnavailable(f"unknown diagram format {fmt!r}; one of {', '.join(FORMATS)}")
+    drawn = bytes(graph(marker).draw(format=fmt, prog="dot", args="-Gdpi=110" * (fmt == "png")))
+    return normalise_svg(drawn) if fmt == "svg" else drawn
 
 
 # --- the committed copies -------------------------------------------------------------
