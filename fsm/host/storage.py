@@ -99,9 +99,8 @@ def usage(path: Path) -> Usage | None:
         st = os.statvfs(where)
     except OSError:
         return None
-    mount, fstype = _mount_of(where)
     return Usage(
-        path=str(path), mount=mount, fstype=fstype,
+        str(path), *_mount_of(where),  # the path, then its mount point and type
         free_bytes=st.f_bavail * st.f_frsize, size_bytes=st.f_blocks * st.f_frsize,
         free_inodes=st.f_favail, inodes=st.f_files,
         read_only=bool(st.f_flag & os.ST_RDONLY),
@@ -181,9 +180,7 @@ def classify(
     if before is not None:
         evidence["at_start"] = {"free_bytes": before.free_bytes,
                                 "free_inodes": before.free_inodes}
-    error: FlashError = (RetriableError(message, rule=verdict) if verdict.retriable
-                         else FatalError(message, rule=verdict))
-    return error, evidence
+    return (RetriableError if verdict.retriable else FatalError)(message, rule=verdict), evidence
 
 
 def _size(n: int) -> str:
