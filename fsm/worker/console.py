@@ -17,7 +17,7 @@ import structlog
 
 from fsm import rules
 from fsm.attempt.lease import LeaseKeeper, lease_name
-from fsm.clock import os_timeout
+from fsm.clock import wait_up_to
 from fsm.context import Context
 from fsm.errors import RetriableError, StoreUnavailable
 from fsm.worker.supervise import TAIL_BYTES
@@ -193,10 +193,8 @@ class PeriodicTail:
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""
         self._closed = True
-        end = time.monotonic() + timeout_s
         # Lock.acquire refuses very long timeouts: wait in pieces the OS accepts.
-        while not self._busy.acquire(timeout=os_timeout(end - time.monotonic())):
-            if time.monotonic() >= end:
-                log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
-                return
+        if not wait_up_to(lambda timeout: self._busy.acquire(timeout=timeout), timeout_s):
+            log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
+            return
         self._busy.release()

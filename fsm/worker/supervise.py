@@ -73,7 +73,7 @@ from typing import Literal, Protocol
 
 import structlog
 
-from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
+from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout, wait_up_to
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.oom import oom_first
 from fsm.output.outlet import STDOUT_CAPACITY, Outlet
@@ -767,7 +767,7 @@ def _start_ticks(
         # Each wait is jittered by up to a fifth either way: runners started together (a
         # fleet sharing one repo) drift apart instead of committing in step, where their
         # fenced tails would refuse each other (412).
-        while not _wait_event(stop, interval_s * random.uniform(0.8, 1.2)):
+        while not wait_up_to(stop.wait, interval_s * random.uniform(0.8, 1.2)):
             try:
                 sink(read_tail(console_path))
             except Exception as exc:
@@ -775,16 +775,6 @@ def _start_ticks(
 
     threading.Thread(target=tick, name=f"{name}-tail", daemon=True).start()
     return stop
-
-
-def _wait_event(event: threading.Event, seconds: float) -> bool:
-    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): longer than the OS
-    accepts simply waits again."""
-    end = time.monotonic() + seconds
-    while not event.wait(os_timeout(end - time.monotonic())):
-        if time.monotonic() >= end:
-            return False
-    return True
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
