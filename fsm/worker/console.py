@@ -145,8 +145,7 @@ class PeriodicTail:
 
     def _tick(self) -> None:
         ctx = self._ctx
-        now = time.monotonic()
-        if now < self._next_at:
+        if time.monotonic() < self._next_at:
             return  # backing off
         if ctx.work_deadline.remaining() < self._base_s:
             return  # the marker's time is near: the final tail goes with it

@@ -112,8 +112,8 @@ def _table() -> dict[int, Proc]:
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``, from /proc: the leader
     first (when it is alive), then the others by pid. Empty when /proc cannot be read."""
-    members = sorted(p.pid for p in _table().values() if p.pgrp == pgid and p.alive)
-    return ([pgid] if pgid in members else []) + [pid for pid in members if pid != pgid]
+    members = (p.pid for p in _table().values() if p.pgrp == pgid and p.alive)
+    return sorted(members, key=lambda pid: (pid != pgid, pid))
 
 
 def _has_token(pid: int, needle: bytes) -> bool:
