@@ -630,8 +630,7 @@ class _Run:
                     stdin=subprocess.DEVNULL,
                     stdout=w,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
+                    start_new_session=True,  # (and close_fds, Popen's default)
                 )
         except BaseException:
             os.close(r)
