@@ -140,39 +140,35 @@ class PeriodicTail:
 
     def __call__(self, _tail: bytes) -> None:
         with self._busy:
-            if not self._closed:
-                self._tick()
-
-    def _tick(self) -> None:
-        ctx = self._ctx
-        if time.monotonic() < self._next_at:
-            return  # backing off
-        if ctx.work_deadline.remaining() < self._base_s:
-            return  # the marker's time is near: the final tail goes with it
-        if ctx.lease is not None and ctx.lease.superseded is not None:
-            return  # a later attempt owns the prefix's console now
-        try:
-            path = console_path(ctx)
-            # Read and redacted here, never taken already cut: the redactor reads a wider
-            # window and masks before it cuts (no secret leaves as a fragment).
-            tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
-            if tail == self._last:
-                return  # nothing new: no commit
-            self._commit(tail)
-        except StoreUnavailable as exc:  # back off: the interval doubles, up to the cap
-            self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
-            wait = max(self.interval_s, exc.retry_after or 0.0)
-            self._next_at = time.monotonic() + wait
-            log.warning("console.upload_backoff", interval_s=self.interval_s,
-                        next_in_s=round(wait, 3), error=ctx.redactor.text(str(exc)))
-            return
-        except Exception as exc:  # best effort: the tail never decides how the attempt ends
-            log.warning("console.upload_failed", exc_type=type(exc).__name__,
-                        error=ctx.redactor.text(str(exc)))
-            return
-        self._last = tail
-        self.interval_s = max(self._base_s, self.interval_s - self._base_s)
-        self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
+            if self._closed or time.monotonic() < self._next_at:
+                return  # closed, or backing off
+            ctx = self._ctx
+            if ctx.work_deadline.remaining() < self._base_s:
+                return  # the marker's time is near: the final tail goes with it
+            if ctx.lease is not None and ctx.lease.superseded is not None:
+                return  # a later attempt owns the prefix's console now
+            try:
+                path = console_path(ctx)
+                # Read and redacted here, never taken already cut: the redactor reads a wider
+                # window and masks before it cuts (no secret leaves as a fragment).
+                tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
+                if tail == self._last:
+                    return  # nothing new: no commit
+                self._commit(tail)
+            except StoreUnavailable as exc:  # back off: the interval doubles, up to the cap
+                self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
+                wait = max(self.interval_s, exc.retry_after or 0.0)
+                self._next_at = time.monotonic() + wait
+                log.warning("console.upload_backoff", interval_s=self.interval_s,
+                            next_in_s=round(wait, 3), error=ctx.redactor.text(str(exc)))
+                return
+            except Exception as exc:  # best effort: the tail never decides how the attempt ends
+                log.warning("console.upload_failed", exc_type=type(exc).__name__,
+                            error=ctx.redactor.text(str(exc)))
+                return
+            self._last = tail
+            self.interval_s = max(self._base_s, self.interval_s - self._base_s)
+            self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
 
     def _commit(self, tail: bytes) -> None:
         """The tail, with the lease when it is due (one commit carries both)."""
