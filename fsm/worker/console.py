@@ -6,7 +6,6 @@ up with the marker (``fsm.attempt.outcome.attach_tail``), whose commit removes t
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import threading
 import time
@@ -56,9 +55,9 @@ def _commit_fenced(ctx: Context, contents: dict[str, bytes], message: str) -> bo
     files: dict[str, Path] = {}
     try:
         for name, data in contents.items():
-            fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{name}.")
-            files[dest.path(name)] = Path(tmp)
-            with os.fdopen(fd, "wb") as f:
+            with tempfile.NamedTemporaryFile(dir=ctx.scratch, prefix=f".{name}.",
+                                             delete=False) as f:
+                files[dest.path(name)] = Path(f.name)
                 f.write(data)
         return ctx.tail_store().commit(
             files, message=message, fence=ctx.fence,
