@@ -91,7 +91,7 @@ from fsm.store.base import Store
 
 __all__ = [
     "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "attempt_files", "decide", "found_in",
-    "human_age", "judge", "read_attempt", "read_attempts", "verdict",
+    "human_age", "judge", "read_attempt", "read_attempts",
 ]
 
 Kind = Literal["running", "succeeded", "retriable", "fatal", "lost", "unknown"]
@@ -273,20 +273,13 @@ def _marker_view(f: Found) -> AttemptView:
     if marker is None or f.marker_problem is not None:
         return _view(f, "unknown", f"the marker is unreadable: {f.marker_problem}")
     rule = marker.get("rule") if isinstance(marker.get("rule"), str) else None
-    kind = verdict(marker)
+    kind = marker_format.verdict(marker)  # rule 1
     why = {"succeeded": "the marker says ok",
            "retriable": "the marker says failed, retriable: retry on a fresh host",
            "fatal": "the marker says failed, not retriable: fail the run"}[kind]
     return _view(f, kind, why + (f" (rule {rule})" if rule else ""), rule=rule,
                  state=_text(marker.get("state")), host=_dict(marker.get("host")),
                  marker=dict(marker))
-
-
-def verdict(marker: Mapping[str, Any]) -> Kind:
-    """What a readable marker says (rule 1): succeeded, retriable or fatal."""
-    if marker.get("ok") is True:
-        return "succeeded"
-    return "retriable" if marker.get("retriable") is True else "fatal"
 
 
 def _lease_view(f: Found, kind: Kind, why: str, now: float,

@@ -38,7 +38,7 @@ from typing import Any
 from fsm.attempt import marker as marker_format
 from fsm.attempt.lease import lease_name
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age, verdict
+from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -122,7 +122,7 @@ class Row:
         a lease's row: running, lost or unknown."""
         if self.view is not None:
             return self.view.kind
-        return None if self.marker is None else verdict(self.marker)
+        return None if self.marker is None else marker_format.verdict(self.marker)
 
     @property
     def ts(self) -> float | None:
@@ -657,7 +657,7 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
         f"  where  {'any state' if rule.where == ANY else rule.where}",
         f"  what   {rule.what}",
     ]
-    said = verdict(marker)
+    said = marker_format.verdict(marker)
     if said != ruled:
         lines.append(f"  note   the marker says {said}, the rule {ruled}")
     return "\n".join(lines)
