@@ -137,10 +137,8 @@ class Row:
 
     def field(self, key: str) -> Any:
         if self.view is not None:  # a lease's row shows its state and run id, nothing else
-            if key == "state":
-                return self.view.state
-            lease = self.view.lease
-            return lease.get(key) if lease is not None and key == "run_id" else None
+            lease = self.view.lease or {}
+            return {"state": self.view.state, "run_id": lease.get("run_id")}.get(key)
         return self.marker.get(key) if self.marker is not None else None
 
     @property
@@ -456,8 +454,6 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     the store refuses to list (a link out of its root) makes its leases unknown; once
     ``--timeout`` is reached, every lease is unknown (:data:`LEASE_NOT_READ`); any other
     store failure is raised (exit 1)."""
-    if not leases:
-        return []
     now = time.time()  # before the listings: no lease looks older than it is
     found: list[Found] = []
     changes: list[float] = []
@@ -466,7 +462,7 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
             files = [f for _, f, _ in group]
             try:
                 listing = store.changes(folder)
-            except (StoreAuthError, StoreUnavailable):
+            except StoreAuthError:  # a FatalError, but the store's failure, not the folder's
                 raise
             except FatalError as exc:
                 why = f"the store refused to list {folder}/: {' '.join(exc.message.split())}"
