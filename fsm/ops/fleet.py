@@ -594,12 +594,14 @@ def explain(
         else:
             emit(_pretty(marker))
         emit("\n" + _rule_row(marker) + "\n")
-        for evidence in (_stall(marker), _gpus(marker)):
-            if evidence:
-                emit(evidence + "\n")
-        stacks = _stacks_file(marker, names)
-        if stacks is not None:
-            emit(_quote(store, prefix, stacks, "stacks") + "\n")
+        if marker is not None:  # its evidence: a stall, the GPUs, the stacks file it names
+            for evidence in (_stall(marker), _gpus(marker)):
+                if evidence:
+                    emit(evidence + "\n")
+            stacks = marker.get("stacks")
+            named = stacks.get("file") if isinstance(stacks, dict) else None
+            if isinstance(named, str) and STACKS_RE.fullmatch(named) and named in names:
+                emit(_quote(store, prefix, named, "stacks") + "\n")
         note = ("\n  note: the prefix holds other attempts' markers too; this is the last tail "
                 "uploaded under it, which may be another attempt's") if len(every) > 1 else ""
         tails = sorted(name for name in names if CONSOLE_RE.fullmatch(name))
@@ -674,9 +676,9 @@ def _quote(store: Store, prefix: str, name: str, label: str,
     return "\n".join([head + (tail_note or ""), *(f"  | {_printable(line)}" for line in shown)])
 
 
-def _stall(marker: Mapping[str, Any] | None) -> str | None:
+def _stall(marker: Mapping[str, Any]) -> str | None:
     """The marker's stall evidence as lines (CONTRACT section 7), or None."""
-    stall = marker.get("stall") if marker is not None else None
+    stall = marker.get("stall")
     if not isinstance(stall, dict):
         return None
     lines = [f"stall  no progress for {_printable(str(stall.get('silent_s', '?')), 20)}s"]
@@ -694,11 +696,9 @@ def _stall(marker: Mapping[str, Any] | None) -> str | None:
 GPU_EVIDENCE = (("gpu_health", "gpus before setup"), ("gpu_change", "gpus changed"))
 
 
-def _gpus(marker: Mapping[str, Any] | None) -> str | None:
+def _gpus(marker: Mapping[str, Any]) -> str | None:
     """The GPUs' findings the marker carries (before setup, or a change since), a line a
     GPU, or None."""
-    if marker is None:
-        return None
     lines: list[str] = []
     for key, head in GPU_EVIDENCE:
         facts = marker.get(key)
@@ -714,13 +714,6 @@ def _gpus(marker: Mapping[str, Any] | None) -> str | None:
             lines.append(f"  {_printable(str(finding.get('kind', '?')), 40)}: "
                          f"GPU {gpu or '?'}")
     return "\n".join(lines) or None
-
-
-def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str | None:
-    """The stacks file the marker names, when the prefix holds it."""
-    stacks = marker.get("stacks") if marker is not None else None
-    name = stacks.get("file") if isinstance(stacks, dict) else None
-    return name if isinstance(name, str) and STACKS_RE.fullmatch(name) and name in names else None
 
 
 def _path(marker: Mapping[str, Any] | None) -> str:
