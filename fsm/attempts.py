@@ -424,11 +424,9 @@ def read_attempt(
 
 def _unreadable(store: Store, exc: BaseException, redactor: Redactor | None) -> str:
     if redactor is None:
-        redactor = Redactor()
-        redactor.learn(os.environ)
         token = getattr(store, "_token", None)  # the Hub store's, when it has one
-        if isinstance(token, str):
-            redactor.add([token])
+        redactor = Redactor([token] if isinstance(token, str) else [])
+        redactor.learn(os.environ)
     text = " ".join(str(exc).split())[:500] or type(exc).__name__
     if isinstance(exc, DeadlineExceeded):
         text = f"no answer in time ({text})"
