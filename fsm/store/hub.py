@@ -279,10 +279,9 @@ class HubStore:
     ) -> None:
         self.repo_id = repo_id
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
-        self._token: str | bool = token if token else False
         #: Every try and every wait between tries goes through the budget: ``budget`` when
         #: given (the end of the attempt sizes its tries), else ``deadline`` and ``interrupt``.
-        self.budget = budget or Budget(deadline, interrupt or InterruptFlag())
+        self.budget = budget or Budget(deadline, interrupt)
         self.call_timeout_s = call_timeout_s
         self.transfer_timeout_s = transfer_timeout_s
         self.max_attempts = max_attempts
@@ -293,9 +292,10 @@ class HubStore:
         self._token_problem = token_problem(token)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
-        #: The agent that makes this handle's calls, and what its client is keyed by.
+        #: The agent that makes this handle's calls, and what its client is keyed by (no
+        #: token: False, so that the library never reads one from the environment).
         self._agent: hub_agent.Agent | None = None
-        self._key = (self.endpoint, self._token, call_timeout_s)
+        self._key = (self.endpoint, token or False, call_timeout_s)
         #: Whether the store has answered a call of this handle (then a 401 RepoNotFound is
         #: a mirror's word for a missing path, not a refused token).
         self._answered = False
