@@ -71,7 +71,6 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fs
 #: its stdin, after the marker).
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPWR,
             signal.SIGXCPU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)
-_TAIL_LINES = 20  # of the agent's stderr, kept for the event that says it exited
 #: The agent's own, as the runner's (``fsm.output.log.QUIET_SETTINGS``; a test keeps them equal):
 #: no progress bars on a stderr that becomes the runner's events.
 QUIET_SETTINGS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
@@ -181,8 +180,8 @@ class Agent:
         self._pending: dict[int, Pending] = {}
         self.alive = True
         self._on_ready: list[Callable[[Agent], None]] = []
-        #: The agent's last lines of stderr.
-        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        #: The agent's last lines of stderr, for the event that says it exited.
+        self.tail: deque[str] = deque(maxlen=5)
         self._held: list[str] | None = [] if hold_output else None
         self.pid, stdin, stdout, stderr = _launch(switch, not_ours)
         self._stdin: IO[bytes] | None = os.fdopen(stdin, "wb")

@@ -178,16 +178,14 @@ class HubClient:
         """
         if expect is None:
             expect = self._metadata(repo_type, repo_id, path, revision)
-        if expect.size == 0 and expect.oid == _EMPTY_BLOB:  # its id is its content: no GET
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(b"")
-            return 0
-        # The mode a file the process creates gets (the worker's code tree is read by
-        # whoever runs it); ".part", which the store clears after a killed agent.
         from huggingface_hub.file_download import http_get
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
+        # The mode a file the process creates gets (the worker's code tree is read by
+        # whoever runs it); ".part", which the store clears after a killed agent.
         with atomic_file(dest, mode=0o666, suffix=".part") as file:
+            if expect.size == 0 and expect.oid == _EMPTY_BLOB:  # its id is its content: no GET
+                return 0
             http_get(self._url(repo_type, repo_id, path, revision), file,
                      headers=build_hf_headers(token=self._token))
             file.flush()

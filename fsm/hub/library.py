@@ -207,10 +207,9 @@ def _typed(current: object, value: str) -> object:
     if isinstance(current, bool):
         return value.strip().upper() in ("1", "ON", "YES", "TRUE")
     if isinstance(current, int | float):
-        try:
+        with contextlib.suppress(ValueError):
             return type(current)(value)
-        except ValueError:
-            return _MISSING
+        return _MISSING
     return value if current is None or isinstance(current, str) else _MISSING
 
 

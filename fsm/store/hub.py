@@ -181,7 +181,7 @@ def _new_agent() -> hub_agent.Agent:
     gone = hub_agent.current()
     if gone is not None and not gone.alive and not gone.killed:  # a kill is logged as such
         log.warning("hub.agent_exited", pid=gone.pid, status=gone.returncode,
-                    stderr_tail=list(gone.tail)[-5:], why="a new one makes the store's calls")
+                    stderr_tail=list(gone.tail), why="a new one makes the store's calls")
     # The switch is the agent's to set, unless this process's environment was configured
     # already (then it is the agent's as it is).
     return hub_agent.start(switch=not _process_configured)
@@ -415,10 +415,9 @@ class HubStore:
 
     def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
         import tempfile  # the operator's commands only: not on a runner's start-up path
-        import uuid
 
         # A flat name of its own in the temporary directory: no folders to make and remove.
-        dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{uuid.uuid4().hex}"
+        dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{os.urandom(16).hex()}"
         try:
             with open(self._download(path_in_repo, dest), "rb") as file:
                 return file.read(max_bytes + 1)

@@ -158,8 +158,7 @@ class LocalStore:
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         source = self._file(path_in_repo)
         target = dest_dir / path_in_repo
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_copy(source, target)
+        _atomic_copy(source, target)  # its folder made (atomic_file)
         return target
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
@@ -171,9 +170,7 @@ class LocalStore:
         files = self._files(source, folder)
         for rel, path in files:
             self._step()
-            target = local_root / folder / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_copy(path, target)
+            _atomic_copy(path, local_root / folder / rel)  # its folder made (atomic_file)
         return len(files)
 
     def warm_model(
