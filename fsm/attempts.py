@@ -70,7 +70,7 @@ import bisect
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,14 +90,14 @@ from fsm.output.redact import Redactor
 from fsm.store.base import Store
 
 __all__ = [
-    "KINDS", "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "attempt_files", "decide",
-    "found_in",
-    "human_age", "judge", "lease_files", "read_attempt", "read_attempts", "read_lease",
-    "read_marker", "verdict",
+    "NEITHER", "TOGETHER", "AttemptView", "Found", "Kind", "attempt_files", "decide", "found_in",
+    "human_age", "judge", "read_attempt", "read_attempts",
 ]
 
 Kind = Literal["running", "succeeded", "retriable", "fatal", "lost", "unknown"]
-KINDS: tuple[Kind, ...] = ("running", "succeeded", "retriable", "fatal", "lost", "unknown")
+
+#: A file read as a marker or a lease: (its value, None), or (None, why it cannot be read).
+Parsed = tuple[dict[str, Any] | None, str | None]
 
 #: The why of an attempt the store holds nothing of.
 NEITHER = "no lease or marker yet: setup, or not started"
@@ -169,14 +169,6 @@ class Found:
     lease_problem: str | None = None
     lease_changed: float | None = None
 
-    @property
-    def has_marker(self) -> bool:
-        return self.marker is not None or self.marker_problem is not None
-
-    @property
-    def has_lease(self) -> bool:
-        return self.lease is not None or self.lease_problem is not None
-
 
 # --- the rule -------------------------------------------------------------------------------
 
@@ -209,18 +201,19 @@ def _judge(
     readable = len(expiries) + sum(isinstance(v, AttemptView) and v.kind == "running"
                                    for v in alone)
     together = readable >= 2 and 2 * len(expiries) > readable
-    heads = {t for t in (head_time, last_commit) if t is not None and math.isfinite(t)}
-    known = sorted({t for t in changes if math.isfinite(t)} | heads | {
-        f.lease_changed for f in found
-        if f.lease_changed is not None and math.isfinite(f.lease_changed)})
+    times = [*changes, head_time, last_commit, *(f.lease_changed for f in found)]
+    known = sorted({t for t in times if t is not None and math.isfinite(t)})
     wants: set[Literal["last_commit", "head_time"]] = set()
     late: dict[int, AttemptView] = {}  # the expired leases, against the whole reading
     for index, expires, due in expiries:
         ago = human_age(now - expires)
-        after = _first_after(known, expires)
+        at = bisect.bisect_right(known, expires)
+        after = known[at] if at < len(known) else None  # the first commit after the expiry
         # A commit a live runner, retrying since its renewal fell due, would have followed
-        # with its own by now: one landed after that try could land, GRACE_S ago or more.
-        witness = _last_within(known, due + LANDING_S, now - GRACE_S)
+        # with its own by now: the last one landed after that try could land, GRACE_S ago
+        # or more.
+        at = bisect.bisect_right(known, now - GRACE_S)
+        witness = known[at - 1] if at and known[at - 1] >= due + LANDING_S else None
         kind: Kind = "unknown"
         if together:
             why = (f"{TOGETHER} ({len(expiries)} of {readable} leases of this reading "
@@ -250,9 +243,9 @@ def _judge(
 def _alone(f: Found, now: float) -> AttemptView | tuple[float, float]:
     """The attempt's view by its own files, or for an expired lease (judged against the
     whole reading) when it expired and when its renewal fell due."""
-    if f.has_marker:
+    if f.marker is not None or f.marker_problem is not None:
         return _marker_view(f)
-    if not f.has_lease:
+    if f.lease is None and f.lease_problem is None:
         return _view(f, "unknown", NEITHER)
     lease, changed = f.lease, f.lease_changed
     if lease is None or f.lease_problem is not None:
@@ -271,18 +264,6 @@ def _alone(f: Found, now: float) -> AttemptView | tuple[float, float]:
     return _lease_view(f, "unknown", why, now)
 
 
-def _last_within(times: Sequence[float], low: float, high: float) -> float | None:
-    """The last of the sorted ``times`` in ``[low, high]``."""
-    at = bisect.bisect_right(times, high)
-    return times[at - 1] if at and times[at - 1] >= low else None
-
-
-def _first_after(times: Sequence[float], moment: float) -> float | None:
-    """The first of the sorted ``times`` after ``moment``."""
-    at = bisect.bisect_right(times, moment)
-    return times[at] if at < len(times) else None
-
-
 def _view(f: Found, kind: Kind, why: str, **facts: Any) -> AttemptView:
     return AttemptView(f.arm, f.attempt, kind, why, prefix=f.prefix, **facts)
 
@@ -292,20 +273,13 @@ def _marker_view(f: Found) -> AttemptView:
     if marker is None or f.marker_problem is not None:
         return _view(f, "unknown", f"the marker is unreadable: {f.marker_problem}")
     rule = marker.get("rule") if isinstance(marker.get("rule"), str) else None
-    kind = verdict(marker)
+    kind = marker_format.verdict(marker)  # rule 1
     why = {"succeeded": "the marker says ok",
            "retriable": "the marker says failed, retriable: retry on a fresh host",
            "fatal": "the marker says failed, not retriable: fail the run"}[kind]
     return _view(f, kind, why + (f" (rule {rule})" if rule else ""), rule=rule,
                  state=_text(marker.get("state")), host=_dict(marker.get("host")),
                  marker=dict(marker))
-
-
-def verdict(marker: Mapping[str, Any]) -> Kind:
-    """What a readable marker says (rule 1): succeeded, retriable or fatal."""
-    if marker.get("ok") is True:
-        return "succeeded"
-    return "retriable" if marker.get("retriable") is True else "fatal"
 
 
 def _lease_view(f: Found, kind: Kind, why: str, now: float,
@@ -329,19 +303,13 @@ def _dict(value: Any) -> dict[str, Any] | None:
 # --- reading the store ----------------------------------------------------------------------
 
 
-def lease_files(names: Iterable[str]) -> list[tuple[str, str, int]]:
-    """The leases among a folder's file names, as (name, arm, attempt), by attempt then arm."""
-    found = [(name, match[1], int(match[2])) for name in names
-             if (match := LEASE_RE.fullmatch(name)) is not None]
-    return sorted(found, key=lambda f: (f[2], f[1], f[0]))
-
-
 def attempt_files(names: Iterable[str]) -> list[tuple[str, int, bool]]:
     """The attempts a folder's names hold a marker or a lease of, by attempt then arm, as
     (arm, attempt, whether it has a marker)."""
     names = list(names)
     marked = {(m.arm, m.attempt) for m in marker_format.listed(names)}
-    every = marked | {(arm, attempt) for _, arm, attempt in lease_files(names)}
+    leased = [LEASE_RE.fullmatch(name) for name in names]
+    every = marked | {(match[1], int(match[2])) for match in leased if match is not None}
     return [(arm, n, (arm, n) in marked) for arm, n in sorted(every, key=lambda a: (a[1], a[0]))]
 
 
@@ -349,12 +317,14 @@ def _path(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def _read_bounded(
-    store: Store, path: str, limit: int, gone: str = "listed, then not found when read",
-) -> tuple[bytes | None, str | None]:
-    """The file's bytes, or why it cannot be read: a file gone since the listing (``gone``),
-    one the store refuses (a link out of its root) or too long is a problem of that file
-    alone; the store's failures (unavailable, the token refused, the deadline) are raised."""
+def _read(
+    store: Store, path: str, limit: int, parse: Callable[[bytes], Parsed],
+    gone: str = "listed, then not found when read",
+) -> Parsed:
+    """The file read once and parsed: (its value, None), or (None, why it cannot be read):
+    a file gone since the listing (``gone``), one the store refuses (a link out of its root)
+    or too long is a problem of that file alone; the store's failures (unavailable, the
+    token refused, the deadline) are raised."""
     try:
         data = store.read_file(path, limit)
     except StoreNotFound:
@@ -365,20 +335,7 @@ def _read_bounded(
         return None, f"refused: {' '.join(exc.message.split())[:300]}"
     if len(data) > limit:
         return None, f"larger than {limit:,} bytes"
-    return data, None
-
-
-def read_marker(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
-    """One attempt marker, read once: (the marker, None) or (None, why not)."""
-    data, problem = _read_bounded(store, path, MARKER_MAX_BYTES)
-    return (None, problem) if data is None else marker_format.parse(data)
-
-
-def read_lease(store: Store, path: str) -> tuple[dict[str, Any] | None, str | None]:
-    """One lease, read once: (the lease, None) or (None, why not)."""
-    data, problem = _read_bounded(store, path, LEASE_MAX_BYTES, gone=(
-        "listed, then gone when read (the attempt's marker may have landed since: read again)"))
-    return (None, problem) if data is None else parse_lease(data)
+    return parse(data)
 
 
 def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
@@ -388,32 +345,32 @@ def found_in(store: Store, folder: str, listing: Mapping[str, float], arm: str,
     when it holds neither."""
     marker_name, lease = marker_format.name(arm, attempt), lease_name(arm, attempt)
     if marker_name in listing:
-        marker, problem = read_marker(store, _path(folder, marker_name))
+        marker, problem = _read(store, _path(folder, marker_name), MARKER_MAX_BYTES,
+                                marker_format.parse)
         return Found(arm, attempt, folder, marker=marker, marker_problem=problem)
     if lease not in listing:
         return Found(arm, attempt, folder)
-    value, problem = read_lease(store, _path(folder, lease))
+    value, problem = _read(store, _path(folder, lease), LEASE_MAX_BYTES, parse_lease, gone=(
+        "listed, then gone when read (the attempt's marker may have landed since: read again)"))
     return Found(arm, attempt, folder, lease=value, lease_problem=problem,
                  lease_changed=listing[lease])
 
 
-def decide(store: Store, found: Sequence[Found], changes: Iterable[float],
+def decide(store: Store, found: list[Found], changes: Collection[float],
            now: float) -> list[AttemptView]:
     """:func:`judge` of one reading, asking the store for its newest commit
     (``head_time()``) and its newest at or before ``now - GRACE_S``
     (``head_time(until=...)``) at most once each, only when an expired lease is neither
     lost nor unknown by the listings alone."""
-    found, changes = list(found), list(changes)
     views, wants = _judge(found, changes, None, None, now)
     if not wants:
         return views
     last = store.head_time() if "last_commit" in wants else None
     head = last if last is not None and last <= now - GRACE_S else None
     views, wants = _judge(found, changes, head, last, now)
-    if "head_time" in wants and (last is None or last > now - GRACE_S):
+    if "head_time" in wants and head is None:
         head = store.head_time(until=now - GRACE_S)
-        if head is not None:
-            views = _judge(found, changes, head, last, now)[0]
+        views = _judge(found, changes, head, last, now)[0]  # the same views when still None
     return views
 
 
@@ -467,11 +424,9 @@ def read_attempt(
 
 def _unreadable(store: Store, exc: BaseException, redactor: Redactor | None) -> str:
     if redactor is None:
-        redactor = Redactor()
-        redactor.learn(os.environ)
         token = getattr(store, "_token", None)  # the Hub store's, when it has one
-        if isinstance(token, str):
-            redactor.add([token])
+        redactor = Redactor([token] if isinstance(token, str) else [])
+        redactor.learn(os.environ)
     text = " ".join(str(exc).split())[:500] or type(exc).__name__
     if isinstance(exc, DeadlineExceeded):
         text = f"no answer in time ({text})"

@@ -171,8 +171,7 @@ def _die_of_sigpipe() -> NoReturn:
     import signal
 
     with contextlib.suppress(OSError):  # nothing more may reach the dead pipe
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     with contextlib.suppress(Exception):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGPIPE)

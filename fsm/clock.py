@@ -124,3 +124,15 @@ def os_timeout(seconds: float | None) -> float:
     if seconds is None or seconds != seconds:  # None or NaN
         return MAX_OS_WAIT_S
     return max(0.0, min(float(seconds), MAX_OS_WAIT_S))
+
+
+def wait_up_to(wait: Callable[[float], bool], seconds: float) -> bool:
+    """Call ``wait(timeout)`` (an ``Event``'s wait, a lock's acquire) until it returns True
+    or ``seconds`` have passed, whatever they are (a month, infinity): each ``timeout`` is
+    one the OS accepts (:func:`os_timeout`), and a longer wait simply waits again. True
+    when ``wait`` said so."""
+    end = time.monotonic() + seconds
+    while not wait(os_timeout(end - time.monotonic())):
+        if time.monotonic() >= end:
+            return False
+    return True

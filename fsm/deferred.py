@@ -16,13 +16,11 @@ own fallback); rich stays importable afterwards.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import sys
 import threading
 import types
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 UNUSED_BEFORE_THE_WORKER = ("asyncio",)
 #: What structlog imports if it can, and the runner does without (see above).
@@ -52,7 +50,7 @@ class Deferred(types.ModuleType):
 
     def __getattr__(self, attr: str) -> object:
         if attr in self.__dict__["_calls"] and self.__dict__.get("_real") is None:
-            return functools.partial(_call_real, self, attr)
+            return lambda *args, **kwargs: getattr(self._load(), attr)(*args, **kwargs)
         return getattr(self._load(), attr)
 
     def _load(self) -> types.ModuleType:
@@ -67,10 +65,6 @@ class Deferred(types.ModuleType):
                 real = importlib.import_module(self.__name__)
                 self.__dict__["_real"] = real
         return real
-
-
-def _call_real(module: Deferred, attr: str, *args: Any, **kwargs: Any) -> Any:
-    return getattr(module._load(), attr)(*args, **kwargs)
 
 
 def defer(names: Iterable[str], *, calls: Mapping[str, Iterable[str]] | None = None) -> None:

@@ -91,11 +91,10 @@ def finite_number(value: object) -> float | None:
     (which ``math.isfinite`` and ``float`` would raise on)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    try:
+    with contextlib.suppress(OverflowError):
         number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
+        return number if math.isfinite(number) else None
+    return None
 
 
 def json_type(value: object) -> str:

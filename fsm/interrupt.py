@@ -159,12 +159,11 @@ def wakeup_fd() -> int | None:
 PROCESS_FLAG = InterruptFlag()
 
 
-def install_early(flag: InterruptFlag = PROCESS_FLAG, *, wakeup: bool = True) -> None:
-    """Route the stop signals to ``flag`` (the runner installs its own handler later) and
-    catch the ignored ones, so that none of the table's signals ends the process; with
-    ``wakeup`` also arm the wakeup descriptor (else the caller does, once it may open one)."""
+def install_early() -> None:
+    """Route the stop signals to :data:`PROCESS_FLAG` (the runner installs its own handler
+    later) and catch the ignored ones, so that none of the table's signals ends the
+    process. The wakeup descriptor is not armed here: the caller arms it once it may open
+    one (:func:`arm_wakeup`)."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, _frame: flag.trigger(signum))
+        signal.signal(sig, lambda signum, _frame: PROCESS_FLAG.trigger(signum))
     install_ignored()
-    if wakeup:
-        arm_wakeup()

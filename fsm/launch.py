@@ -41,7 +41,7 @@ def main() -> NoReturn:
     if runner:
         from fsm import interrupt
 
-        interrupt.install_early(wakeup=False)
+        interrupt.install_early()
     from fsm.output import outlet
 
     outlet.reopen_closed()

@@ -20,20 +20,17 @@ serial one:
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from fsm.clock import SLICE_S, os_timeout
+from fsm.clock import SLICE_S, wait_up_to
 from fsm.errors import Interrupted
 from fsm.interrupt import InterruptFlag
 
 _T = TypeVar("_T")
-
-#: The wait slice of a join (an OS wait refuses very long timeouts).
-_JOIN_SLICE_S = 3600.0
 
 
 class Background(Generic[_T]):
@@ -58,11 +55,7 @@ class Background(Generic[_T]):
         """Wait up to ``seconds`` for the call to end; True when it did. In short slices:
         between them the main thread runs the handler of a signal that another thread
         caught (``fsm.interrupt``), which one long wait would hold back until its end."""
-        end = time.monotonic() + seconds
-        while not self.done.wait(os_timeout(min(SLICE_S, end - time.monotonic()))):
-            if time.monotonic() >= end:
-                return False
-        return True
+        return wait_up_to(lambda timeout: self.done.wait(min(SLICE_S, timeout)), seconds)
 
     def result(self) -> _T:
         """The call's result, or its exception raised here (call once ``done`` is set)."""
@@ -89,8 +82,7 @@ class Branch(Background[_T]):
         signal raised into the waiting thread (the driver's ``raise_on_interrupt``)
         cancels the branch on its way out."""
         try:
-            while not self.done.wait(os_timeout(_JOIN_SLICE_S)):
-                pass
+            wait_up_to(self.done.wait, math.inf)
         except (Interrupted, KeyboardInterrupt):
             self.cancel()
             raise

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fsm.files import JsonProblem, json_object
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from fsm.payload import Destination
 
 __all__ = ["MARKER_MAX_BYTES", "MAX_ERROR_CHARS", "NAME_RE", "MarkerFile", "build", "listed",
-           "name", "parse", "problem"]
+           "name", "parse", "problem", "verdict"]
 
 MAX_ERROR_CHARS = 2_000
 #: A marker is at most a few KiB (its ``error`` at most ``MAX_ERROR_CHARS``); a reader (the
@@ -73,6 +73,14 @@ def problem(record: object, attempt: int) -> str | None:
     if not isinstance(record.get("error", ""), str):
         return "'error' is not text"
     return None
+
+
+def verdict(record: Mapping[str, Any]) -> Literal["succeeded", "retriable", "fatal"]:
+    """What a readable marker says (CONTRACT section 10, rule 1): succeeded, retriable or
+    fatal; what the control plane, the fleet view and the runner's last event call it."""
+    if record.get("ok") is True:
+        return "succeeded"
+    return "retriable" if record.get("retriable") is True else "fatal"
 
 
 @dataclass(frozen=True)

@@ -128,8 +128,7 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
         record = ctx.publisher.record.marker
     fields: dict[str, Any] = {"end_state": terminal, "exit_code": exit_code}
     if isinstance(record, dict):
-        fields["class"] = ("succeeded" if record.get("ok") is True
-                           else "retriable" if record.get("retriable") is True else "fatal")
+        fields["class"] = marker.verdict(record)
         fields["rule"] = record.get("rule")
     elif ctx.failure is not None:
         fields["class"], fields["rule"] = ctx.failure.rule.verdict, ctx.failure.rule.id
@@ -152,9 +151,8 @@ def announce(ctx: Context, *, exit_code: int, terminal: str | None, reason: str)
 
 def event_for(record: dict[str, Any]) -> str:
     """The event that leads Mark to the terminal state of the marker it announced."""
-    if record.get("ok") is True:
-        return table.MARKED_SUCCEEDED
-    return table.MARKED_RETRIABLE if record.get("retriable") is True else table.MARKED_FATAL
+    return {"succeeded": table.MARKED_SUCCEEDED, "retriable": table.MARKED_RETRIABLE,
+            "fatal": table.MARKED_FATAL}[marker.verdict(record)]
 
 
 def result_file(ctx: Context) -> Path | None:

@@ -119,8 +119,7 @@ def read_own(path: Path, ident: dict[str, Any], *, version: int, what: str,
 def _persisted(raw: dict[str, Any], ident: dict[str, Any]) -> Persisted | str:
     """This attempt's result as ``raw`` holds it, else why it cannot be replayed."""
     record, artifacts = raw.get("marker"), raw.get("artifacts", {})
-    problem = marker.problem(record, ident["attempt"])
-    if problem is not None:
+    if (problem := marker.problem(record, ident["attempt"])) is not None:
         return f"malformed marker: {problem}"
     if not isinstance(artifacts, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()):

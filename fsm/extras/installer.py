@@ -83,11 +83,8 @@ UV_TIMEOUT_S = 15
 #: uv's network signatures (``fsm.policy.signatures``, where every signature table lives; tests/
 #: test_uv.py keeps the real messages they were measured on).
 UV_NETWORK_SIGNATURES: Table = UV_NETWORK
-
-
-def uv_network_signature(text: str) -> Signature | None:
-    """The first of :data:`UV_NETWORK_SIGNATURES` found in ``text``, if any."""
-    return UV_NETWORK_SIGNATURES.first(text)
+#: The first of :data:`UV_NETWORK_SIGNATURES` found in a text, if any.
+uv_network_signature = UV_NETWORK_SIGNATURES.first
 
 
 def classify_uv_output(text: str) -> Literal["network", "other"]:
@@ -406,18 +403,17 @@ def install(
     :class:`DeadlineExceeded` and :class:`Interrupted`, the installer stopped in each case.
     Either one's whole output is kept in ``output_log`` (redacted, appended) when given.
     """
-    reqs = list(requirements)
-    if not reqs:
+    if not requirements:
         return None
     redactor = Redactor() if redactor is None else redactor
     try:
-        choice = choose(reqs, env, python)
+        choice = choose(requirements, env, python)
     except FatalError as exc:
         raise FatalError(_bounded(exc.message, redactor), rule=rules.PIP_FAILED) from None
     structlog.get_logger().info("pip.installer", installer=choice.installer,
                                 reason=_bounded(choice.reason, redactor), uv=choice.uv)
     if choice.installer == "pip":
-        pip_install(reqs, env=env, deadline=deadline, interrupt=interrupt, python=python,
+        pip_install(requirements, env=env, deadline=deadline, interrupt=interrupt, python=python,
                     tries=tries, backoff_s=backoff_s, output_log=output_log, redactor=redactor)
         return "pip"
     assert choice.uv is not None
@@ -429,7 +425,7 @@ def install(
     # own settings first.
     uv_environ = uv_env({**pip_file_settings(env, python), **env})
     uv_tool = Tool("uv", "uv pip install", lambda _log_path: uv_argv, _uv_evidence, read_uv_line)
-    run_installer(uv_tool, requirements=len(reqs), env=uv_environ, deadline=deadline,
+    run_installer(uv_tool, requirements=len(requirements), env=uv_environ, deadline=deadline,
                   interrupt=interrupt, tries=tries, backoff_s=backoff_s, output_log=output_log,
                   redactor=redactor)
     return "uv"

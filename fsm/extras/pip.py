@@ -80,11 +80,8 @@ _CROSS = "\N{MULTIPLICATION SIGN}"  # pip marks a failed subprocess's headline w
 
 #: pip's network signatures (``fsm.policy.signatures``, where every signature table lives).
 NETWORK_SIGNATURES: Table = PIP_NETWORK
-
-
-def network_signature(text: str) -> Signature | None:
-    """The first of :data:`NETWORK_SIGNATURES` found in ``text``, if any."""
-    return NETWORK_SIGNATURES.first(text)
+#: The first of :data:`NETWORK_SIGNATURES` found in a text, if any.
+network_signature = NETWORK_SIGNATURES.first
 
 
 def classify_pip_output(text: str) -> Literal["network", "other"]:
@@ -140,8 +137,6 @@ _REFUSED_OPTIONS = {
                     "changes where pip installs"),
     **dict.fromkeys(("-C", "--config-settings"), "passes settings to build backends"),
 }
-_REQUIREMENT_URL_SCHEMES = ("http", "https", "git+https", "file")
-_OPTION_URL_SCHEMES = ("http", "https", "file")
 _PACKAGE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _HOST = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
@@ -200,14 +195,13 @@ def _option_refusal(name: str) -> str:
 
 def _value_problem(kind: ValueKind, value: str) -> str | None:
     if kind == "url":
-        return _url_problem(value, _OPTION_URL_SCHEMES, archive=False)
+        return _url_problem(value, ("http", "https", "file"), archive=False)
     if kind == "strategy":
         return None if value in ("eager", "only-if-needed") else "must be eager or only-if-needed"
     if kind == "host":
         return None if _HOST.fullmatch(value) else "must be a host name or address"
-    if value in (":all:", ":none:") or all(
-        _PACKAGE_NAME.fullmatch(name) for name in value.split(",")
-    ):
+    names = all(_PACKAGE_NAME.fullmatch(name) for name in value.split(","))
+    if names or value in (":all:", ":none:"):
         return None
     return "must be :all:, :none: or a comma list of package names"
 
@@ -216,9 +210,8 @@ def _requirement_problem(entry: str) -> str | None:
     """Why ``entry`` is not a requirement, a URL or a wheel/sdist path (None: it is)."""
     if _SCHEME.match(entry):
         return _package_url_problem(entry)
-    if entry.lower().endswith(ARCHIVE_SUFFIXES) and entry.isprintable() and not (
-        _UNSAFE_IN_PATH.search(entry)
-    ):
+    path = entry.isprintable() and not _UNSAFE_IN_PATH.search(entry)
+    if path and entry.lower().endswith(ARCHIVE_SUFFIXES):
         return None  # a wheel or an sdist on this host
     from packaging.requirements import InvalidRequirement, Requirement  # only when needed
 
@@ -233,7 +226,7 @@ def _requirement_problem(entry: str) -> str | None:
 
 
 def _package_url_problem(url: str) -> str | None:
-    problem = _url_problem(url, _REQUIREMENT_URL_SCHEMES, archive=True)
+    problem = _url_problem(url, ("http", "https", "git+https", "file"), archive=True)
     return None if problem is None else f"a package URL {problem}"
 
 
@@ -313,8 +306,7 @@ def install(
     ``redactor`` (the attempt's) redacts every text built from pip's output, and its whole
     output, kept in ``output_log`` (appended to) when given.
     """
-    reqs = list(requirements)
-    if not reqs:
+    if not requirements:
         return
     child_env = _installer_env(env)
     # pip's own retries and timeout, unless the environment chooses them (see PIP_RETRIES)
@@ -325,11 +317,11 @@ def install(
     def argv(log_path: Path) -> list[str]:
         return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
                 "--progress-bar", "off", "--log", str(log_path), *own_limits, *extra_args,
-                *reqs]
+                *requirements]
 
     run_installer(Tool("pip", "pip install", argv, _evidence, read_pip_line),
-                  requirements=len(reqs), env=child_env, deadline=deadline, interrupt=interrupt,
-                  tries=tries, backoff_s=backoff_s, output_log=output_log,
+                  requirements=len(requirements), env=child_env, deadline=deadline,
+                  interrupt=interrupt, tries=tries, backoff_s=backoff_s, output_log=output_log,
                   redactor=Redactor() if redactor is None else redactor)
 
 
@@ -394,15 +386,6 @@ class _LineFeed:
 # --- one installer, tried until it succeeds ----------------------------------------------------
 
 
-#: What a failed try left: its network signature (None: not network-shaped) and the line
-#: that best says what failed. Called with the exit status, the console file, the path the
-#: try could log to (``Tool.argv`` got it too), the file the output is kept in (None: not
-#: kept) and the attempt's redactor.
-Evidence = Callable[
-    [int | None, Path, Path, Path | None, Redactor], tuple[Signature | None, str]
-]
-
-
 class Tool(NamedTuple):
     """An installer as :func:`run_installer` runs it: pip here, uv in ``fsm.extras.installer``."""
 
@@ -412,7 +395,13 @@ class Tool(NamedTuple):
     command: str
     #: one try's command line, given a path it may write a log to
     argv: Callable[[Path], list[str]]
-    evidence: Evidence
+    #: What a failed try left: its network signature (None: not network-shaped) and the
+    #: line that best says what failed. Called with the exit status, the console file, the
+    #: path the try could log to (``argv`` got it too), the file the output is kept in
+    #: (None: not kept) and the attempt's redactor.
+    evidence: Callable[
+        [int | None, Path, Path, Path | None, Redactor], tuple[Signature | None, str]
+    ]
     #: reads its console's lines into its phase and counts (``extras.progress``)
     read_line: Callable[[str, InstallSteps], None]
 

@@ -295,9 +295,8 @@ class PendingSnapshot:
 
     def __init__(self, environ: Mapping[str, str], timeout_s: float = DEFAULT_QUERY_S, *,
                  background: bool = True, asked: Asked | None = None) -> None:
-        #: The queries, when already started (``fsm.host.queries.ask``): the bound counts
-        #: from their start.
-        self._asked = asked
+        # ``asked``: the queries, when already started (``fsm.host.queries.ask``): the bound
+        # counts from their start
         self.started = asked.started if asked is not None else time.monotonic()
         self.timeout_s = timeout_s
         self._cond = threading.Condition()
@@ -307,10 +306,10 @@ class PendingSnapshot:
         self._final: Snapshot | None = None
         self._listeners: list[Callable[[], None]] = []
         if background:
-            threading.Thread(target=self._take, args=(dict(environ),), name="gpu-snapshot",
+            threading.Thread(target=self._take, args=(dict(environ), asked), name="gpu-snapshot",
                              daemon=True).start()
         else:
-            self._take(environ)
+            self._take(environ, asked)
 
     def limit(self, timeout_s: float) -> None:
         """Bound every query at ``timeout_s`` from the start (applied within
@@ -352,9 +351,9 @@ class PendingSnapshot:
             self._listeners.append(listener)
         listener()
 
-    def _take(self, environ: Mapping[str, str]) -> None:
+    def _take(self, environ: Mapping[str, str], asked: Asked | None) -> None:
         try:
-            final = self._ask(environ)
+            final = self._ask(asked if asked is not None else queries.ask(environ))
         except Exception as exc:  # a bug here must not leave the caller waiting forever
             final = Snapshot(problem="failed", timeout_s=self.timeout_s,
                              detail=f"snapshot crashed: {type(exc).__name__}: {exc}")
@@ -368,8 +367,7 @@ class PendingSnapshot:
             with contextlib.suppress(Exception):  # a listener's bug must not stop the snapshot
                 listener()
 
-    def _ask(self, environ: Mapping[str, str]) -> Snapshot:
-        asked = self._asked if self._asked is not None else queries.ask(environ)
+    def _ask(self, asked: Asked) -> Snapshot:
         if asked.exe is None:
             return Snapshot(problem="absent", timeout_s=self.timeout_s)
         runs = Runs(self.deadline, reaper="nvidia-smi-reaper")
@@ -380,7 +378,8 @@ class PendingSnapshot:
             if name == "gpu" and len(self._refused) < RETRIES:
                 fewer = _without_refused(answer, self._fields)
                 if fewer is not None and time.monotonic() < self.deadline():
-                    self._refused.append(_last_line(answer.stdout + "\n" + answer.stderr))
+                    # its last line (never none: the refusal is a line of it)
+                    self._refused.append(_lines(answer.stdout + "\n" + answer.stderr)[-1])
                     self._fields = fewer
                     runs.start("gpu", (asked.exe, f"--query-gpu={','.join(fewer)}", queries.FORMAT),
                                asked.env)
@@ -452,17 +451,15 @@ def parse_snapshot(
                          else Query(name, "not-started", None, 0.0, "not asked"))
             continue
         rows, stray = _rows(answer.stdout, its_fields)
+        lines = stray + _lines(answer.stderr)
         said: list[str] = []
-        named = False  # a lost GPU, or that there is none: an answer too
-        for line in stray + _lines(answer.stderr):
-            gone = _lost_gpu(line)
-            if gone is not None:
+        for line in lines:
+            if gone := _lost_gpu(line):
                 lost.setdefault(gone.bus_id or gone.line, gone)
-            if gone is not None or line == NO_DEVICES:
-                named = True
-            else:
+            elif line != NO_DEVICES:
                 said.append(line[:MESSAGE_CHARS])
-        query = _outcome(name, answer, bool(rows) or named, said)
+        # a line not said named a lost GPU, or that there is none: an answer too
+        query = _outcome(name, answer, bool(rows) or len(said) < len(lines), said)
         asked.append(query)
         if query.outcome == "answered":
             parsed[name] = rows
@@ -623,10 +620,6 @@ def _bus_id(value: str) -> str | None:
         return None
     domain, bus, device, function = found.groups()
     return f"{int(domain or '0', 16):08X}:{bus.upper()}:{device.upper()}.{function}"
-
-
-def _last_line(text: str) -> str:
-    return (_lines(text) or ["no output"])[-1]
 
 
 # --- verdicts ------------------------------------------------------------------------------

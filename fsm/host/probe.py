@@ -36,19 +36,14 @@ FACTS_WAIT_S = 2.0
 SETTLE_SLICE_S = 0.1
 
 
-class Gpu(NamedTuple):
-    name: str
-    uuid: str
-    memory_mib: int | None
-
-
 class HostFacts(NamedTuple):
     """What ``nvidia-smi`` said. ``problem`` is None when ``--query-gpu`` answered: else
     ``"absent"`` (not on PATH), ``"failed"`` (non-zero exit or unreadable output),
     ``"hung"`` (killed at its bound) or ``"pending"`` (not answered yet)."""
 
     hostname: str
-    gpus: tuple[Gpu, ...] = ()
+    #: as ``--query-gpu`` listed them
+    gpus: tuple[gpus.Gpu, ...] = ()
     driver: str | None = None
     problem: str | None = None
     #: what went wrong, in words (a failing nvidia-smi's own last line among them)
@@ -63,7 +58,8 @@ class HostFacts(NamedTuple):
         facts: dict[str, Any] = {
             "id": self.id,
             "hostname": self.hostname,
-            "gpus": [gpu._asdict() for gpu in self.gpus],
+            "gpus": [{"name": gpu.name or "", "uuid": gpu.uuid or "",
+                      "memory_mib": gpu.memory_total_mib} for gpu in self.gpus],
             "driver": self.driver,
         }
         if self.problem is not None:
@@ -150,25 +146,21 @@ class HostProbe:
 
 def facts_of(hostname: str, snap: gpus.Snapshot) -> HostFacts:
     """A snapshot as the host facts every marker carries."""
-    listed = tuple(Gpu(gpu.name or "", gpu.uuid or "", gpu.memory_total_mib) for gpu in snap.gpus)
     detail = snap.describe_problem() if snap.problem is not None else ""
     driver = next((gpu.driver for gpu in snap.gpus if gpu.driver), None)
-    return HostFacts(hostname, listed, driver, snap.problem, detail, host_id(hostname, listed))
+    return HostFacts(hostname, snap.gpus, driver, snap.problem, detail,
+                     host_id(hostname, snap.gpus))
 
 
-#: The kernel's boot id: one per boot, shared by every container of the host.
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-
-
-def boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+def boot_id() -> str | None:
     """The kernel's boot id (one per boot, shared by every container of the host), or None."""
     try:
-        return path.read_text(encoding="ascii").strip() or None
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
     except (OSError, ValueError):
         return None
 
 
-def host_id(hostname: str, listed: tuple[Gpu, ...] = ()) -> str:
+def host_id(hostname: str, listed: tuple[gpus.Gpu, ...] = ()) -> str:
     """What names the machine (CONTRACT section 9): its GPUs' UUIDs, sorted, when
     ``nvidia-smi`` listed them; else the kernel's boot id with the hostname (a container
     shares its host's boot id; the hostname tells two hosts apart where it is unreadable)."""
@@ -184,8 +176,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 def memory_events_path(environ: Mapping[str, str]) -> Path | None:
     """The file holding this process's memory cgroup ``oom_kill`` count, or None.
     ``FLASH_MEMORY_EVENTS`` overrides where it is read (unusual mounts, tests)."""
-    override = environ.get("FLASH_MEMORY_EVENTS")
-    if override:
+    if override := environ.get("FLASH_MEMORY_EVENTS"):
         return Path(override)
     return next((candidate for candidate in _cgroup_candidates() if candidate.is_file()), None)
 
@@ -206,8 +197,7 @@ def _cgroup_candidates() -> list[Path]:
     # cgroup is the root, which changes nothing: the first that exists is taken)
     found = [mount / rel / "memory.events"
              for mount in (CGROUP_ROOT, CGROUP_ROOT / "unified") for rel in (*v2, "")]
-    memory = CGROUP_ROOT / "memory"
-    return found + [memory / rel / "memory.oom_control" for rel in (*v1, "")]
+    return found + [CGROUP_ROOT / "memory" / rel / "memory.oom_control" for rel in (*v1, "")]
 
 
 def oom_kills(path: Path | None) -> int | None:

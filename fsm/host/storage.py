@@ -99,9 +99,8 @@ def usage(path: Path) -> Usage | None:
         st = os.statvfs(where)
     except OSError:
         return None
-    mount, fstype = _mount_of(where)
     return Usage(
-        path=str(path), mount=mount, fstype=fstype,
+        str(path), *_mount_of(where),  # the path, then its mount point and type
         free_bytes=st.f_bavail * st.f_frsize, size_bytes=st.f_blocks * st.f_frsize,
         free_inodes=st.f_favail, inodes=st.f_files,
         read_only=bool(st.f_flag & os.ST_RDONLY),
@@ -158,7 +157,8 @@ def classify(
     # The file's own filesystem when the error names one; else the first that is read-only
     # or full; else the first candidate.
     fs = looked[0] if paths else next((u for u in looked if u.read_only or u.full), looked[0])
-    before = start.get(fs.mount or fs.path)
+    where = fs.mount or fs.path
+    before = start.get(where)
     code = errno.errorcode.get(os_error.errno or 0, "?")
     if os_error.errno == errno.EROFS or fs.read_only:
         verdict, why = rules.HOST_STORAGE, "read-only: the host's disk"
@@ -168,7 +168,6 @@ def classify(
         verdict, why = rules.HOST_STORAGE, _CAME_FULL
     else:
         verdict, why = rules.HOST_STORAGE_FILLED, _FILLED
-    where = fs.mount or fs.path
     message = (
         f"{state}: the host's storage refused the runner's write ({code}: "
         f"{os_error.strerror}{' on ' + str(paths[0]) if paths else ''}): "
@@ -181,9 +180,7 @@ def classify(
     if before is not None:
         evidence["at_start"] = {"free_bytes": before.free_bytes,
                                 "free_inodes": before.free_inodes}
-    error: FlashError = (RetriableError(message, rule=verdict) if verdict.retriable
-                         else FatalError(message, rule=verdict))
-    return error, evidence
+    return (RetriableError if verdict.retriable else FatalError)(message, rule=verdict), evidence
 
 
 def _size(n: int) -> str:

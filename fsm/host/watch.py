@@ -78,15 +78,14 @@ class GpuWatch:
     def _judge(self, snap: gpus.Snapshot, now: float) -> bool:
         if snap.problem is not None and not snap.lost:
             self.unanswered += 1  # silence: neither a fault nor its all-clear
-            self._next = now + (CONFIRM_S if self._suspect else self.period_s)
-            return False
-        found = gpus.changed(self.start, snap)
-        again = _again(self._suspect, found)
-        if again:
-            self.verdict = again
-            return True
-        self._suspect = found
-        self._next = now + (CONFIRM_S if found else self.period_s)
+        else:
+            found = gpus.changed(self.start, snap)
+            if again := _again(self._suspect, found):
+                self.verdict = again
+                return True
+            self._suspect = found
+        # a suspect is looked at again soon; else the next look is a period away
+        self._next = now + (CONFIRM_S if self._suspect else self.period_s)
         return False
 
     def evidence(self) -> dict[str, int]:

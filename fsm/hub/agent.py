@@ -17,7 +17,8 @@ method, args, kwargs)``, ``("configure", id, settings)`` and ``("probe", id, nam
 then ``("ok", id, value)`` or ``("err", id, failure)`` per request, each call in a thread
 of its own (a folder's files are fetched several at once); settings are applied in the
 order they come, before any call sent after them, so the runner sends them without
-waiting for the library to load. A failure travels as the
+waiting for the library to load. An agent whose library did not load gets no call and
+its replies are not read (the adapter starts another, or gives up). A failure travels as the
 adapter's classification of the exception (``fsm.hub.library.classify``: the status, the
 asked wait, the error code, the transport type's name), never as the exception's text,
 which may hold a URL (a digest mismatch reads as a transport failure, by its type's
@@ -70,7 +71,6 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the fs
 #: its stdin, after the marker).
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPWR,
             signal.SIGXCPU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)
-_TAIL_LINES = 20  # of the agent's stderr, kept for the event that says it exited
 #: The agent's own, as the runner's (``fsm.output.log.QUIET_SETTINGS``; a test keeps them equal):
 #: no progress bars on a stderr that becomes the runner's events.
 QUIET_SETTINGS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
@@ -180,8 +180,8 @@ class Agent:
         self._pending: dict[int, Pending] = {}
         self.alive = True
         self._on_ready: list[Callable[[Agent], None]] = []
-        #: The agent's last lines of stderr.
-        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        #: The agent's last lines of stderr, for the event that says it exited.
+        self.tail: deque[str] = deque(maxlen=5)
         self._held: list[str] | None = [] if hold_output else None
         self.pid, stdin, stdout, stderr = _launch(switch, not_ours)
         self._stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
@@ -198,18 +198,11 @@ class Agent:
                 return
         callback(self)
 
-    def submit(self, key: tuple[str, str | bool, float], method: str, args: tuple[Any, ...],
-               kwargs: Mapping[str, Any], queue: SimpleQueue[Pending] | None = None,
-               ) -> Pending:
-        """``HubClient(*key).<method>(*args, **kwargs)`` sent to the agent, without waiting:
-        its reply is :meth:`result`'s (and the request is put on ``queue`` once it has one)."""
-        return self._send("call", key, method, args, dict(kwargs), queue=queue)
-
     def call(self, key: tuple[str, str | bool, float], method: str, *args: Any,
              **kwargs: Any) -> Any:
         """``HubClient(*key).<method>(*args, **kwargs)`` in the agent; its value, or its
         failure raised here. Unbounded: the adapter bounds the thread that waits here."""
-        return self.result(self.submit(key, method, args, kwargs))
+        return self.result(self._send("call", key, method, args, kwargs))
 
     def each(self, key: tuple[str, str | bool, float], method: str,
              calls: Iterable[tuple[tuple[Any, ...], Mapping[str, Any]]], *, window: int,
@@ -232,7 +225,7 @@ class Agent:
             while failure is None and in_flight < window and (call := next(todo, None)):
                 try:
                     before()
-                    self.submit(key, method, *call, arrived)
+                    self._send("call", key, method, *call, queue=arrived)
                     in_flight += 1
                 except BaseException as exc:  # raised once the calls in flight have ended
                     failure = exc
@@ -309,6 +302,9 @@ class Agent:
 
     def _send(self, kind: str, *body: Any, queue: SimpleQueue[Pending] | None = None,
               ) -> Pending:
+        """A request sent to the agent, without waiting: its reply is :meth:`result`'s (and
+        the request is put on ``queue`` once it has one). A call is ``("call", key,
+        method, args, kwargs)``: ``HubClient(*key).<method>(*args, **kwargs)``."""
         pending = Pending(queue)
         with self._lock:
             if not self.alive or self._stdin is None:
@@ -369,9 +365,8 @@ class Agent:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.tail.append(line)
             with self._lock:
-                held = self._held
-                if held is not None:
-                    held.append(line)
+                if self._held is not None:
+                    self._held.append(line)
                     continue
             _say(line)
 
@@ -414,11 +409,8 @@ def current() -> Agent | None:
 def _decode(failure: tuple[Any, ...]) -> BaseException:
     from fsm.hub.library import RemoteFailure
 
-    kind = failure[0]
-    if kind == "oserror":
-        return OSError(failure[1], failure[2], failure[3])
-    if kind == "import":
-        return ImportError(f"huggingface_hub could not be loaded: {failure[1]}")
+    if failure[0] == "oserror":  # ("oserror", errno, strerror, filename)
+        return OSError(*failure[1:])
     return RemoteFailure(failure[1], failure[2])
 
 
@@ -466,15 +458,11 @@ def serve(*, switch: bool = True) -> None:
     def client(key: tuple[Any, ...]) -> Any:
         from fsm.hub.client import HubClient
 
-        endpoint, token, timeout_s = key
-        return HubClient(endpoint, token, timeout_s=timeout_s)
+        return HubClient(*key)  # (endpoint, token, timeout_s)
 
     def run(message: tuple[Any, ...]) -> None:
         kind, ident = message[0], message[1]
         try:
-            if error is not None:
-                reply(("err", ident, ("import", error)))
-                return
             if kind == "configure":
                 value: Any = library.apply_settings(message[2])
             elif kind == "probe":

@@ -39,7 +39,7 @@ import itertools
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -76,7 +76,7 @@ class ContentMismatch(ConnectionError):
 class HubClient:
     """The Hub's calls at one endpoint with one token, through ``huggingface_hub``."""
 
-    def __init__(self, endpoint: str, token: str | bool, *, timeout_s: float) -> None:
+    def __init__(self, endpoint: str, token: str | bool, timeout_s: float) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
@@ -99,15 +99,12 @@ class HubClient:
         """The files of ``folder`` (below it too when ``recursive``), every page (with
         ``limit``: no further page once more than that many were found; the library's
         listing is an iterator that reads a page when it needs one)."""
-        entries = []
-        for item in self._files(repo_type, repo_id, folder, revision=revision,
-                                recursive=recursive, expand=False):
-            sha = getattr(item.lfs, "sha256", None)  # an LFS/Xet file's (BlobLfsInfo)
-            entries.append(Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
-                                 str(sha) if sha else None))
-            if limit is not None and len(entries) > limit:
-                break
-        return entries
+        files = self._files(repo_type, repo_id, folder, revision=revision, recursive=recursive,
+                            expand=False)
+        # The sha256 of an LFS/Xet file's content: its lfs (a BlobLfsInfo, else None).
+        return [Entry(item.path, int(item.size or 0), str(item.blob_id or ""),
+                      str(item.lfs.sha256) if item.lfs and item.lfs.sha256 else None)
+                for item in itertools.islice(files, None if limit is None else limit + 1)]
 
     def changes(self, repo_type: str, repo_id: str, folder: str, *, revision: str,
                 ) -> dict[str, float | None]:
@@ -181,16 +178,14 @@ class HubClient:
         """
         if expect is None:
             expect = self._metadata(repo_type, repo_id, path, revision)
-        if expect.size == 0 and expect.oid == _EMPTY_BLOB:  # its id is its content: no GET
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(b"")
-            return 0
-        # The mode a file the process creates gets (the worker's code tree is read by
-        # whoever runs it); ".part", which the store clears after a killed agent.
         from huggingface_hub.file_download import http_get
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
+        # The mode a file the process creates gets (the worker's code tree is read by
+        # whoever runs it); ".part", which the store clears after a killed agent.
         with atomic_file(dest, mode=0o666, suffix=".part") as file:
+            if expect.size == 0 and expect.oid == _EMPTY_BLOB:  # its id is its content: no GET
+                return 0
             http_get(self._url(repo_type, repo_id, path, revision), file,
                      headers=build_hf_headers(token=self._token))
             file.flush()
@@ -264,7 +259,7 @@ class HubClient:
         paths it left out are returned (the commit, if it was made, holds the others)."""
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-        removing = list(dict.fromkeys(delete))
+        removing = list(delete)  # each once already (fsm.store.base.removals)
         while True:
             # Fresh operations for each try: the library marks them as it sends them.
             adds = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local))
@@ -295,19 +290,15 @@ class HubClient:
                     raise
                 removing = [path for path in removing if path in present]
                 continue
-            break
-        return [op.path_in_repo for op in adds if getattr(op, "_should_ignore", False)]
+            return [op.path_in_repo for op in adds if getattr(op, "_should_ignore", False)]
 
 
 
 def _epoch(date: object) -> float | None:
-    """A date of the Hub's answer as seconds since the epoch (the library parses them as
-    UTC), or None when it is not a date."""
-    if not isinstance(date, datetime):
-        return None
-    if date.tzinfo is None:
-        date = date.replace(tzinfo=UTC)
-    return date.timestamp()
+    """A date of the Hub's answer as seconds since the epoch, or None when it is not a
+    date. The library parses every date as UTC (``parse_datetime``: an aware datetime, on
+    both lines)."""
+    return date.timestamp() if isinstance(date, datetime) else None
 
 
 def verify(local: Path, expect: Entry, path: str) -> int:

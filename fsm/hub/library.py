@@ -17,6 +17,7 @@ classifications it sends.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -206,10 +207,9 @@ def _typed(current: object, value: str) -> object:
     if isinstance(current, bool):
         return value.strip().upper() in ("1", "ON", "YES", "TRUE")
     if isinstance(current, int | float):
-        try:
+        with contextlib.suppress(ValueError):
             return type(current)(value)
-        except ValueError:
-            return _MISSING
+        return _MISSING
     return value if current is None or isinstance(current, str) else _MISSING
 
 
@@ -236,7 +236,6 @@ class RemoteFailure(Exception):
     def __init__(self, failure: Failure, type_name: str) -> None:
         super().__init__(f"{type_name} in huggingface_hub")
         self.failure = failure
-        self.type_name = type_name
 
 
 @dataclass(frozen=True)
@@ -260,10 +259,8 @@ def _retry_after(response: object) -> float | None:
     if not value:
         found = _RATELIMIT.search(_header(response, "RateLimit") or "")
         return float(found.group(2)) if found is not None and int(found.group(1)) == 0 else None
-    try:
+    with contextlib.suppress(ValueError):  # else an HTTP date
         return max(0.0, float(value))
-    except ValueError:
-        pass
     import email.utils
 
     try:

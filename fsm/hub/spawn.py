@@ -58,20 +58,17 @@ def report() -> None:
         return
     import structlog
 
-    structlog.get_logger("fsm.hub_import").info(
-        "hub.import_started", at=round(agent.started_at, 6), pid=agent.pid)
+    log = structlog.get_logger("fsm.hub_import")
+    log.info("hub.import_started", at=round(agent.started_at, 6), pid=agent.pid)
     agent.release_output()
-    agent.when_ready(_finished)
 
+    def finished(agent: hub_agent.Agent) -> None:
+        assert agent.ended_at is not None
+        log.info("hub.import_finished", at=round(agent.ended_at, 6),
+                 seconds=round(agent.ended_at - agent.started_at, 4),
+                 import_seconds=agent.import_s, accelerator=agent.accelerator, error=agent.error)
 
-def _finished(agent: hub_agent.Agent) -> None:
-    import structlog
-
-    assert agent.ended_at is not None
-    structlog.get_logger("fsm.hub_import").info(
-        "hub.import_finished", at=round(agent.ended_at, 6),
-        seconds=round(agent.ended_at - agent.started_at, 4),
-        import_seconds=agent.import_s, accelerator=agent.accelerator, error=agent.error)
+    agent.when_ready(finished)
 
 
 def finish() -> None:

@@ -10,18 +10,14 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Scenario:
+class Scenario(NamedTuple):
     about: str
     expect: str  # the terminal state it should end in
-    payload: dict[str, Any] = field(default_factory=dict)
-    spill: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -40,14 +36,8 @@ SCENARIOS: dict[str, Scenario] = {
     "heartbeat-retriable": Scenario(
         "the worker's own heartbeat judges its failure retriable", "FailedRetriable"
     ),
-    "spilled-spec": Scenario(
-        "the job spec lives in the store, not the payload", "Succeeded", spill=True
-    ),
-    "deadline": Scenario(
-        "the worker hangs past the attempt's wall-clock budget",
-        "FailedFatal",
-        payload={"max_wall_s": 4},
-    ),
+    "spilled-spec": Scenario("the job spec lives in the store, not the payload", "Succeeded"),
+    "deadline": Scenario("the worker hangs past the attempt's wall-clock budget", "FailedFatal"),
     "preload": Scenario("warm a model cache on a mounted volume; no worker", "Succeeded"),
 }
 
@@ -58,10 +48,8 @@ SENTINEL = ".flash-cache-mounted"
 def lay_out(root: Path, name: str) -> Path:
     """Write the store, the payload and the directories of scenario ``name`` under ``root``;
     return the payload's path."""
-    scenario = SCENARIOS[name]
     store = root / "store"
-    tree = resources.files("fsm.ops").joinpath("demo_tree")
-    with resources.as_file(tree) as source:
+    with resources.as_file(resources.files("fsm.ops") / "demo_tree") as source:
         shutil.copytree(
             source, store, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -93,13 +81,14 @@ def lay_out(root: Path, name: str) -> Path:
     else:
         spec = json.dumps({"scenario": "slow" if name == "deadline" else name, "hf_prefix": prefix})
         payload |= {"phase": "sft", "seed": 0}
-        if scenario.spill:
+        if name == "spilled-spec":
             (store / prefix).mkdir(parents=True, exist_ok=True)
             (store / prefix / "job_spec.json").write_text(spec)
             payload["job_spec_in_hf"] = True
         else:
             payload["job_spec_json"] = spec
-    payload |= scenario.payload
+        if name == "deadline":
+            payload["max_wall_s"] = 4
     for sub in ("scratch", "runcode", "flash"):
         (root / sub).mkdir(exist_ok=True)
     path = root / "flash" / "payload.json"

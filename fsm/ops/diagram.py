@@ -29,19 +29,6 @@ from typing import Any, Literal
 
 from fsm import table
 
-__all__ = [
-    "FORMATS",
-    "DiagramUnavailable",
-    "dot",
-    "graph",
-    "mermaid",
-    "normalise_svg",
-    "render",
-    "transition_table",
-    "write_all",
-]
-
-FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
 INSTALL_HINT = "install flash-bootstrap[diagrams] (pip install 'flash-bootstrap[diagrams]')"
 MERMAID_FILE, SVG_FILE, TABLE_FILE = "lifecycle.mmd", "lifecycle.svg", "transitions.json"
 REGENERATE = ("python -m fsm.ops.diagram --write diagrams --doc docs/policy.md --doc README.md "
@@ -97,8 +84,8 @@ def attempt_of(marker: Mapping[str, Any]) -> Attempt:
     # Train left by worker_stalled (host_failed) when the runner stopped the worker as
     # stalled (for its GPUs, the host watch)
     reason = worker.get("reason") if isinstance(worker, Mapping) else None
-    steps = ((s, d, _event_between(s, d, failed_by, reason=reason))
-             for s, d in itertools.pairwise(path))
+    stopped = _STOPPED_BY.get(reason) if isinstance(reason, str) else None
+    steps = ((s, d, _event_between(s, d, failed_by, stopped)) for s, d in itertools.pairwise(path))
     state, watchdog = marker.get("state"), marker.get("watchdog") is True
     attempt, run_id, error = marker.get("attempt"), marker.get("run_id"), marker.get("error")
     title = "attempt {}{}: {}{}".format(
@@ -125,21 +112,19 @@ _STOPPED_BY = {"stalled": table.WORKER_STALLED, "host": table.HOST_FAILED}
 
 
 def _event_between(
-    source: str, dest: str, failed_by: str | None, *, reason: object = None
+    source: str, dest: str, failed_by: str | None, stopped: str | None
 ) -> str | None:
     """The event that took the attempt from ``source`` to ``dest`` (None when the table
-    has no such transition): ``failed_by`` into Mark; ``worker_stalled`` (``host_failed``)
-    out of Train for a worker the marker says was stopped as stalled (for its GPUs); else
-    the one progress event."""
+    has no such transition): ``failed_by`` into Mark; ``stopped`` (``worker_stalled`` or
+    ``host_failed``) out of Train for a worker the marker says was stopped as stalled (for
+    its GPUs); else the one progress event."""
     events = [e for e, s, d in table.TRANSITIONS if (s, d) == (source, dest)]
     if dest == table.MARK and failed_by in events:
         return failed_by
-    stopped = _STOPPED_BY.get(reason) if isinstance(reason, str) else None
     if stopped in events:
         return stopped
-    progress = [e for e in events
-                if e not in table.FAILURE_EVENTS and e not in _STOPPED_BY.values()]
-    return progress[0] if progress else None
+    return next((e for e in events
+                 if e not in table.FAILURE_EVENTS and e not in _STOPPED_BY.values()), None)
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -202,7 +187,7 @@ def _drawing(engine: Literal["mermaid", "pygraphviz"], attempt: Attempt | None) 
 
     mermaid = engine == "mermaid"
     nodes: dict[str, Any] = _node_styles()
-    if mermaid:
+    if mermaid:  # Mermaid takes them as classDefs
         nodes = {name: _css(style) for name, style in nodes.items()}
 
     class Drawing(GraphMachine):
@@ -301,15 +286,14 @@ def normalise_svg(svg: bytes) -> bytes:
 
 
 def render(fmt: str, marker: Mapping[str, Any] | None = None) -> bytes:
-    """The machine in ``fmt`` (one of :data:`FORMATS`), highlighting ``marker``'s path."""
+    """The machine in ``fmt`` (``mermaid``, ``dot``, ``svg`` or ``png``: the CLI's choices,
+    the fleet view's and :func:`renderings`' are no other), highlighting ``marker``'s path."""
     if fmt == "mermaid":
         return mermaid(marker).encode()
     if fmt == "dot":
         return dot(marker).encode()
-    if fmt in ("svg", "png"):
-        drawn = bytes(graph(marker).draw(format=fmt, prog="dot", args="-Gdpi=110" * (fmt == "png")))
-        return normalise_svg(drawn) if fmt == "svg" else drawn
-    raise DiagramUnavailable(f"unknown diagram format {fmt!r}; one of {', '.join(FORMATS)}")
+    drawn = bytes(graph(marker).draw(format=fmt, prog="dot", args="-Gdpi=110" * (fmt == "png")))
+    return normalise_svg(drawn) if fmt == "svg" else drawn
 
 
 # --- the committed copies -------------------------------------------------------------

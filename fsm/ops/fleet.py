@@ -38,7 +38,7 @@ from typing import Any
 from fsm.attempt import marker as marker_format
 from fsm.attempt.lease import lease_name
 from fsm.attempt.marker import MARKER_MAX_BYTES, MarkerFile
-from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age, verdict
+from fsm.attempts import AttemptView, Found, attempt_files, decide, found_in, human_age
 from fsm.clock import Deadline
 from fsm.errors import (
     DeadlineExceeded,
@@ -122,7 +122,7 @@ class Row:
         a lease's row: running, lost or unknown."""
         if self.view is not None:
             return self.view.kind
-        return None if self.marker is None else verdict(self.marker)
+        return None if self.marker is None else marker_format.verdict(self.marker)
 
     @property
     def ts(self) -> float | None:
@@ -137,10 +137,8 @@ class Row:
 
     def field(self, key: str) -> Any:
         if self.view is not None:  # a lease's row shows its state and run id, nothing else
-            if key == "state":
-                return self.view.state
-            lease = self.view.lease
-            return lease.get(key) if lease is not None and key == "run_id" else None
+            lease = self.view.lease or {}
+            return {"state": self.view.state, "run_id": lease.get("run_id")}.get(key)
         return self.marker.get(key) if self.marker is not None else None
 
     @property
@@ -260,33 +258,25 @@ class _StoreFailed(Exception):
     """One line for stderr: the store failed (exit 1)."""
 
 
+#: What a store failure says, by the first of its classes that matches.
+STORE_FAILURES: tuple[tuple[type[BaseException], str], ...] = (
+    (StoreAuthError, "the store refused the credentials (HF_TOKEN) at {where}: {text}"),
+    (StoreUnavailable, "store unavailable at {where}: {text}"),
+    (StoreNotFound, "not found in the store at {where}: {text}"),
+    (DeadlineExceeded, "the store at {where} did not answer within --timeout {timeout_s:g}s"),
+    (BaseException, "the store at {where} refused: {text}"),
+)
+
+
 def _store_failure(exc: BaseException, store: Store, timeout_s: float) -> str:
-    where = store.describe()
-    text = " ".join(str(exc).split())[:500]
-    if isinstance(exc, StoreAuthError):
-        return f"the store refused the credentials (HF_TOKEN) at {where}: {text}"
-    if isinstance(exc, StoreUnavailable):
-        return f"store unavailable at {where}: {text}"
-    if isinstance(exc, StoreNotFound):
-        return f"not found in the store at {where}: {text}"
-    if isinstance(exc, DeadlineExceeded):
-        return f"the store at {where} did not answer within --timeout {timeout_s:g}s"
-    return f"the store at {where} refused: {text}"
+    words = next(words for kind, words in STORE_FAILURES if isinstance(exc, kind))
+    return words.format(where=store.describe(), text=" ".join(str(exc).split())[:500],
+                        timeout_s=timeout_s)
 
 
 #: A console tail or stacks file explain reads at most this much of (the runner's own are
 #: at most 64,000 bytes and a few hundred KiB).
 FILE_MAX_BYTES = 4 << 20
-
-
-def _lines(store: Store, path: str, label: str) -> list[str] | str:
-    """The lines of a file explain quotes, bounded: a larger one is not the runner's, and
-    what explain shows instead (under ``label``) is returned."""
-    data = store.read_file(path, FILE_MAX_BYTES)
-    if len(data) > FILE_MAX_BYTES:
-        return (f"{label}  {_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
-                "file the runner wrote; not shown")
-    return data.decode("utf-8", "replace").split("\n")
 
 
 def _session(
@@ -464,8 +454,6 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
     the store refuses to list (a link out of its root) makes its leases unknown; once
     ``--timeout`` is reached, every lease is unknown (:data:`LEASE_NOT_READ`); any other
     store failure is raised (exit 1)."""
-    if not leases:
-        return []
     now = time.time()  # before the listings: no lease looks older than it is
     found: list[Found] = []
     changes: list[float] = []
@@ -474,7 +462,7 @@ def _lease_rows(store: Store, leases: Wanted) -> list[Row]:
             files = [f for _, f, _ in group]
             try:
                 listing = store.changes(folder)
-            except (StoreAuthError, StoreUnavailable):
+            except StoreAuthError:  # a FatalError, but the store's failure, not the folder's
                 raise
             except FatalError as exc:
                 why = f"the store refused to list {folder}/: {' '.join(exc.message.split())}"
@@ -522,11 +510,10 @@ def _read_rows(store: Store, wanted: Wanted) -> list[Row]:
     return rows
 
 
-def summary(rows: Iterable[Row]) -> dict[str, Any]:
+def summary(rows: list[Row]) -> dict[str, Any]:
     """How many runs ended in each class and by each rule, and the hosts of the failures
     (a lost attempt's host among them); runs still without a marker count as running, lost
     or unknown."""
-    rows = list(rows)
     classes, by_rule, hosts = Counter[str](), Counter[str](), Counter[str]()
     for row in rows:
         verdict = row.verdict or "unreadable"
@@ -607,18 +594,21 @@ def explain(
         else:
             emit(_pretty(marker))
         emit("\n" + _rule_row(marker) + "\n")
-        for evidence in (_stall(marker), _gpus(marker)):
-            if evidence:
-                emit(evidence + "\n")
-        stacks = _stacks_file(marker, names)
-        if stacks is not None:
-            emit(_stacks_head(store, prefix, stacks) + "\n")
-        others = [m for m in every if m != chosen]
+        if marker is not None:  # its evidence: a stall, the GPUs, the stacks file it names
+            for evidence in (_stall(marker), _gpus(marker)):
+                if evidence:
+                    emit(evidence + "\n")
+            stacks = marker.get("stacks")
+            named = stacks.get("file") if isinstance(stacks, dict) else None
+            if isinstance(named, str) and STACKS_RE.fullmatch(named) and named in names:
+                emit(_quote(store, prefix, named, "stacks") + "\n")
+        note = ("\n  note: the prefix holds other attempts' markers too; this is the last tail "
+                "uploaded under it, which may be another attempt's") if len(every) > 1 else ""
         tails = sorted(name for name in names if CONSOLE_RE.fullmatch(name))
         if not tails:
             emit("console tail  no console tail in the store\n")
         for name in tails:
-            emit(_tail(store, prefix, name, others) + "\n")
+            emit(_quote(store, prefix, name, "console tail", tail_note=note) + "\n")
         emit(_path(marker))
         return 0
 
@@ -657,35 +647,38 @@ def _rule_row(marker: Mapping[str, Any] | None) -> str:
         f"  where  {'any state' if rule.where == ANY else rule.where}",
         f"  what   {rule.what}",
     ]
-    said = verdict(marker)
+    said = marker_format.verdict(marker)
     if said != ruled:
         lines.append(f"  note   the marker says {said}, the rule {ruled}")
     return "\n".join(lines)
 
 
-def _tail(store: Store, prefix: str, name: str, others: list[MarkerFile]) -> str:
-    lines = _lines(store, f"{prefix}/{name}", "console tail")
-    if isinstance(lines, str):
-        return lines
-    if lines and lines[-1] == "":
-        lines.pop()
-    # what a terminal would show of a line rewritten with carriage returns
-    shown = [_printable(line.rstrip("\r").rsplit("\r", 1)[-1]) for line in lines[-TAIL_LINES:]]
-    head = f"console tail  {_printable(prefix)}/{name} (last {len(shown)} of {len(lines)} lines)"
-    if others:
-        head += ("\n  note: the prefix holds other attempts' markers too; this is the last "
-                 "tail uploaded under it, which may be another attempt's")
-    return _quoted(head, shown)
+def _quote(store: Store, prefix: str, name: str, label: str,
+           tail_note: str | None = None) -> str:
+    """A file explain quotes under a head (``label``): a console tail's last
+    :data:`TAIL_LINES` lines (``tail_note`` after the head), else the stacks' first
+    :data:`STACKS_LINES`. Bounded: a larger file is not the runner's, and is not shown."""
+    path = f"{prefix}/{name}"
+    data = store.read_file(path, FILE_MAX_BYTES)
+    if len(data) > FILE_MAX_BYTES:
+        return (f"{label}  {_printable(path)}: larger than {FILE_MAX_BYTES:,} bytes, not a "
+                "file the runner wrote; not shown")
+    lines = data.decode("utf-8", "replace").split("\n")
+    if tail_note is None:  # the stacks
+        shown, which = lines[:STACKS_LINES], "first"
+    else:
+        if lines[-1] == "":
+            lines.pop()
+        # what a terminal would show of a line rewritten with carriage returns
+        shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-TAIL_LINES:]]
+        which = "last"
+    head = f"{label}  {_printable(prefix)}/{name} ({which} {len(shown)} of {len(lines)} lines)"
+    return "\n".join([head + (tail_note or ""), *(f"  | {_printable(line)}" for line in shown)])
 
 
-def _quoted(head: str, lines: Iterable[str]) -> str:
-    """A file's lines as explain shows them (the console tail, the stacks): under a head."""
-    return "\n".join([head, *(f"  | {line}" for line in lines)])
-
-
-def _stall(marker: Mapping[str, Any] | None) -> str | None:
+def _stall(marker: Mapping[str, Any]) -> str | None:
     """The marker's stall evidence as lines (CONTRACT section 7), or None."""
-    stall = marker.get("stall") if marker is not None else None
+    stall = marker.get("stall")
     if not isinstance(stall, dict):
         return None
     lines = [f"stall  no progress for {_printable(str(stall.get('silent_s', '?')), 20)}s"]
@@ -703,11 +696,9 @@ def _stall(marker: Mapping[str, Any] | None) -> str | None:
 GPU_EVIDENCE = (("gpu_health", "gpus before setup"), ("gpu_change", "gpus changed"))
 
 
-def _gpus(marker: Mapping[str, Any] | None) -> str | None:
+def _gpus(marker: Mapping[str, Any]) -> str | None:
     """The GPUs' findings the marker carries (before setup, or a change since), a line a
     GPU, or None."""
-    if marker is None:
-        return None
     lines: list[str] = []
     for key, head in GPU_EVIDENCE:
         facts = marker.get(key)
@@ -723,22 +714,6 @@ def _gpus(marker: Mapping[str, Any] | None) -> str | None:
             lines.append(f"  {_printable(str(finding.get('kind', '?')), 40)}: "
                          f"GPU {gpu or '?'}")
     return "\n".join(lines) or None
-
-
-def _stacks_file(marker: Mapping[str, Any] | None, names: frozenset[str]) -> str | None:
-    """The stacks file the marker names, when the prefix holds it."""
-    stacks = marker.get("stacks") if marker is not None else None
-    name = stacks.get("file") if isinstance(stacks, dict) else None
-    return name if isinstance(name, str) and STACKS_RE.fullmatch(name) and name in names else None
-
-
-def _stacks_head(store: Store, prefix: str, name: str) -> str:
-    lines = _lines(store, f"{prefix}/{name}", "stacks")
-    if isinstance(lines, str):
-        return lines
-    shown = [_printable(line) for line in lines[:STACKS_LINES]]
-    head = f"stacks  {_printable(prefix)}/{name} (first {len(shown)} of {len(lines)} lines)"
-    return _quoted(head, shown)
 
 
 def _path(marker: Mapping[str, Any] | None) -> str:

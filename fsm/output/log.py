@@ -262,7 +262,6 @@ class _Lines:
         self.live = live
         self._bars: dict[int, str] = {}
         self._lock = threading.RLock()  # a stream whose write logs does not deadlock
-        self._closed = False
 
     def msg(self, line: str) -> None:
         with suppress(Exception), self._lock:  # a log line never breaks what it reports
@@ -274,10 +273,8 @@ class _Lines:
 
     def show(self, key: int, bar: str | None) -> None:
         """Draw (None: remove) the bar ``key``; every bar shares the last line."""
-        if not self.live:
-            return
         with self._lock:
-            if self._closed:
+            if not self.live:  # not a terminal, or closed
                 return
             if bar is None:
                 self._bars.pop(key, None)
@@ -288,12 +285,13 @@ class _Lines:
                 self._draw()
 
     def close(self) -> None:
-        """Clear the bars and draw no more (the process's last line comes next)."""
+        """Clear the bars and draw no more, as if not live (the process's last line comes
+        next)."""
         with self._lock:
             if self._bars:
                 self.stream.write(_CLEAR_LINE)
             self._bars.clear()
-            self._closed = True
+            self.live = False
             self.stream.flush()
 
     def _draw(self) -> None:
@@ -401,8 +399,7 @@ class Progress(AbstractContextManager["Progress"]):
         self.name = name
         self.total_files = total_files
         self.total_bytes = total_bytes
-        self.files = 0
-        self.bytes = 0
+        self.files = self.bytes = 0
         self.fields = dict(fields)
         self.every_s = every_s
         self._clock = clock
@@ -417,15 +414,25 @@ class Progress(AbstractContextManager["Progress"]):
         """``files`` more files and ``bytes`` more bytes are done (``fields``: the latest
         values of other fields)."""
         with self._lock:
-            self._update(self.files + files, self.bytes + bytes, fields)
+            self.set(files=self.files + files, bytes=self.bytes + bytes, **fields)
 
     def set(
         self, *, files: int | None = None, bytes: int | None = None, **fields: Any
     ) -> None:
         """``files`` files and ``bytes`` bytes are done in all (a measurement)."""
         with self._lock:
-            self._update(self.files if files is None else files,
-                         self.bytes if bytes is None else bytes, fields)
+            if self._ended:
+                return
+            self.files = self.files if files is None else files
+            self.bytes = self.bytes if bytes is None else bytes
+            self.fields.update(fields)
+            now = self._clock()
+            if now - self._last >= self.every_s:
+                self._emit("update")
+            if _lines is not None and _lines.live and now - self._drawn >= _BAR_REDRAW_S:
+                self._drawn = now
+                if (bar := self._bar()) is not None:
+                    _lines.show(id(self), bar)
 
     def done(self, *, ok: bool = True, **fields: Any) -> None:
         """The end event (once; later calls, and updates after it, do nothing)."""
@@ -475,20 +482,6 @@ class Progress(AbstractContextManager["Progress"]):
                 look()
 
     # --- internals ------------------------------------------------------------------------
-
-    def _update(self, files: int, nbytes: int, fields: Mapping[str, Any]) -> None:
-        if self._ended:
-            return
-        self.files, self.bytes = files, nbytes
-        self.fields.update(fields)
-        now = self._clock()
-        if now - self._last >= self.every_s:
-            self._emit("update")
-        if _lines is not None and _lines.live and now - self._drawn >= _BAR_REDRAW_S:
-            self._drawn = now
-            bar = self._bar()
-            if bar is not None:
-                _lines.show(id(self), bar)
 
     def _emit(self, report: str, **extra: Any) -> None:
         self._last = now = self._clock()

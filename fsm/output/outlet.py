@@ -37,10 +37,6 @@ import sys
 import threading
 import time
 
-TYPE_CHECKING = False  # ``typing`` costs milliseconds before the GPUs are asked (fsm.launch)
-if TYPE_CHECKING:
-    from typing import Any
-
 __all__ = [
     "STDOUT",
     "Outlet",
@@ -287,20 +283,20 @@ def settle(bound_s: float) -> None:
         STDERR.drain(bound_s)
 
 
-def evidence(*outlets: Outlet | None) -> dict[str, Any] | None:
+def evidence(*outlets: Outlet | None) -> dict[str, object] | None:
     """What the outlets could not write so far, for the marker (None when nothing was
     lost): lines of the log (stderr) or bytes of the worker's console (stdout) dropped,
     the error that broke one, and for one whose reader stopped reading, how long it has
     waited (``stuck_s``: a write under way when the marker is built; a reader that keeps up
     takes microseconds) and the bytes still waiting (``pending_bytes``)."""
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
     for outlet in (*outlets, STDERR):
         if outlet is None or outlet.name in found:
             continue
         stuck = outlet.stuck_s()
         if not (outlet.dropped_writes or outlet.broken or stuck > 0):
             continue
-        entry: dict[str, Any] = (
+        entry: dict[str, object] = (
             {"dropped_lines": outlet.dropped_writes} if outlet is STDERR
             else {"dropped_bytes": outlet.dropped_bytes})
         if outlet.broken:

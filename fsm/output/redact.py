@@ -105,15 +105,11 @@ def secret_keys(env: Mapping[str, str], extra: Iterable[str] = ()) -> set[str]:
     hide nothing.
     """
     listed = {k.strip() for k in extra if k.strip()}
-    return {
-        k
-        for k, v in env.items()
-        if k != LIST_KEY
-        and (
-            k in listed
-            or (_SECRET_KEY.search(k) and not (isinstance(v, str) and _SETTING_VALUE.fullmatch(v)))
-        )
+    looking_secret = {
+        k for k, v in env.items()
+        if _SECRET_KEY.search(k) and not (isinstance(v, str) and _SETTING_VALUE.fullmatch(v))
     }
+    return (listed & env.keys() | looking_secret) - {LIST_KEY}
 
 
 def _url_password(value: str) -> str | None:
@@ -174,10 +170,8 @@ def _utf8(text: str) -> dict[str, builtins.bytes]:
     """The bytes a program holding ``text`` encodes, by error handler: its UTF-8, or, for a
     text holding lone surrogates, the bytes they stand for (``surrogateescape``) or their
     UTF-8 encoding as written by ``surrogatepass`` (each where it applies)."""
-    try:
+    with suppress(UnicodeError):
         return {"strict": text.encode()}
-    except UnicodeError:
-        pass
     out = {}
     for errors in ("surrogateescape", "surrogatepass"):
         with suppress(UnicodeError):
@@ -448,8 +442,6 @@ class Redactor:
         """One line of at most ``limit`` characters (errors, the final stderr line): redacted,
         whitespace collapsed to single spaces (and redacted again: collapsing can form a
         secret's collapsed form), then cut."""
-        if limit <= 0:
-            return ""
         return self.text(" ".join(self.text(text).split()))[:limit]
 
     def tail_of(self, path: Path, limit: int) -> builtins.bytes:

@@ -49,8 +49,8 @@ def open_store(
     Anything unusable is a :class:`~fsm.errors.PayloadError` (the command line or the
     payload is unusable).
     """
+    parts = urlsplit(url or "")
     if url and url.startswith("file:"):
-        parts = urlsplit(url)
         path = unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
             raise PayloadError("--store or FLASH_STORE: a file store must be file:///absolute/dir")
@@ -58,10 +58,9 @@ def open_store(
 
         return LocalStore(Path(path), deadline=deadline, stats=stats, interrupt=interrupt,
                           budget=budget)
-    scheme = urlsplit(url or "").scheme
-    if url and scheme not in ("http", "https"):
+    if url and parts.scheme not in ("http", "https"):
         raise PayloadError(
-            f"--store or FLASH_STORE: unsupported store URL scheme {scheme or url[:16]!r}"
+            f"--store or FLASH_STORE: unsupported store URL scheme {parts.scheme or url[:16]!r}"
         )
     from fsm.store.hub import HubStore
 

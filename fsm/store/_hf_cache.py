@@ -43,16 +43,14 @@ class ModelCache:
         return False
 
     def blob(self, blob_id: str) -> Path:
-        """Where blob ``blob_id`` lives (its folder exists once this returns)."""
-        blobs = self.folder / "blobs"
-        blobs.mkdir(parents=True, exist_ok=True)
-        return blobs / blob_id
+        """Where blob ``blob_id`` lives (an atomic write there makes its folder)."""
+        return self.folder / "blobs" / blob_id
 
     def link(self, commit: str, path: str, blob_id: str) -> None:
         """``snapshots/<commit>/<path>`` as a relative link to the blob (replaced if there)."""
         link = self.folder / "snapshots" / commit / path
         link.parent.mkdir(parents=True, exist_ok=True)
-        target = os.path.relpath(self.folder / "blobs" / blob_id, link.parent)
+        target = os.path.relpath(self.blob(blob_id), link.parent)
         temp = link.with_name(f".{link.name}.{os.getpid()}.link")
         temp.unlink(missing_ok=True)
         temp.symlink_to(target)

@@ -67,16 +67,9 @@ class Fence:
             self.sealed = True
 
 
-#: The operations of a commit (one file, several), as the adapters name them.
-COMMIT_OPS = frozenset({"upload", "commit"})
-_OBSERVED = 5  # answered commits remembered
-
-
 def removals(files: Mapping[str, Path], delete: Collection[str]) -> list[str]:
     """The paths a commit of ``files`` removes (``delete``, each once, in order); a path
     both written and removed is a ``ValueError``."""
-    if isinstance(delete, str):  # one path's characters are not paths
-        raise TypeError("delete: a collection of repo paths, not one string")
     both = sorted(set(files) & set(delete))
     if both:
         raise ValueError(f"a commit cannot both write and delete {', '.join(both)}")
@@ -92,12 +85,12 @@ class StoreStats:
         self.commits = 0
         self.throttled = 0
         self.calls: dict[str, int] = {}
-        #: Seconds the last answered commits took (their preupload and commit requests).
-        self._commit_s: deque[float] = deque(maxlen=_OBSERVED)
+        #: Seconds the last 5 answered commits took (their preupload and commit requests).
+        self._commit_s: deque[float] = deque(maxlen=5)
 
     def answered(self, op: str, seconds: float) -> None:
         """A call of ``op`` answered after ``seconds``: a commit's time is kept."""
-        if op in COMMIT_OPS:
+        if op in ("upload", "commit"):  # a commit's operations, as the adapters name them
             with self._lock:
                 self._commit_s.append(seconds)
 

@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 
@@ -94,6 +94,7 @@ log = structlog.get_logger("fsm.store.hub")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _T = TypeVar("_T")
+_RAISE = object()  # _call's absent: a missing path raises StoreNotFound
 _SMALL_UPLOAD = 8 << 20  # uploads up to this size are bounded by call_timeout_s
 FETCH_WORKERS = 8  # files of a folder downloaded at once (snapshot_download's default)
 _AGENT_STARTS = 2  # agent processes started for one call before the store is unavailable
@@ -180,7 +181,7 @@ def _new_agent() -> hub_agent.Agent:
     gone = hub_agent.current()
     if gone is not None and not gone.alive and not gone.killed:  # a kill is logged as such
         log.warning("hub.agent_exited", pid=gone.pid, status=gone.returncode,
-                    stderr_tail=list(gone.tail)[-5:], why="a new one makes the store's calls")
+                    stderr_tail=list(gone.tail), why="a new one makes the store's calls")
     # The switch is the agent's to set, unless this process's environment was configured
     # already (then it is the agent's as it is).
     return hub_agent.start(switch=not _process_configured)
@@ -276,14 +277,11 @@ class HubStore:
         stats: StoreStats | None = None,
         budget: Budget | None = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
         self.repo_id = repo_id
         self.endpoint = (endpoint or DEFAULT_ENDPOINT).rstrip("/")
-        self._token: str | bool = token if token else False
         #: Every try and every wait between tries goes through the budget: ``budget`` when
         #: given (the end of the attempt sizes its tries), else ``deadline`` and ``interrupt``.
-        self.budget = budget or Budget(deadline, interrupt or InterruptFlag())
+        self.budget = budget or Budget(deadline, interrupt)
         self.call_timeout_s = call_timeout_s
         self.transfer_timeout_s = transfer_timeout_s
         self.max_attempts = max_attempts
@@ -294,9 +292,10 @@ class HubStore:
         self._token_problem = token_problem(token)
         #: Shared by the attempt's store handles: commits landed, 429s met, calls by op.
         self.stats = stats or StoreStats()
-        #: The agent that makes this handle's calls, and what its client is keyed by.
+        #: The agent that makes this handle's calls, and what its client is keyed by (no
+        #: token: False, so that the library never reads one from the environment).
         self._agent: hub_agent.Agent | None = None
-        self._key = (self.endpoint, self._token, call_timeout_s)
+        self._key = (self.endpoint, token or False, call_timeout_s)
         #: Whether the store has answered a call of this handle (then a 401 RepoNotFound is
         #: a mirror's word for a missing path, not a refused token).
         self._answered = False
@@ -352,14 +351,13 @@ class HubStore:
             for _ in range(2):
                 # The repo's refs only, one try (repo_info would list a fleet's whole repo).
                 head = self._call("head", label, self._main_commit, self.call_timeout_s,
-                                  fence=fence, missing=missing, tries=1)
-                # Checked after the head was read: a seal after this check comes before the
-                # marker, and the marker moves the head away from ``head``.
-                if fence.sealed:
-                    return False
+                                  fence=fence, missing=missing)
+                # The fence is checked again after the head was read (_call, before the
+                # try): a seal after that check comes before the marker, and the marker
+                # moves the head away from ``head``.
                 try:
                     self._call(op, label, partial(create, head), bound,
-                               fence=fence, conflict=True, missing=missing, tries=1)
+                               fence=fence, conflict=True, missing=missing)
                     self.stats.count(commit=True)
                     return True
                 except _Conflict:
@@ -373,19 +371,13 @@ class HubStore:
     def exists(self, path_in_repo: str) -> bool:
         # A HEAD of the file (not HfApi.file_exists: it answers False to a 401).
         head = self._via("exists", "dataset", self.repo_id, path_in_repo, revision="main")
-        try:
-            return bool(self._call("exists", path_in_repo, head, self.call_timeout_s))
-        except StoreNotFound:
-            return False
+        return bool(self._call("exists", path_in_repo, head, self.call_timeout_s, absent=False))
 
     def list_folder(self, folder: str) -> frozenset[str]:
         folder = folder.strip("/")
-        try:
-            entries = self._call("list", f"{folder}/", self._via(
-                "tree", "dataset", self.repo_id, folder, revision="main", recursive=False),
-                self.call_timeout_s)
-        except StoreNotFound:
-            return frozenset()
+        entries = self._call("list", f"{folder}/", self._via(
+            "tree", "dataset", self.repo_id, folder, revision="main", recursive=False),
+            self.call_timeout_s, absent=[])
         return frozenset(entry.path.rsplit("/", 1)[-1] for entry in entries)
 
     def changes(self, folder: str) -> dict[str, float]:
@@ -393,11 +385,8 @@ class HubStore:
         # One listing with each file's last commit (the Hub pages it by 50), bounded as
         # list_folder's one call is.
         listing = self._via("changes", "dataset", self.repo_id, folder, revision="main")
-        try:
-            dated: dict[str, float | None] = self._call("list", f"{folder}/", listing,
-                                                        self.call_timeout_s)
-        except StoreNotFound:
-            return {}
+        dated: dict[str, float | None] = self._call("list", f"{folder}/", listing,
+                                                    self.call_timeout_s, absent={})
         undated = sorted(name for name, when in dated.items() if when is None)
         if undated:  # a mirror that names no commits: the store cannot say how old they are
             raise StoreUnavailable(
@@ -411,11 +400,8 @@ class HubStore:
         modified = (self._via("last_modified", self.repo_id) if until is None else
                     self._via("last_commit_before", "dataset", self.repo_id, until,
                               revision="main"))
-        try:
-            when: float | None = self._call("info", self.repo_id, modified, self.call_timeout_s,
-                                            missing=f"repo {self.repo_id} not found")
-        except StoreNotFound:
-            return None
+        when: float | None = self._call("info", self.repo_id, modified, self.call_timeout_s,
+                                        absent=None)
         return when
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
@@ -423,19 +409,15 @@ class HubStore:
         # Every page within one bound: the transfer's, since a big folder has many pages.
         listing = self._via("tree", "dataset", self.repo_id, folder, revision="main",
                             recursive=True, limit=limit)
-        try:
-            entries = self._call("list", f"{folder}/", listing, self.transfer_timeout_s)
-        except StoreNotFound:
-            return []
+        entries = self._call("list", f"{folder}/", listing, self.transfer_timeout_s, absent=[])
         start = len(folder) + 1 if folder else 0
         return sorted(entry.path[start:] for entry in entries)[: limit + 1]
 
     def read_file(self, path_in_repo: str, max_bytes: int) -> bytes:
         import tempfile  # the operator's commands only: not on a runner's start-up path
-        import uuid
 
         # A flat name of its own in the temporary directory: no folders to make and remove.
-        dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{uuid.uuid4().hex}"
+        dest = Path(tempfile.gettempdir()) / f"flash-read-{os.getpid()}-{os.urandom(16).hex()}"
         try:
             with open(self._download(path_in_repo, dest), "rb") as file:
                 return file.read(max_bytes + 1)
@@ -459,12 +441,9 @@ class HubStore:
         # fleet's repo, listing every run's files would cost pages of requests.
         sha = self._call("head", label, self._main_commit, self.call_timeout_s,
                          missing=f"repo {self.repo_id} not found")
-        try:
-            wanted = self._call("list", label, self._via(
-                "tree", "dataset", self.repo_id, folder, revision=sha, recursive=True),
-                self.call_timeout_s)
-        except StoreNotFound:
-            wanted = []
+        wanted = self._call("list", label, self._via(
+            "tree", "dataset", self.repo_id, folder, revision=sha, recursive=True),
+            self.call_timeout_s, absent=[])
         if not wanted:
             raise StoreNotFound(f"store fetch {label}: no files under it")
         first = self._client()
@@ -645,17 +624,17 @@ class HubStore:
         fence: Fence | None = None,
         conflict: bool = False,
         missing: str = "not found",
-        tries: int | None = None,
+        absent: Any = _RAISE,
     ) -> _T:
-        """``fn()`` bounded, retried and classified; a 404 is StoreNotFound(``missing``).
+        """``fn()`` bounded, retried and classified; a 404 is StoreNotFound(``missing``),
+        or the answer ``absent`` when one is given (a missing path is no failure there).
 
-        With ``fence``: :class:`_Sealed` instead of a try once it is sealed. With
-        ``conflict``: :class:`_Conflict` on a 412 (else a 412 is a rejection). ``tries``
-        overrides ``max_attempts`` (an optional write tries once and leaves the pacing
-        to its caller).
+        With ``fence`` (an optional write): one try, no waits (its caller paces it), and
+        :class:`_Sealed` instead of the try once the fence is sealed. With ``conflict``:
+        :class:`_Conflict` on a 412 (else a 412 is a rejection).
         """
         where = f"store {op} {path}"
-        tries = self.max_attempts if tries is None else tries
+        tries = self.max_attempts if fence is None else 1
 
         def once(attempt: int) -> _T:
             if fence is not None and fence.sealed:
@@ -696,6 +675,8 @@ class HubStore:
             mirror_missing = (failure.status == 401 and self._answered
                               and failure.error_code == "RepoNotFound")
             if failure.kind == "not_found" or mirror_missing:
+                if absent is not _RAISE:
+                    return cast(_T, absent)
                 raise StoreNotFound(f"{where}: {missing}")
             if failure.kind == "auth":
                 raise StoreAuthError(f"{where}: {failure.reason}: the store refused the token")

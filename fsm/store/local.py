@@ -53,12 +53,11 @@ class LocalStore:
         interrupt: InterruptFlag | None = None, budget: Budget | None = None,
     ) -> None:
         self.root = root
-        self.deadline = budget.deadline if budget is not None else deadline or Deadline.never()
         self.stats = stats or StoreStats()
-        #: Stops a folder's copy before its next file (a signal, or a cancelled prefetch);
-        #: a budget that outlives a signal (the end of the attempt) does not stop it.
-        self.interrupt = (interrupt or InterruptFlag()) if budget is None else (
-            budget.interrupt if budget.stops else InterruptFlag())
+        #: Its deadline bounds every call; its signal (or a cancelled prefetch) stops a
+        #: folder's copy before its next file, unless it outlives a signal (the end of the
+        #: attempt: then it does not stop it).
+        self.budget = budget or Budget(deadline or Deadline.never(), interrupt)
 
     def describe(self) -> str:
         return self.root.as_uri()
@@ -106,14 +105,12 @@ class LocalStore:
                 tmp.unlink(missing_ok=True)
 
     def exists(self, path_in_repo: str) -> bool:
-        self._ready()
         return self._checked(path_in_repo).is_file()
 
     def list_folder(self, folder: str) -> frozenset[str]:
         return frozenset(self.changes(folder))
 
     def changes(self, folder: str) -> dict[str, float]:
-        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -122,7 +119,8 @@ class LocalStore:
         with os.scandir(source) as listing:
             for entry in listing:
                 if entry.is_symlink():  # checked as exists() would check it (unsafe: refused)
-                    self._checked(f"{folder}/{entry.name}" if folder else entry.name)
+                    label = f"{folder}/{entry.name}" if folder else entry.name
+                    _check_link(Path(entry.path), label, os.path.realpath(self.root))
                 with contextlib.suppress(FileNotFoundError):  # removed since it was listed
                     if entry.is_file():
                         times[entry.name] = entry.stat().st_mtime
@@ -145,7 +143,6 @@ class LocalStore:
         return max(times, default=None)
 
     def list_tree(self, folder: str, limit: int) -> list[str]:
-        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -161,12 +158,10 @@ class LocalStore:
     def download_file(self, path_in_repo: str, dest_dir: Path) -> Path:
         source = self._file(path_in_repo)
         target = dest_dir / path_in_repo
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_copy(source, target)
+        _atomic_copy(source, target)  # its folder made (atomic_file)
         return target
 
     def fetch_folder(self, folder: str, local_root: Path) -> int:
-        self._ready()
         folder = folder.strip("/")
         source = self._checked(folder)
         if not source.is_dir():
@@ -175,16 +170,13 @@ class LocalStore:
         files = self._files(source, folder)
         for rel, path in files:
             self._step()
-            target = local_root / folder / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_copy(path, target)
+            _atomic_copy(path, local_root / folder / rel)  # its folder made (atomic_file)
         return len(files)
 
     def warm_model(
         self, repo_id: str, cache_dir: Path, ignore_patterns: Sequence[str],
         on_start: WarmStart | None = None,
     ) -> WarmOutcome:
-        self._ready()
         label = f"models/{repo_id}"
         source = self._checked(label)
         if not source.is_dir():
@@ -223,14 +215,15 @@ class LocalStore:
 
     def _file(self, path_in_repo: str) -> Path:
         """The file ``path_in_repo``, checked (in time, links), else StoreNotFound."""
-        self._ready()
         source = self._checked(path_in_repo)
         if not source.is_file():
             raise StoreNotFound(f"local store: {path_in_repo} not found")
         return source
 
     def _checked(self, path_in_repo: str) -> Path:
-        """The path of ``path_in_repo``, after checking every link on the way to it."""
+        """The path of ``path_in_repo``, after checking the store (:meth:`_ready`) and every
+        link on the way to it."""
+        self._ready()
         path = self._repo_path(path_in_repo)
         real_root = os.path.realpath(self.root)
         current = self.root
@@ -289,14 +282,14 @@ class LocalStore:
             raise StoreUnavailable(f"local store: {self.describe()} is not a directory")
 
     def _check_time(self) -> None:
-        if self.deadline.expired():
+        if self.budget.deadline.expired():
             raise DeadlineExceeded("the attempt deadline passed before a store call")
 
     def _step(self) -> None:
         """Before each file a call copies: the deadline, and a signal (or a cancel)."""
         self._check_time()
-        if self.interrupt.is_set():
-            raise Interrupted(self.interrupt.signum or 15)
+        if self.budget.stopped():
+            raise Interrupted(self.budget.interrupt.signum or 15)
 
 
 def _check_link(link: Path, label: str, real_root: str) -> None:

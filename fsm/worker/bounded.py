@@ -108,9 +108,8 @@ class Runs:
     def _step(self) -> None:
         left = self._deadline() - time.monotonic()
         if left <= 0:
-            hung = list(self._runs)
-            self._kill([self._runs[name].proc for name in hung])
-            for name in hung:
+            self._kill([run.proc for run in self._runs.values()])
+            for name in list(self._runs):
                 self._end(name, None)
             return
         exiting = any(run.open_streams == 0 for run in self._runs.values())

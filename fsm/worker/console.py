@@ -6,7 +6,6 @@ up with the marker (``fsm.attempt.outcome.attach_tail``), whose commit removes t
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import threading
 import time
@@ -17,7 +16,7 @@ import structlog
 
 from fsm import rules
 from fsm.attempt.lease import LeaseKeeper, lease_name
-from fsm.clock import os_timeout
+from fsm.clock import wait_up_to
 from fsm.context import Context
 from fsm.errors import RetriableError, StoreUnavailable
 from fsm.worker.supervise import TAIL_BYTES
@@ -56,9 +55,9 @@ def _commit_fenced(ctx: Context, contents: dict[str, bytes], message: str) -> bo
     files: dict[str, Path] = {}
     try:
         for name, data in contents.items():
-            fd, tmp = tempfile.mkstemp(dir=ctx.scratch, prefix=f".{name}.")
-            files[dest.path(name)] = Path(tmp)
-            with os.fdopen(fd, "wb") as f:
+            with tempfile.NamedTemporaryFile(dir=ctx.scratch, prefix=f".{name}.",
+                                             delete=False) as f:
+                files[dest.path(name)] = Path(f.name)
                 f.write(data)
         return ctx.tail_store().commit(
             files, message=message, fence=ctx.fence,
@@ -140,40 +139,35 @@ class PeriodicTail:
 
     def __call__(self, _tail: bytes) -> None:
         with self._busy:
-            if not self._closed:
-                self._tick()
-
-    def _tick(self) -> None:
-        ctx = self._ctx
-        now = time.monotonic()
-        if now < self._next_at:
-            return  # backing off
-        if ctx.work_deadline.remaining() < self._base_s:
-            return  # the marker's time is near: the final tail goes with it
-        if ctx.lease is not None and ctx.lease.superseded is not None:
-            return  # a later attempt owns the prefix's console now
-        try:
-            path = console_path(ctx)
-            # Read and redacted here, never taken already cut: the redactor reads a wider
-            # window and masks before it cuts (no secret leaves as a fragment).
-            tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
-            if tail == self._last:
-                return  # nothing new: no commit
-            self._commit(tail)
-        except StoreUnavailable as exc:  # back off: the interval doubles, up to the cap
-            self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
-            wait = max(self.interval_s, exc.retry_after or 0.0)
-            self._next_at = time.monotonic() + wait
-            log.warning("console.upload_backoff", interval_s=self.interval_s,
-                        next_in_s=round(wait, 3), error=ctx.redactor.text(str(exc)))
-            return
-        except Exception as exc:  # best effort: the tail never decides how the attempt ends
-            log.warning("console.upload_failed", exc_type=type(exc).__name__,
-                        error=ctx.redactor.text(str(exc)))
-            return
-        self._last = tail
-        self.interval_s = max(self._base_s, self.interval_s - self._base_s)
-        self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
+            if self._closed or time.monotonic() < self._next_at:
+                return  # closed, or backing off
+            ctx = self._ctx
+            if ctx.work_deadline.remaining() < self._base_s:
+                return  # the marker's time is near: the final tail goes with it
+            if ctx.lease is not None and ctx.lease.superseded is not None:
+                return  # a later attempt owns the prefix's console now
+            try:
+                path = console_path(ctx)
+                # Read and redacted here, never taken already cut: the redactor reads a wider
+                # window and masks before it cuts (no secret leaves as a fragment).
+                tail = ctx.redactor.tail_of(path, TAIL_BYTES) if path.exists() else b""
+                if tail == self._last:
+                    return  # nothing new: no commit
+                self._commit(tail)
+            except StoreUnavailable as exc:  # back off: the interval doubles, up to the cap
+                self.interval_s = min(MAX_INTERVAL_S, self.interval_s * 2)
+                wait = max(self.interval_s, exc.retry_after or 0.0)
+                self._next_at = time.monotonic() + wait
+                log.warning("console.upload_backoff", interval_s=self.interval_s,
+                            next_in_s=round(wait, 3), error=ctx.redactor.text(str(exc)))
+                return
+            except Exception as exc:  # best effort: the tail never decides how the attempt ends
+                log.warning("console.upload_failed", exc_type=type(exc).__name__,
+                            error=ctx.redactor.text(str(exc)))
+                return
+            self._last = tail
+            self.interval_s = max(self._base_s, self.interval_s - self._base_s)
+            self._next_at = time.monotonic() + self.interval_s - 0.5 * self._base_s
 
     def _commit(self, tail: bytes) -> None:
         """The tail, with the lease when it is due (one commit carries both)."""
@@ -193,10 +187,8 @@ class PeriodicTail:
     def close(self, timeout_s: float) -> None:
         """Stop uploading; wait up to ``timeout_s`` for an upload in flight to finish."""
         self._closed = True
-        end = time.monotonic() + timeout_s
         # Lock.acquire refuses very long timeouts: wait in pieces the OS accepts.
-        while not self._busy.acquire(timeout=os_timeout(end - time.monotonic())):
-            if time.monotonic() >= end:
-                log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
-                return
+        if not wait_up_to(lambda timeout: self._busy.acquire(timeout=timeout), timeout_s):
+            log.warning("console.periodic_upload_still_running", waited_s=timeout_s)
+            return
         self._busy.release()

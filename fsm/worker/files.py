@@ -11,22 +11,22 @@ says nothing (and the log says why).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from fsm.files import JsonProblem, finite_number, json_object
 
-__all__ = ["MAX_HEARTBEAT_BYTES", "heartbeat_problem", "heartbeat_says_retriable"]
+__all__ = ["MAX_HEARTBEAT_BYTES", "heartbeat_says_retriable"]
 
 #: A heartbeat is a few fields: anything larger is not one.
 MAX_HEARTBEAT_BYTES = 1 << 20
 log = structlog.get_logger("fsm.worker_files")
 
 
-def heartbeat_problem(beat: object, attempt: int) -> str | None:
-    """Why ``beat`` (parsed JSON) is not a well-typed heartbeat of ``attempt``, or None."""
-    if not isinstance(beat, dict):
-        return "not a JSON object"
+def _problem(beat: dict[str, Any], attempt: int) -> str | None:
+    """Why ``beat`` (a JSON object, :func:`fsm.files.json_object`'s) is not a well-typed
+    heartbeat of ``attempt``, or None."""
     number = beat.get("attempt")
     if not isinstance(number, int) or isinstance(number, bool):
         return f"'attempt' is not an integer (got {type(number).__name__})"
@@ -51,7 +51,7 @@ def heartbeat_says_retriable(path: Path, attempt: int) -> bool:
         return False
     try:
         beat = json_object(data, limit=MAX_HEARTBEAT_BYTES)
-        problem = heartbeat_problem(beat, attempt)
+        problem = _problem(beat, attempt)
     except JsonProblem as exc:
         problem = str(exc)
     if problem is not None:

@@ -112,8 +112,8 @@ def _table() -> dict[int, Proc]:
 def group_members(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``, from /proc: the leader
     first (when it is alive), then the others by pid. Empty when /proc cannot be read."""
-    members = sorted(p.pid for p in _table().values() if p.pgrp == pgid and p.alive)
-    return ([pgid] if pgid in members else []) + [pid for pid in members if pid != pgid]
+    members = (p.pid for p in _table().values() if p.pgrp == pgid and p.alive)
+    return sorted(members, key=lambda pid: (pid != pgid, pid))
 
 
 def _has_token(pid: int, needle: bytes) -> bool:
@@ -212,21 +212,19 @@ def close_fds(*fds: int) -> None:
             os.close(fd)
 
 
-def reap_orphans(pgid: int, *, leader_too: bool = False) -> int:
+def reap_orphans(pgid: int, *, leader_too: bool = False) -> None:
     """Reap the zombies of group ``pgid`` that are this process's children (orphans
     re-parented to a PID 1 or subreaper runner), never its leader (pid ``pgid``) unless
     ``leader_too``: its status is the supervisor's to read. Looked at without reaping
-    first, so the leader's exit is never taken. Returns how many were reaped."""
-    reaped = 0
+    first, so the leader's exit is never taken."""
     while True:
         try:
             info = os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except (ChildProcessError, OSError):
-            return reaped
+            return
         if info is None or (info.si_pid == pgid and not leader_too):
-            return reaped  # nothing to reap, or the leader first: the supervisor's turn
+            return  # nothing to reap, or the leader first: the supervisor's turn
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info.si_pid, 0)
-            reaped += 1
 
 

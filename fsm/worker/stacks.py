@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 from fsm.clock import os_timeout
 from fsm.worker import bounded
@@ -279,9 +279,11 @@ def _run_all(order: list[int], shared: _Shared, width: int) -> list[ProcessStack
 def _take(pid: int, shared: _Shared) -> ProcessStacks:
     """One process: py-spy when there is one and time for it, else (or when it fails) /proc."""
     t0 = time.monotonic()
-    proc = _Proc(pid, _cmdline(pid))
+    cmdline = _cmdline(pid)
     tried: list[str] = []  # what py-spy said, for the section
     least = _MIN_TRY_S + _REAP_S + _PROC_S
+    method: Method = "proc"
+    threads = None
     if shared.exe is None:
         why = "py-spy: not installed"
     elif shared.end - t0 < least:
@@ -289,15 +291,14 @@ def _take(pid: int, shared: _Shared) -> ProcessStacks:
     elif shared.per_process_s < least:
         why = f"py-spy: not tried, less than {least:g} s a process"
     else:
-        dump, why = _py_spy(shared.exe, pid, shared, t0, tried)
-        if dump is not None:
-            return _from_dump(proc, dump, why, tried, shared, t0)
-    return _section(proc, shared, "proc", why, tried + _proc_body(pid), t0)
+        method, threads, why = _py_spy(shared.exe, pid, shared, t0, tried)
+    body = _proc_body(pid) if threads is None else _dump_lines(pid, threads, shared)
+    return _section(pid, cmdline, shared, method, why or None, tried + body, t0)
 
 
 def _unread(pid: int, shared: _Shared, why: str) -> ProcessStacks:
     """A process whose stacks could not be read (``why``): its header, method ``none``."""
-    return _section(_Proc(pid, "(not read)"), shared, "none", why, [])
+    return _section(pid, "(not read)", shared, "none", why, [])
 
 
 # --- py-spy -----------------------------------------------------------------------------------
@@ -321,12 +322,6 @@ class _Thread:
     frames: tuple[_Frame, ...]
 
 
-@dataclass(frozen=True)
-class _Dump:
-    method: Method
-    threads: tuple[_Thread, ...]  # as py-spy's JSON lists them
-
-
 # What py-spy's errors say (main.rs prints "Permission Denied: ..." for EPERM/EACCES as a
 # user, "Error: ..." otherwise), and what each means for the next try.
 _TARGET_SPECIFIC = {
@@ -340,10 +335,11 @@ _TARGET_SPECIFIC = {
 
 def _py_spy(
     exe: str, pid: int, shared: _Shared, t0: float, tried: list[str]
-) -> tuple[_Dump | None, str]:
-    """py-spy on ``pid`` within its bounds: --native first, then plain. Returns the dump and
-    why it is not a native one ("" when it is, or when native was not asked for), or None
-    and why py-spy gave nothing."""
+) -> tuple[Method, tuple[_Thread, ...] | None, str]:
+    """py-spy on ``pid`` within its bounds: --native first, then plain. Returns the method
+    that gave the threads (as py-spy's JSON lists them) and why it is not a native one (""
+    when it is, or when native was not asked for), or "proc", None and why py-spy gave
+    nothing."""
     stop_at = min(t0 + shared.per_process_s, shared.end) - _REAP_S - _PROC_S
     why = ""
     for native in (True, False):
@@ -356,17 +352,17 @@ def _py_spy(
         flag: Method = "py-spy --native" if native else "py-spy"
         threads = _parse(ran.stdout) if ran.status == 0 else None  # None when killed
         if threads is not None:
-            return _Dump(flag, threads), why
+            return flag, threads, why
         reason = _reason(ran, until - began)
         said = " | ".join(_said(ran))
         tried.append(f"tried {flag}: {reason}{f'; it said: {said}' if said else ''}")
         if not native or reason in _TARGET_SPECIFIC:
-            return None, f"py-spy: {reason}"
+            return "proc", None, f"py-spy: {reason}"
         if ran.status == 2:  # a usage error (clap): this py-spy has no --native
             with shared.lock:
                 shared.native, shared.native_refused = False, True
         why = f"--native: {reason}"
-    return None, why or "py-spy: not tried"
+    return "proc", None, why or "py-spy: not tried"
 
 
 def _run_py_spy(exe: str, pid: int, native: bool, until: float) -> Ran:
@@ -431,19 +427,19 @@ def _parse(stdout: bytes) -> tuple[_Thread, ...] | None:
         return None
 
 
-def _from_dump(
-    proc: _Proc, dump: _Dump, why: str, tried: list[str], shared: _Shared, t0: float
-) -> ProcessStacks:
-    lines = list(tried)
-    for thread in reversed(dump.threads):  # py-spy dump prints them in this order
+def _dump_lines(pid: int, threads: tuple[_Thread, ...], shared: _Shared) -> list[str]:
+    """py-spy's threads as ``py-spy dump`` prints them, then the threads without Python
+    frames from /proc; the leader's ``where`` is set on ``shared`` on the way."""
+    lines = []
+    for thread in reversed(threads):  # py-spy dump prints them in this order
         lines.append(_thread_line(thread))
         lines.extend(f"    {_frame_text(f.name, f.filename, f.line)}" for f in thread.frames)
     lines.extend(_task_groups(
-        proc.pid, {t.os_thread_id for t in dump.threads},
+        pid, {t.os_thread_id for t in threads},
         "Threads without Python frames (from /proc: state, wait channel, kernel stack):"))
-    if proc.pid == shared.leader:
-        shared.where = _where(proc.pid, dump.threads, shared)
-    return _section(proc, shared, dump.method, why or None, lines, t0)
+    if pid == shared.leader:
+        shared.where = _where(pid, threads, shared)
+    return lines
 
 
 def _thread_line(thread: _Thread) -> str:
@@ -496,14 +492,8 @@ def _relative(filename: str, code_dir: Path) -> str | None:
 # --- /proc --------------------------------------------------------------------------------------
 
 
-class _Proc(NamedTuple):
-    """A process, and its command line as /proc showed it (or why it could not)."""
-
-    pid: int
-    cmdline: str
-
-
 def _cmdline(pid: int) -> str:
+    """The process's command line as /proc shows it (or why it could not)."""
     data = _read(f"/proc/{pid}/cmdline")
     if isinstance(data, str):
         return data
@@ -586,17 +576,17 @@ def _task_groups(pid: int, skip: set[int | None], title: str) -> list[str]:
 # --- text ---------------------------------------------------------------------------------------
 
 
-def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None, body: list[str],
-             t0: float | None = None) -> ProcessStacks:
-    """One process's part of the file: a header naming it, then ``body``; redacted whole,
-    then cut (so no cut leaves a piece of a secret). Its seconds count from ``t0`` (none
-    without it)."""
-    role = " (the worker)" if proc.pid == shared.leader else ""
-    cmdline = _redacted(shared.redact, proc.cmdline)
+def _section(pid: int, cmdline: str, shared: _Shared, method: Method, why: str | None,
+             body: list[str], t0: float | None = None) -> ProcessStacks:
+    """Process ``pid``'s part of the file: a header naming it and its ``cmdline``, then
+    ``body``; redacted whole, then cut (so no cut leaves a piece of a secret). Its seconds
+    count from ``t0`` (none without it)."""
+    role = " (the worker)" if pid == shared.leader else ""
+    cmdline = _redacted(shared.redact, cmdline)
     if len(cmdline) > _CMDLINE_CHARS:
         cmdline = f"{cmdline[:_CMDLINE_CHARS]} [... {len(cmdline) - _CMDLINE_CHARS} more]"
     text = "\n".join([
-        f"== process {proc.pid}{role} ==",
+        f"== process {pid}{role} ==",
         f"command line: {cmdline}",
         f"method: {method}{f' ({why})' if why else ''}",
         *body,
@@ -607,7 +597,7 @@ def _section(proc: _Proc, shared: _Shared, method: Method, why: str | None, body
         cut = len(text) - _SECTION_CHARS
         text = f"{text[:_SECTION_CHARS]}\n[... {cut} more characters of this section cut]\n"
     seconds = time.monotonic() - t0 if t0 is not None else 0.0
-    return ProcessStacks(proc.pid, method, why, text, seconds)
+    return ProcessStacks(pid, method, why, text, seconds)
 
 
 def _redacted(redact: Callable[[str], str], text: str) -> str:

@@ -73,7 +73,7 @@ from typing import Literal, Protocol
 
 import structlog
 
-from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout
+from fsm.clock import DEADLINE_RECHECK_S, Deadline, os_timeout, wait_up_to
 from fsm.interrupt import InterruptFlag, wakeup_fd
 from fsm.oom import oom_first
 from fsm.output.outlet import STDOUT_CAPACITY, Outlet
@@ -480,9 +480,13 @@ class _Waker:
     def __init__(self) -> None:
         self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         weakref.finalize(self, procs.close_fds, self.fd, self._w)
+        # The process's signal wakeup descriptor too, when armed: the runner arms it before
+        # the worker starts and disarms it after, so it stays the same while supervise runs.
+        signals = wakeup_fd()
+        self._fds = (self.fd,) if signals is None else (self.fd, signals)
         self._poll = select.poll()
-        self._poll.register(self.fd, select.POLLIN)
-        self._signals: int | None = None  # the wakeup descriptor registered, if any
+        for fd in self._fds:
+            self._poll.register(fd, select.POLLIN)
 
     def wake(self) -> None:
         # One write(2), no lock: safe inside a signal handler. A full pipe is awake already.
@@ -491,9 +495,8 @@ class _Waker:
 
     def wait_until(self, done: Callable[[], bool], until_mono: float) -> bool:
         """Block until ``done()`` or the monotonic time ``until_mono``; returns ``done()``."""
-        signals = self._watch_signals()
         while True:
-            for fd in (self.fd,) if signals is None else (self.fd, signals):
+            for fd in self._fds:
                 with contextlib.suppress(OSError):  # drain before looking: no lost wake-up
                     while os.read(fd, 4096):
                         pass
@@ -503,18 +506,6 @@ class _Waker:
             if left <= 0:
                 return False
             self._poll.poll(procs.poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
-
-    def _watch_signals(self) -> int | None:
-        """Poll the process's signal wakeup descriptor too (it may change between waits)."""
-        current = wakeup_fd()
-        if current != self._signals:
-            if self._signals is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._poll.unregister(self._signals)
-            if current is not None:
-                self._poll.register(current, select.POLLIN)
-            self._signals = current
-        return current
 
 
 class _StallWatch:
@@ -639,8 +630,7 @@ class _Run:
                     stdin=subprocess.DEVNULL,
                     stdout=w,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
+                    start_new_session=True,  # (and close_fds, Popen's default)
                 )
         except BaseException:
             os.close(r)
@@ -776,7 +766,7 @@ def _start_ticks(
         # Each wait is jittered by up to a fifth either way: runners started together (a
         # fleet sharing one repo) drift apart instead of committing in step, where their
         # fenced tails would refuse each other (412).
-        while not _wait_event(stop, interval_s * random.uniform(0.8, 1.2)):
+        while not wait_up_to(stop.wait, interval_s * random.uniform(0.8, 1.2)):
             try:
                 sink(read_tail(console_path))
             except Exception as exc:
@@ -784,16 +774,6 @@ def _start_ticks(
 
     threading.Thread(target=tick, name=f"{name}-tail", daemon=True).start()
     return stop
-
-
-def _wait_event(event: threading.Event, seconds: float) -> bool:
-    """``event.wait(seconds)`` for any ``seconds`` (a month, infinity): longer than the OS
-    accepts simply waits again."""
-    end = time.monotonic() + seconds
-    while not event.wait(os_timeout(end - time.monotonic())):
-        if time.monotonic() >= end:
-            return False
-    return True
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
