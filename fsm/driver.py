@@ -56,9 +56,9 @@ def handler_problems(handlers: Mapping[str, Handler]) -> list[str]:
 # "msg" and this "_event" to "event", so a state.changed line reads {msg, from, event, to}.
 
 
-def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | None = None) -> str:
-    """Drive the machine from its current state to a terminal one; return that state."""
-    machine = machine or RunMachine()
+def run(ctx: Context, handlers: Mapping[str, Handler]) -> str:
+    """Drive a new machine from its initial state to a terminal one; return that state."""
+    machine = RunMachine()
     problems = handler_problems(handlers)
     if problems:  # loud now; a state without a handler still ends in its internal-error marker
         log.error("driver.table_mismatch", problems=problems, rule=rules.INTERNAL_ERROR.id)
