@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
 from typing import Any, TypeVar
 
 from fsm.attempt import marker
@@ -83,7 +84,7 @@ def read_raw(path: Path) -> dict[str, Any]:
     the runner forever (no signal gets it out of ``open``), ``/dev/zero`` would be read
     until memory runs out. It is opened without blocking and looked at before a byte is
     read."""
-    shown = _shown(path)
+    shown = str(path) if str(path).isprintable() else repr(str(path))  # for one line
     try:
         data = _read_bounded(path, shown)
     except FileNotFoundError:
@@ -350,17 +351,14 @@ def _short_int(value: int) -> str:
     return f"an integer of {digits or 'over 3000'} digits"
 
 
-def _shown(path: Path) -> str:
-    """A path for a one-line message: as is when printable, else its repr."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
+_TYPE_WORDS: dict[type | UnionType, str] = {
+    str: "a string", int: "an integer", bool: "true or false", int | float: "a number",
+    dict: "an object of strings"}
 
 
-_TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
-
-
-def _check(key: str, value: object, kind: type) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+def _check(key: str, value: object, kind: type | UnionType) -> Any:
+    # A JSON boolean is a Python int: a number only where true or false is asked for.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise PayloadError(
             f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {json_type(value)}"
         )
@@ -373,7 +371,7 @@ def _required(raw: Mapping[str, Any], key: str, kind: type) -> Any:
     return _check(key, raw[key], kind)
 
 
-def _opt(raw: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+def _opt(raw: Mapping[str, Any], key: str, kind: type | UnionType, default: Any) -> Any:
     if raw.get(key) is None:
         return default
     return _check(key, raw[key], kind)
@@ -383,11 +381,8 @@ _Default = TypeVar("_Default", float, None)
 
 
 def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | _Default:
-    value = raw.get(key)
-    if value is None:
+    if (value := _opt(raw, key, int | float, None)) is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PayloadError(f"payload key {key!r} must be a number, got {json_type(value)}")
     if (number := finite_number(value)) is None:
         raise PayloadError(f"payload key {key!r} must be finite")
     return number
@@ -430,13 +425,7 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
 
 
 def _env(raw: Mapping[str, Any]) -> dict[str, str]:
-    value = raw.get("env")
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise PayloadError(
-            f"payload key 'env' must be an object of strings, got {json_type(value)}"
-        )
+    value = _opt(raw, "env", dict, {})
     for k, v in value.items():
         if not isinstance(v, str):
             raise PayloadError(
