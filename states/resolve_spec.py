@@ -74,15 +74,6 @@ def resolve_spec(ctx: Context) -> str:
     return table.SPEC_RESOLVED
 
 
-def arg_max() -> int:
-    """The kernel's limit on argv plus environment (strings, NULs, pointers) for exec."""
-    try:
-        limit = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError):  # unknown: what the kernel always allows
-        limit = -1
-    return max(_MIN_ARG_MAX, min(limit, _KERNEL_ARG_CAP))
-
-
 def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     """Why ``execve(argv[0], argv, env)`` would fail with E2BIG, in one line; None if it fits.
 
@@ -104,7 +95,12 @@ def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     # The executable's name is copied onto the new stack too.
     total = _nbytes(argv[0]) + 1 + sum(_nbytes(arg) + 1 + _POINTER for arg in argv)
     total += sum(entry + _POINTER for entry in entries.values()) + 2 * _POINTER  # NULL ends
-    limit = arg_max() - ARG_MAX_MARGIN
+    # The kernel's limit on argv plus environment (strings, NULs, pointers) for exec.
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):  # unknown: what the kernel always allows
+        arg_max = -1
+    limit = max(_MIN_ARG_MAX, min(arg_max, _KERNEL_ARG_CAP)) - ARG_MAX_MARGIN
     if total > limit:
         largest = max(entries, key=entries.__getitem__)  # the worker's env is never empty
         return (
