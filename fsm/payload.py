@@ -200,8 +200,7 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
             f"payload key 'expect_gpus' must be at least 1, got {common['expect_gpus']}"
         )
     if mode == "preload":
-        models = _str_list(raw, "models")
-        if not models:
+        if not (models := _str_list(raw, "models")):
             raise PayloadError(
                 "payload key 'models' is required in preload mode (a list of repo ids)"
             )
@@ -216,12 +215,7 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
                 f"payload key 'cache_mount_marker' must be a plain file name, got {marker!r}"
             )
         return Payload(models=tuple(models), **common)
-    phase = _required(raw, "phase", str)
-    if not NAME_RE.fullmatch(phase):
-        raise PayloadError(
-            f"payload key 'phase' must match {NAME_RE.pattern} (it names files), "
-            f"got {_quoted(phase, raw)}"
-        )
+    phase = _name(raw, "phase", _required(raw, "phase", str), "files")
     return Payload(
         phase=phase,
         seed=_required(raw, "seed", int),
@@ -247,12 +241,7 @@ def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination
     prefix = _required(raw, "hf_prefix", str)
     if (problem := _prefix_problem(prefix)) is not None:
         raise PayloadError(f"payload key 'hf_prefix' {problem}, got {_quoted(prefix, raw)}")
-    arm = _opt(raw, "flash_arm", str, "instance")
-    if not NAME_RE.fullmatch(arm):
-        raise PayloadError(
-            f"payload key 'flash_arm' must match {NAME_RE.pattern} (it names the marker), "
-            f"got {_quoted(arm, raw)}"
-        )
+    arm = _name(raw, "flash_arm", _opt(raw, "flash_arm", str, "instance"), "the marker")
     attempt = _opt(raw, "attempt", int, 0)
     if attempt < 0:
         raise PayloadError(f"payload key 'attempt' must be >= 0, got {_short_int(attempt)}")
@@ -272,6 +261,16 @@ def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination
         attempt=attempt,
         token=token if isinstance(token, str) and token else None,
     )
+
+
+def _name(raw: Mapping[str, Any], key: str, value: str, names: str) -> str:
+    """``value``, a name of files: a PayloadError unless it matches :data:`NAME_RE`."""
+    if not NAME_RE.fullmatch(value):
+        raise PayloadError(
+            f"payload key {key!r} must match {NAME_RE.pattern} (it names {names}), "
+            f"got {_quoted(value, raw)}"
+        )
+    return value
 
 
 def _prefix_problem(value: str) -> str | None:
@@ -389,8 +388,7 @@ def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | 
 
 
 def _str_list(raw: Mapping[str, Any], key: str) -> list[str]:
-    value = raw.get(key)
-    if value is None:
+    if (value := raw.get(key)) is None:
         return []
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise PayloadError(f"payload key {key!r} must be a list of strings")
