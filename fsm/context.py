@@ -144,8 +144,7 @@ class End:
             by, after_signal = self.verify_by(), self.signal_verify_s()
         else:
             by, after_signal = self.until(), SIGNAL_MARK_S
-        at = self._interrupt.at_mono
-        if at is not None:
+        if (at := self._interrupt.at_mono) is not None:
             by = min(by, at + after_signal)
         return by + END_GRACE_S
 
@@ -238,12 +237,11 @@ class Tuning:
         :class:`~fsm.errors.PayloadError` naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
-            console_upload_interval_s=max(
-                5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"), 30.0)
-            ),
-            stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
+            console_upload_interval_s=max(5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"),
+                                                      cls.console_upload_interval_s)),
+            stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), cls.stop_grace_s)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
-            pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
+            pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), cls.pip_backoff_s)),
             stall_s=watch_seconds(env, "FLASH_STALL_S", cls.stall_s),
             py_spy=env.get("FLASH_PY_SPY") or None,
             host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", cls.host_watch_s),
@@ -595,8 +593,7 @@ class Context:
         call = Background(fn, "flash-past-signal")
         # Short slices: the flag is set inside a signal handler, which must not set an Event.
         while not call.done.wait(0.05):
-            at = self.interrupt.at_mono
-            if at is not None and time.monotonic() >= at + until_s:
+            if (at := self.interrupt.at_mono) is not None and time.monotonic() >= at + until_s:
                 raise Interrupted(self.interrupt.signum or 15)
         return call.result()
 

@@ -66,8 +66,7 @@ def resolve_spec(ctx: Context) -> str:
     if _nbytes(spec) > INLINE_SPEC_MAX_BYTES or exec_problem(argv, worker_env) is not None:
         spec_file = ctx.scratch / "job_spec.json"
         worker_env = {**env, "FLASH_JOB_SPEC_PATH": str(spec_file)}
-        problem = exec_problem(argv, worker_env)
-        if problem is not None:
+        if (problem := exec_problem(argv, worker_env)) is not None:
             raise FatalError(problem, rule=rules.WORKER_ENV_TOO_LARGE)
         spec_file.write_text(spec, encoding="utf-8")
     ctx.worker_env = worker_env
@@ -127,8 +126,7 @@ def _spec(ctx: Context, p: Payload) -> str:
             "the payload carries no job spec: job_spec_json is empty and job_spec_in_hf is not set",
             rule=rules.SPEC_ABSENT,
         )
-    branch = ctx.prefetch.pop(table.RESOLVE_SPEC, None)
-    if branch is not None:
+    if (branch := ctx.prefetch.pop(table.RESOLVE_SPEC, None)) is not None:
         text: str = branch.join()  # started by LoadPayload or FetchCode
         return text
     return download_spec(ctx, ctx.require_store())

@@ -193,8 +193,7 @@ def _gpus_since_start(ctx: Context) -> dict[str, bool]:
         return {}
     left = ctx.begin_end().verify_budget().remaining()
     now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(ctx.tuning.gpu_query_s, left / 2)))
-    verdict = gpus.changed(start, now)
-    if not verdict:
+    if not (verdict := gpus.changed(start, now)):
         fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)
         return {"gpus_fine": fine}
     ctx.worker.gpu_change = GpuChange("after the worker ended", verdict.evidence(),
