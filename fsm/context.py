@@ -512,8 +512,7 @@ class Context:
         """Before the worker starts (or a preload claims success): wait for the GPUs'
         verdict (at most ``FLASH_GPU_QUERY_S``; a signal ends the wait), raise the fault
         it reports, and keep the snapshot as the baseline of later looks."""
-        probe = self.host
-        if probe is None:
+        if (probe := self.host) is None:
             return
         deadline = self.work_deadline
         waiting_since = time.monotonic()
@@ -550,8 +549,7 @@ class Context:
         and the hostname where nvidia-smi lists no GPU)."""
         from fsm.host.probe import facts_of, host_id
 
-        probe = self.host
-        if probe is None:
+        if (probe := self.host) is None:
             return host_id(self.hostname())
         start = self.host_start
         facts = facts_of(probe.hostname, start) if start is not None else probe.facts(0.0)

@@ -57,8 +57,7 @@ def preload(ctx: Context) -> str:
                 continue
             if isinstance(outcome, BaseException):
                 raise outcome
-            key = "already_cached" if outcome == "cached" else "preloaded"
-            warmed[key].append(repo_id)
+            warmed["already_cached" if outcome == "cached" else "preloaded"].append(repo_id)
             log.info("preload.model_ready", repo_id=repo_id, outcome=outcome, cache=str(cache_dir))
     ctx.evidence["preload"] = warmed
     result = warmed if problem is None else {**warmed, "error": problem}
