@@ -384,15 +384,13 @@ class WorkerRun:
     def evidence(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.exit is not None:
-            worker: dict[str, Any] = {
+            out["worker"] = {
                 "exit_code": self.exit.returncode,
                 "signal": signal.Signals(self.exit.signal).name if self.exit.signal else None,
                 "reason": self.exit.reason,
                 "seconds": round(self.exit.duration_s, 3),
+                **({} if self.oom_killed is None else {"oom_killed": self.oom_killed}),
             }
-            if self.oom_killed is not None:
-                worker["oom_killed"] = self.oom_killed
-            out["worker"] = worker
         facts = {"stall": self.stall, "stacks": self.stacks, "gpu_change": self.gpu_change}
         out.update((key, fact.evidence()) for key, fact in facts.items() if fact is not None)
         if self.gpu_watch is not None:
