@@ -644,11 +644,6 @@ class Context:
                 flag = self.setup_stop.follower()
                 self.prefetch[joiner] = Branch(joiner, partial(work, self.setup_store(flag)), flag)
 
-    def cancel_prefetch(self) -> None:
-        """Stop every prefetch branch (a state failed: nothing after it will join them)."""
-        for branch in self.prefetch.values():
-            branch.cancel()
-
     @property
     def budget(self) -> Budget:
         """The attempt's budget: its deadline, its interrupt flag, its clock."""

@@ -148,7 +148,8 @@ def storage_dirs(ctx: Context, state: str) -> list[Path]:
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:
     message = ctx.redactor.line(message, marker.MAX_ERROR_CHARS)  # redact, then shorten
     ctx.failure = Failure(rule=rule, message=message, state=state)
-    ctx.cancel_prefetch()  # the states that would join them will not run
+    for branch in ctx.prefetch.values():
+        branch.cancel()  # the states that would join them will not run
     log.warning(
         "state.failed",
         state=state,
