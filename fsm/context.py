@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +29,7 @@ from fsm.attempt.result import Persisted
 from fsm.budget import MIN_TRY_S, Budget
 from fsm.clock import Deadline
 from fsm.errors import DeadlineExceeded, HostFault, Interrupted, PayloadError, RetriableError
+from fsm.host import gpus
 from fsm.interrupt import InterruptFlag
 from fsm.output.outlet import Outlet
 from fsm.output.redact import Redactor
@@ -37,7 +39,6 @@ from fsm.store.base import Fence, Store, StoreStats
 
 if TYPE_CHECKING:
     from fsm.attempt.lease import LeaseKeeper
-    from fsm.host.gpus import Snapshot, StartVerdict
     from fsm.host.probe import HostProbe
     from fsm.policy import Fault
     from fsm.worker.supervise import WorkerExit
@@ -47,7 +48,6 @@ StoreFactory = Callable[[Destination, Budget, Mapping[str, str], StoreStats], St
 
 _FALSY = ("", "0", "false", "no", "off")
 _T = TypeVar("_T")
-_SIGNAL_POLL_S = 0.05
 
 # After SIGTERM/SIGINT the host is going away: Docker's default stop timeout is 10 s.
 # The worker gets its grace only up to SIGNAL_STOP_S after the signal, verification runs
@@ -144,8 +144,7 @@ class End:
             by, after_signal = self.verify_by(), self.signal_verify_s()
         else:
             by, after_signal = self.until(), SIGNAL_MARK_S
-        at = self._interrupt.at_mono
-        if at is not None:
+        if (at := self._interrupt.at_mono) is not None:
             by = min(by, at + after_signal)
         return by + END_GRACE_S
 
@@ -186,8 +185,6 @@ class Settings:
 
 #: A watch's period (FLASH_STALL_S) is 0 (off) or at least this many seconds.
 MIN_WATCH_S = 5.0
-#: FLASH_GPU_QUERY_S's floor (CONTRACT section 8): ``fsm.host.gpus``'s.
-MIN_GPU_QUERY_S = 5.0
 
 
 def watch_seconds(env: Mapping[str, str], key: str, default: float, *,
@@ -229,7 +226,7 @@ class Tuning:
     #: default is CONTRACT section 8's, as is the next one's).
     host_watch_s: float = 30.0
     #: Each nvidia-smi query's bound (FLASH_GPU_QUERY_S): a slower answer is none.
-    gpu_query_s: float = 60.0
+    gpu_query_s: float = gpus.DEFAULT_QUERY_S
     #: Seconds between renewals of the attempt's lease (FLASH_LEASE_S; 0: no lease).
     lease_s: float = DEFAULT_LEASE_S
 
@@ -240,17 +237,16 @@ class Tuning:
         :class:`~fsm.errors.PayloadError` naming it."""
         return cls(
             upload_console=env.get("FLASH_UPLOAD_CONSOLE", "").strip().lower() not in _FALSY,
-            console_upload_interval_s=max(
-                5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"), 30.0)
-            ),
-            stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), 10.0)),
+            console_upload_interval_s=max(5.0, _float(env.get("FLASH_CONSOLE_UPLOAD_INTERVAL_S"),
+                                                      cls.console_upload_interval_s)),
+            stop_grace_s=max(0.0, _float(env.get("FLASH_STOP_GRACE_S"), cls.stop_grace_s)),
             exit_reserve_s=_float(env.get("FLASH_EXIT_RESERVE_S"), None),
-            pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), 2.0)),
+            pip_backoff_s=max(0.0, _float(env.get("FLASH_PIP_BACKOFF_S"), cls.pip_backoff_s)),
             stall_s=watch_seconds(env, "FLASH_STALL_S", cls.stall_s),
             py_spy=env.get("FLASH_PY_SPY") or None,
             host_watch_s=watch_seconds(env, "FLASH_HOST_WATCH_S", cls.host_watch_s),
             gpu_query_s=watch_seconds(env, "FLASH_GPU_QUERY_S", cls.gpu_query_s,
-                                      minimum=MIN_GPU_QUERY_S, can_be_off=False),
+                                      minimum=gpus.MIN_QUERY_S, can_be_off=False),
             lease_s=watch_seconds(env, "FLASH_LEASE_S", cls.lease_s, minimum=MIN_LEASE_S),
         )
 
@@ -261,7 +257,7 @@ def _float(value: str | None, default: Any) -> Any:
     return default
 
 
-def host_fault(hostname: str, verdict: StartVerdict, snap: Snapshot) -> HostFault:
+def host_fault(hostname: str, verdict: gpus.StartVerdict, snap: gpus.Snapshot) -> HostFault:
     """The start's verdict as the attempt's failure: its rule, a message naming the GPU
     (index and UUID) and what it reported, and the findings and snapshot as evidence."""
     rule = {"short": rules.HOST_GPU_MISSING, "unresponsive": rules.HOST_GPU_UNRESPONSIVE,
@@ -331,10 +327,8 @@ class Stall:
         return self.where_in_code or self.where or None
 
     def evidence(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.previous is None:
-            del out["previous"]
-        return out
+        """Every field, ``previous`` only when there is one."""
+        return {k: v for k, v in asdict(self).items() if k != "previous" or v is not None}
 
 
 @dataclass
@@ -390,15 +384,13 @@ class WorkerRun:
     def evidence(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.exit is not None:
-            worker: dict[str, Any] = {
+            out["worker"] = {
                 "exit_code": self.exit.returncode,
                 "signal": signal.Signals(self.exit.signal).name if self.exit.signal else None,
                 "reason": self.exit.reason,
                 "seconds": round(self.exit.duration_s, 3),
+                **({} if self.oom_killed is None else {"oom_killed": self.oom_killed}),
             }
-            if self.oom_killed is not None:
-                worker["oom_killed"] = self.oom_killed
-            out["worker"] = worker
         facts = {"stall": self.stall, "stacks": self.stacks, "gpu_change": self.gpu_change}
         out.update((key, fact.evidence()) for key, fact in facts.items() if fact is not None)
         if self.gpu_watch is not None:
@@ -455,7 +447,7 @@ class Context:
     host: HostProbe | None = None
     #: The GPUs' health before the worker started (``fsm.host.gpus``): what later snapshots
     #: are compared with.
-    host_start: Snapshot | None = None
+    host_start: gpus.Snapshot | None = None
     #: What ends the running state at once, set from another thread (the driver raises
     #: it): a fault the GPUs reported while setup ran (:meth:`watch_host`), or a later
     #: attempt found by the preload's lease (:meth:`halt_with`).
@@ -488,7 +480,6 @@ class Context:
     #: The end of the attempt once it began (:meth:`begin_end`).
     end: End | None = None
     _tail_store: Store | None = None
-    _verify_store: Store | None = None
     #: The filesystems under the runner's directories at its start (``fsm.host.storage``), by
     #: mount point: a full disk is judged against them.
     storage_start: dict[str, Any] = field(default_factory=dict)
@@ -519,8 +510,7 @@ class Context:
         """Before the worker starts (or a preload claims success): wait for the GPUs'
         verdict (at most ``FLASH_GPU_QUERY_S``; a signal ends the wait), raise the fault
         it reports, and keep the snapshot as the baseline of later looks."""
-        probe = self.host
-        if probe is None:
+        if (probe := self.host) is None:
             return
         deadline = self.work_deadline
         waiting_since = time.monotonic()
@@ -549,11 +539,7 @@ class Context:
 
     def hostname(self) -> str:
         """This machine's name: the probe's, else the kernel's."""
-        if self.host is not None:
-            return self.host.hostname
-        import socket
-
-        return socket.gethostname()
+        return self.host.hostname if self.host is not None else socket.gethostname()
 
     def host_id(self) -> str:
         """What names this machine (``host.id``, CONTRACT section 9): from the GPUs' answer
@@ -561,8 +547,7 @@ class Context:
         and the hostname where nvidia-smi lists no GPU)."""
         from fsm.host.probe import facts_of, host_id
 
-        probe = self.host
-        if probe is None:
+        if (probe := self.host) is None:
             return host_id(self.hostname())
         start = self.host_start
         facts = facts_of(probe.hostname, start) if start is not None else probe.facts(0.0)
@@ -603,9 +588,8 @@ class Context:
         and ``fn`` is abandoned in its daemon thread (it holds no lock of ours)."""
         call = Background(fn, "flash-past-signal")
         # Short slices: the flag is set inside a signal handler, which must not set an Event.
-        while not call.done.wait(_SIGNAL_POLL_S):
-            at = self.interrupt.at_mono
-            if at is not None and time.monotonic() >= at + until_s:
+        while not call.done.wait(0.05):
+            if (at := self.interrupt.at_mono) is not None and time.monotonic() >= at + until_s:
                 raise Interrupted(self.interrupt.signum or 15)
         return call.result()
 
@@ -630,44 +614,35 @@ class Context:
             self._tail_store = self.store_for(self.budget)
         return self._tail_store
 
+    @cached_property
     def verify_store(self) -> Store:
-        """The store for VerifyRemote: bounded by its share of the end, split into tries."""
-        if self._verify_store is None:
-            self._verify_store = self.store_for(self.begin_end().verify_budget())
-        return self._verify_store
+        """The store for VerifyRemote (one handle, made when first asked for): bounded by its
+        share of the end, split into tries."""
+        return self.store_for(self.begin_end().verify_budget())
 
-    def setup_store(self) -> Store:
+    def setup_store(self, flag: InterruptFlag | None = None) -> Store:
         """The store for setup (FetchCode, ResolveSpec, Preload): bounded by the work
-        deadline, its retries stopped by :attr:`setup_stop`."""
-        return self.store_for(Budget(self.work_deadline, self.setup_stop))
+        deadline, its retries stopped by ``flag`` (a prefetch branch's cancel, which a signal
+        triggers too), else by :attr:`setup_stop`."""
+        return self.store_for(Budget(self.work_deadline, flag or self.setup_stop))
 
     def store_for(self, budget: Budget) -> Store:
         """A store handle for the attempt's destination, every call bounded by ``budget``."""
         assert self.dest is not None, "LoadPayload finds the destination"
         return self.open_store(self.dest, budget, self.store_env(), self.store_stats)
 
-    def branch_store(self, flag: InterruptFlag) -> Store:
-        """A store handle for a prefetch branch: bounded by the work deadline, stopped by
-        ``flag`` (the branch's cancel, which a signal triggers too)."""
-        return self.store_for(Budget(self.work_deadline, flag))
-
     def start_ahead(self, state: str) -> None:
         """Start the downloads the table says ``state`` starts ahead of later states
         (``table.PREFETCH``), each as the branch of the state that joins it, with what that
         state's module says it downloads (``ahead``, from ``states.AHEAD``): once, and only
         where there is something to download. Each branch has a store handle of its own
-        (:meth:`branch_store`)."""
+        (:meth:`setup_store`)."""
         for joiner in table.PREFETCH.get(state, ()):
             plan = self.ahead.get(joiner)
             work = plan(self) if plan is not None and joiner not in self.prefetch else None
             if work is not None:
                 flag = self.setup_stop.follower()
-                self.prefetch[joiner] = Branch(joiner, partial(work, self.branch_store(flag)), flag)
-
-    def cancel_prefetch(self) -> None:
-        """Stop every prefetch branch (a state failed: nothing after it will join them)."""
-        for branch in self.prefetch.values():
-            branch.cancel()
+                self.prefetch[joiner] = Branch(joiner, partial(work, self.setup_store(flag)), flag)
 
     @property
     def budget(self) -> Budget:

@@ -56,11 +56,11 @@ def handler_problems(handlers: Mapping[str, Handler]) -> list[str]:
 # "msg" and this "_event" to "event", so a state.changed line reads {msg, from, event, to}.
 
 
-def run(ctx: Context, handlers: Mapping[str, Handler], machine: RunMachine | None = None) -> str:
-    """Drive the machine from its current state to a terminal one; return that state."""
-    machine = machine or RunMachine()
-    problems = handler_problems(handlers)
-    if problems:  # loud now; a state without a handler still ends in its internal-error marker
+def run(ctx: Context, handlers: Mapping[str, Handler]) -> str:
+    """Drive a new machine from its initial state to a terminal one; return that state."""
+    machine = RunMachine()
+    # Loud now; a state without a handler still ends in its internal-error marker.
+    if problems := handler_problems(handlers):
         log.error("driver.table_mismatch", problems=problems, rule=rules.INTERNAL_ERROR.id)
     while True:
         state = machine.state
@@ -148,7 +148,8 @@ def storage_dirs(ctx: Context, state: str) -> list[Path]:
 def _failed(ctx: Context, state: str, rule: policy.Rule, message: str, exc_type: str) -> str:
     message = ctx.redactor.line(message, marker.MAX_ERROR_CHARS)  # redact, then shorten
     ctx.failure = Failure(rule=rule, message=message, state=state)
-    ctx.cancel_prefetch()  # the states that would join them will not run
+    for branch in ctx.prefetch.values():
+        branch.cancel()  # the states that would join them will not run
     log.warning(
         "state.failed",
         state=state,
@@ -168,8 +169,9 @@ def _internal(ctx: Context, state: str, fault: str) -> str:
 
 def _mark(ctx: Context, handler: Handler | None) -> str:
     """Run Mark; when Mark itself fails, keep the outcome persisted (exit 3 says the
-    marker was not published) and still reach the terminal state of that outcome."""
-    ctx.raise_on_interrupt = False  # Mark runs to the end: a signal only sets the flag
+    marker was not published) and still reach the terminal state of that outcome. Mark
+    runs to the end: a signal only sets the flag (``raise_on_interrupt`` is False here,
+    as :func:`_step` leaves it after every handler)."""
     try:
         if handler is None:
             raise LookupError("no handler for state Mark")
@@ -207,8 +209,7 @@ def _salvage(ctx: Context, fault: str) -> str:
                 artifacts={},
             )
         ctx.publisher.record = record
-        path = outcome.result_file(ctx)
-        if path is not None and ctx.owns_attempt:
+        if (path := outcome.result_file(ctx)) is not None and ctx.owns_attempt:
             try:
                 result.persist(path, outcome.identity(ctx), record)
                 ctx.publisher.result.persisted = path

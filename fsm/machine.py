@@ -55,9 +55,9 @@ class RunMachine:
         return self.state in table.TERMINAL
 
     def allowed(self) -> list[str]:
-        """The events the current state accepts, in table order."""
-        triggers = set(self._machine.get_triggers(self.state))
-        return [event for event in table.EVENTS if event in triggers]
+        """The events the current state accepts, in table order (the machine is built from
+        the table: its triggers in a state are the table's events there)."""
+        return list(table.allowed(self.state))
 
     def fire(self, event: str) -> str:
         """Apply ``event``; return the new state. Raises ``IllegalEvent`` and changes nothing

@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
 from typing import Any, TypeVar
 
 from fsm.attempt import marker
@@ -83,7 +84,7 @@ def read_raw(path: Path) -> dict[str, Any]:
     the runner forever (no signal gets it out of ``open``), ``/dev/zero`` would be read
     until memory runs out. It is opened without blocking and looked at before a byte is
     read."""
-    shown = _shown(path)
+    shown = str(path) if str(path).isprintable() else repr(str(path))  # for one line
     try:
         data = _read_bounded(path, shown)
     except FileNotFoundError:
@@ -199,8 +200,7 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
             f"payload key 'expect_gpus' must be at least 1, got {common['expect_gpus']}"
         )
     if mode == "preload":
-        models = _str_list(raw, "models")
-        if not models:
+        if not (models := _str_list(raw, "models")):
             raise PayloadError(
                 "payload key 'models' is required in preload mode (a list of repo ids)"
             )
@@ -215,12 +215,7 @@ def parse(raw: Mapping[str, Any], retries: int = 0) -> Payload:
                 f"payload key 'cache_mount_marker' must be a plain file name, got {marker!r}"
             )
         return Payload(models=tuple(models), **common)
-    phase = _required(raw, "phase", str)
-    if not NAME_RE.fullmatch(phase):
-        raise PayloadError(
-            f"payload key 'phase' must match {NAME_RE.pattern} (it names files), "
-            f"got {_quoted(phase, raw)}"
-        )
+    phase = _name(raw, "phase", _required(raw, "phase", str), "files")
     return Payload(
         phase=phase,
         seed=_required(raw, "seed", int),
@@ -246,12 +241,7 @@ def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination
     prefix = _required(raw, "hf_prefix", str)
     if (problem := _prefix_problem(prefix)) is not None:
         raise PayloadError(f"payload key 'hf_prefix' {problem}, got {_quoted(prefix, raw)}")
-    arm = _opt(raw, "flash_arm", str, "instance")
-    if not NAME_RE.fullmatch(arm):
-        raise PayloadError(
-            f"payload key 'flash_arm' must match {NAME_RE.pattern} (it names the marker), "
-            f"got {_quoted(arm, raw)}"
-        )
+    arm = _name(raw, "flash_arm", _opt(raw, "flash_arm", str, "instance"), "the marker")
     attempt = _opt(raw, "attempt", int, 0)
     if attempt < 0:
         raise PayloadError(f"payload key 'attempt' must be >= 0, got {_short_int(attempt)}")
@@ -271,6 +261,16 @@ def require_destination(raw: Mapping[str, Any], retries: int = 0) -> Destination
         attempt=attempt,
         token=token if isinstance(token, str) and token else None,
     )
+
+
+def _name(raw: Mapping[str, Any], key: str, value: str, names: str) -> str:
+    """``value``, a name of files: a PayloadError unless it matches :data:`NAME_RE`."""
+    if not NAME_RE.fullmatch(value):
+        raise PayloadError(
+            f"payload key {key!r} must match {NAME_RE.pattern} (it names {names}), "
+            f"got {_quoted(value, raw)}"
+        )
+    return value
 
 
 def _prefix_problem(value: str) -> str | None:
@@ -350,17 +350,14 @@ def _short_int(value: int) -> str:
     return f"an integer of {digits or 'over 3000'} digits"
 
 
-def _shown(path: Path) -> str:
-    """A path for a one-line message: as is when printable, else its repr."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
+_TYPE_WORDS: dict[type | UnionType, str] = {
+    str: "a string", int: "an integer", bool: "true or false", int | float: "a number",
+    dict: "an object of strings"}
 
 
-_TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
-
-
-def _check(key: str, value: object, kind: type) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+def _check(key: str, value: object, kind: type | UnionType) -> Any:
+    # A JSON boolean is a Python int: a number only where true or false is asked for.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise PayloadError(
             f"payload key {key!r} must be {_TYPE_WORDS[kind]}, got {json_type(value)}"
         )
@@ -373,7 +370,7 @@ def _required(raw: Mapping[str, Any], key: str, kind: type) -> Any:
     return _check(key, raw[key], kind)
 
 
-def _opt(raw: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+def _opt(raw: Mapping[str, Any], key: str, kind: type | UnionType, default: Any) -> Any:
     if raw.get(key) is None:
         return default
     return _check(key, raw[key], kind)
@@ -383,19 +380,15 @@ _Default = TypeVar("_Default", float, None)
 
 
 def _opt_number(raw: Mapping[str, Any], key: str, default: _Default) -> float | _Default:
-    value = raw.get(key)
-    if value is None:
+    if (value := _opt(raw, key, int | float, None)) is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PayloadError(f"payload key {key!r} must be a number, got {json_type(value)}")
     if (number := finite_number(value)) is None:
         raise PayloadError(f"payload key {key!r} must be finite")
     return number
 
 
 def _str_list(raw: Mapping[str, Any], key: str) -> list[str]:
-    value = raw.get(key)
-    if value is None:
+    if (value := raw.get(key)) is None:
         return []
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise PayloadError(f"payload key {key!r} must be a list of strings")
@@ -430,13 +423,7 @@ def _quoted(entry: str, raw: Mapping[str, Any]) -> str:
 
 
 def _env(raw: Mapping[str, Any]) -> dict[str, str]:
-    value = raw.get("env")
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise PayloadError(
-            f"payload key 'env' must be an object of strings, got {json_type(value)}"
-        )
+    value = _opt(raw, "env", dict, {})
     for k, v in value.items():
         if not isinstance(v, str):
             raise PayloadError(

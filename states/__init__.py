@@ -29,11 +29,9 @@ def _handlers() -> tuple[dict[str, Handler], dict[str, Ahead]]:
             if exc.name != f"{__name__}.{name}":
                 raise  # the module exists and failed to import something else: a real error
             continue
-        handler = getattr(module, name, None)
-        if callable(handler):
+        if callable(handler := getattr(module, name, None)):
             found[state] = handler
-        plan = getattr(module, "ahead", None)
-        if callable(plan):
+        if callable(plan := getattr(module, "ahead", None)):
             ahead[state] = plan
     return found, ahead
 

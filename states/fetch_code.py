@@ -24,8 +24,7 @@ log = structlog.get_logger("states.fetch_code")
 
 
 def fetch_code(ctx: Context) -> str:
-    branch = ctx.prefetch.pop(table.FETCH_CODE, None)
-    if branch is not None:
+    if (branch := ctx.prefetch.pop(table.FETCH_CODE, None)) is not None:
         branch.join()  # started by LoadPayload, under the extras install
     else:
         ctx.start_ahead(table.FETCH_CODE)  # a spilled spec downloads beside the code
@@ -46,8 +45,7 @@ def fetch(ctx: Context, store: Store) -> int:
     shutil.rmtree(code_root / "code", ignore_errors=True)
     code_root.mkdir(parents=True, exist_ok=True)
     count = store.fetch_folder("code", code_root)
-    worker = code_root.joinpath("code", *WORKER_MODULE)
-    if not worker.is_file():
+    if not code_root.joinpath("code", *WORKER_MODULE).is_file():
         raise FatalError(
             f"the code tree has no worker module code/{'/'.join(WORKER_MODULE)}",
             rule=rules.CODE_MISSING,

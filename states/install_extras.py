@@ -19,8 +19,7 @@ OUTPUT_LOG = "extras_install.log"
 
 
 def install_extras(ctx: Context) -> str:
-    requirements = ctx.require_payload().extra_pip
-    if requirements:
+    if requirements := ctx.require_payload().extra_pip:
         (ctx.scratch / OUTPUT_LOG).unlink(missing_ok=True)  # this attempt's output only
         with ctx.interrupts_handled():
             installer.install(

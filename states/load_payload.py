@@ -52,8 +52,7 @@ def load_payload(ctx: Context) -> str:
     ctx.host = HostProbe.for_attempt(ctx.environ)
     with ctx.interrupts_handled():
         raw = payload.read_raw(ctx.settings.payload_path)
-        env = raw.get("env")
-        if isinstance(env, dict):
+        if isinstance(env := raw.get("env"), dict):
             ctx.raw_env = {k: v for k, v in env.items() if isinstance(v, str)}
             _learn_secrets(ctx)  # before anything can fail with one in its text
         if isinstance(raw.get("run_id"), str):

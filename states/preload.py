@@ -30,15 +30,13 @@ from fsm.prefetch import Branch
 from fsm.store.base import PRELOAD_IGNORE_PATTERNS, PRELOAD_RESULT_NAME, Store, WarmOutcome
 from fsm.worker.console import start_lease
 
-#: How long the end of the warming waits for a lease write in flight (it is fenced).
-LEASE_CLOSE_S = 1.0
 log = structlog.get_logger("states.preload")
 
 
 def preload(ctx: Context) -> str:
     p = ctx.require_payload()
     hf_home = ctx.merged_env().get("HF_HOME", "")
-    result: dict[str, Any] = {"preloaded": [], "already_cached": [], "failed": {}}
+    warmed: dict[str, Any] = {"preloaded": [], "already_cached": [], "failed": {}}
     problem = _mount_problem(hf_home, p.cache_mount_marker, p.cache_block_device)
     if problem is None:
         cache_dir = Path(hf_home) / "hub"
@@ -48,22 +46,21 @@ def preload(ctx: Context) -> str:
             outcomes = _warm_all(ctx, p.models, cache_dir)
         finally:
             if lease is not None:
-                lease.stop(timeout_s=ctx.stop_deadline.bound(LEASE_CLOSE_S))
+                # A lease write in flight is fenced: no reason to wait long for it.
+                lease.stop(timeout_s=ctx.stop_deadline.bound(1.0))
                 ctx.evidence["lease"] = lease.evidence()
         for repo_id, outcome in outcomes:
             # (A DeadlineExceeded is none of these: like any other failure, it is raised.)
             if isinstance(outcome, FlashError | OSError | ValueError):
-                result["failed"][repo_id] = ctx.redactor.line(str(outcome), 500)
+                warmed["failed"][repo_id] = ctx.redactor.line(str(outcome), 500)
                 log.warning("preload.model_failed", repo_id=repo_id, error=str(outcome))
                 continue
             if isinstance(outcome, BaseException):
                 raise outcome
-            key = "already_cached" if outcome == "cached" else "preloaded"
-            result[key].append(repo_id)
+            warmed["already_cached" if outcome == "cached" else "preloaded"].append(repo_id)
             log.info("preload.model_ready", repo_id=repo_id, outcome=outcome, cache=str(cache_dir))
-    else:
-        result["error"] = problem
-    ctx.evidence["preload"] = {k: v for k, v in result.items() if k != "error"}
+    ctx.evidence["preload"] = warmed
+    result = warmed if problem is None else {**warmed, "error": problem}
     # The warm driver polls preload_result.json: it goes up in the marker's own commit, so
     # it has landed exactly when the marker has.
     ctx.end_artifacts[PRELOAD_RESULT_NAME] = ctx.redactor.text(json.dumps(result))
@@ -71,8 +68,8 @@ def preload(ctx: Context) -> str:
     ctx.settle_host(p.expect_gpus)
     if problem is not None:
         raise FatalError(problem, rule=rules.PRELOAD_UNMOUNTED)
-    if result["failed"]:
-        names = ", ".join(sorted(result["failed"]))
+    if warmed["failed"]:
+        names = ", ".join(sorted(warmed["failed"]))
         raise FatalError(f"preload failed for {names}", rule=rules.PRELOAD_MODEL_FAILED)
     return table.CACHE_WARMED
 
@@ -87,7 +84,7 @@ def _warm_all(ctx: Context, models: Sequence[str], cache_dir: Path,
     branches = []
     for repo_id in models:
         flag = ctx.setup_stop.follower()  # a signal, or a fault the GPUs report
-        work = partial(_warm, ctx.branch_store(flag), repo_id, cache_dir)
+        work = partial(_warm, ctx.setup_store(flag), repo_id, cache_dir)
         branches.append((repo_id, Branch(f"warm-{repo_id}", work, flag)))
     outcomes: list[tuple[str, WarmOutcome | BaseException]] = []
     try:

@@ -66,21 +66,11 @@ def resolve_spec(ctx: Context) -> str:
     if _nbytes(spec) > INLINE_SPEC_MAX_BYTES or exec_problem(argv, worker_env) is not None:
         spec_file = ctx.scratch / "job_spec.json"
         worker_env = {**env, "FLASH_JOB_SPEC_PATH": str(spec_file)}
-        problem = exec_problem(argv, worker_env)
-        if problem is not None:
+        if (problem := exec_problem(argv, worker_env)) is not None:
             raise FatalError(problem, rule=rules.WORKER_ENV_TOO_LARGE)
         spec_file.write_text(spec, encoding="utf-8")
     ctx.worker_env = worker_env
     return table.SPEC_RESOLVED
-
-
-def arg_max() -> int:
-    """The kernel's limit on argv plus environment (strings, NULs, pointers) for exec."""
-    try:
-        limit = os.sysconf("SC_ARG_MAX")
-    except (ValueError, OSError):  # unknown: what the kernel always allows
-        limit = -1
-    return max(_MIN_ARG_MAX, min(limit, _KERNEL_ARG_CAP))
 
 
 def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
@@ -104,7 +94,12 @@ def exec_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     # The executable's name is copied onto the new stack too.
     total = _nbytes(argv[0]) + 1 + sum(_nbytes(arg) + 1 + _POINTER for arg in argv)
     total += sum(entry + _POINTER for entry in entries.values()) + 2 * _POINTER  # NULL ends
-    limit = arg_max() - ARG_MAX_MARGIN
+    # The kernel's limit on argv plus environment (strings, NULs, pointers) for exec.
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):  # unknown: what the kernel always allows
+        arg_max = -1
+    limit = max(_MIN_ARG_MAX, min(arg_max, _KERNEL_ARG_CAP)) - ARG_MAX_MARGIN
     if total > limit:
         largest = max(entries, key=entries.__getitem__)  # the worker's env is never empty
         return (
@@ -131,8 +126,7 @@ def _spec(ctx: Context, p: Payload) -> str:
             "the payload carries no job spec: job_spec_json is empty and job_spec_in_hf is not set",
             rule=rules.SPEC_ABSENT,
         )
-    branch = ctx.prefetch.pop(table.RESOLVE_SPEC, None)
-    if branch is not None:
+    if (branch := ctx.prefetch.pop(table.RESOLVE_SPEC, None)) is not None:
         text: str = branch.join()  # started by LoadPayload or FetchCode
         return text
     return download_spec(ctx, ctx.require_store())

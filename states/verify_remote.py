@@ -19,7 +19,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from fsm import rules, table
+from fsm import policy, rules, table
 from fsm.attempt import marker
 from fsm.context import Context, GpuChange
 from fsm.errors import (
@@ -34,24 +34,12 @@ from fsm.files import JsonProblem, json_object
 from fsm.host import gpus, storage
 from fsm.host.watch import LOST_KINDS, hidden_by_env, watchable
 from fsm.payload import Payload
-from fsm.policy import (
-    ConsoleMatch,
-    Previous,
-    WorkerFacts,
-    across_attempts,
-    fault_of,
-    judge_worker,
-    previous_of,
-    same_host,
-)
 from fsm.worker.console import console_path
 from fsm.worker.files import heartbeat_says_retriable
 from fsm.worker.supervise import TAIL_BYTES
 
 COMPLETION_ARTIFACTS = ("DONE", "metrics.json")
 HEARTBEAT = "heartbeat.json"
-#: Where shared memory lives (its size is the evidence of a full /dev/shm).
-SHM = Path("/dev/shm")
 MIB = 1 << 20
 
 
@@ -84,7 +72,7 @@ def verify_remote(ctx: Context) -> str:
     missing = ", ".join(name for name, ok in present.items() if not ok)
     if ended == "host":
         raise _host_failed(ctx, p, missing)
-    facts = WorkerFacts(
+    facts = policy.WorkerFacts(
         stalled=ended == "stalled",
         heartbeat_retriable=heartbeat_retriable,
         upload_lost=(ctx.scratch / "metrics.json").is_file(),
@@ -95,7 +83,7 @@ def verify_remote(ctx: Context) -> str:
                                 for fs in ctx.storage_start.values()),
         **_gpus_since_start(ctx),
     )
-    rule, match = judge_worker(facts)
+    rule, match = policy.judge_worker(facts)
     rule = _across_attempts(ctx, p, rule, match, facts)
     if match is not None:
         ctx.evidence["host_fault" if rule.retriable else "job_fault"] = match.evidence()
@@ -110,7 +98,7 @@ def verify_remote(ctx: Context) -> str:
 
 
 def _reason(
-    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, missing: str
+    ctx: Context, p: Payload, rule: rules.Rule, match: policy.ConsoleMatch | None, missing: str
 ) -> str:
     """Why the worker's attempt failed, in the words an engineer on call needs."""
     exited = _exit_text(ctx)
@@ -154,7 +142,7 @@ def _reason(
 
 
 def _space_reason(
-    ctx: Context, rule: rules.Rule, match: ConsoleMatch, exited: str, missing: str
+    ctx: Context, rule: rules.Rule, match: policy.ConsoleMatch, exited: str, missing: str
 ) -> str:
     """A full disk or /dev/shm, with the filesystem's own figures."""
     if match.signature.id == "shm-exhausted":
@@ -205,8 +193,7 @@ def _gpus_since_start(ctx: Context) -> dict[str, bool]:
         return {}
     left = ctx.begin_end().verify_budget().remaining()
     now = gpus.snapshot(ctx.environ, timeout_s=max(0.0, min(ctx.tuning.gpu_query_s, left / 2)))
-    verdict = gpus.changed(start, now)
-    if not verdict:
+    if not (verdict := gpus.changed(start, now)):
         fine = now.problem is None and now.listed and len(now.gpus) >= len(start.gpus)
         return {"gpus_fine": fine}
     ctx.worker.gpu_change = GpuChange("after the worker ended", verdict.evidence(),
@@ -226,7 +213,7 @@ def _space_evidence(ctx: Context, signature: str) -> None:
                     if now is not None],
         }
     elif signature == "shm-exhausted":
-        shm = storage.usage(SHM)
+        shm = storage.usage(Path("/dev/shm"))  # its size is the evidence
         if shm is not None:
             ctx.evidence["shm"] = _space(shm)
 
@@ -254,7 +241,8 @@ def _stall_reason(ctx: Context, p: Payload, rule: rules.Rule, missing: str) -> s
 
 
 def _across_attempts(
-    ctx: Context, p: Payload, rule: rules.Rule, match: ConsoleMatch | None, facts: WorkerFacts
+    ctx: Context, p: Payload, rule: rules.Rule, match: policy.ConsoleMatch | None,
+    facts: policy.WorkerFacts,
 ) -> rules.Rule:
     """This attempt's rule with the previous attempt as evidence (CONTRACT section 9), and
     the marker's ``fault``. The previous marker is read only when it could change the
@@ -262,12 +250,12 @@ def _across_attempts(
     stall = ctx.worker.stall
     place = stall.place if stall is not None and rule is rules.WORKER_STALLED else None
     changed = rule is rules.WORKER_HOST_FAULT and match is None and facts.gpus_changed
-    fault = fault_of(rule, match, gpus_changed=changed, place=place)
+    fault = policy.fault_of(rule, match, gpus_changed=changed, place=place)
     if rule.retriable and fault.confirmed_by in ("console", "worker") and (
             rule is not rules.WORKER_HEARTBEAT_RETRIABLE):
         host = ctx.host_id()
         attempt, before = _previous_attempt(ctx, p, host)
-        decided, _ = across_attempts(rule, fault, host, p.run_id, before)
+        decided, _ = policy.across_attempts(rule, fault, host, p.run_id, before)
         if decided is not rule and before is not None:
             ctx.evidence["previous_attempt"] = {
                 "attempt": attempt, "host": before.host_id, "fingerprint": fault.fingerprint}
@@ -279,7 +267,7 @@ def _across_attempts(
     return rule
 
 
-def _previous_attempt(ctx: Context, p: Payload, host: str) -> tuple[int, Previous | None]:
+def _previous_attempt(ctx: Context, p: Payload, host: str) -> tuple[int, policy.Previous | None]:
     """The previous attempt (CONTRACT section 9) and its marker as evidence, or None when
     there is none, or it is missing, unreadable or not of this kind. An engine that retries
     the payload itself (a Kubernetes Job) runs this attempt again on another host: a marker
@@ -287,18 +275,18 @@ def _previous_attempt(ctx: Context, p: Payload, host: str) -> tuple[int, Previou
     one; else it is ``<arm>_attempt<N-1>.json``. Each is read once, within verification's
     budget."""
     again = _marker_of(ctx, p, p.dest.attempt)
-    if again is not None and same_host(again.host_id, host) is False:
+    if again is not None and policy.same_host(again.host_id, host) is False:
         return p.dest.attempt, again
     if p.dest.attempt == 0:
         return 0, None
     return p.dest.attempt - 1, _marker_of(ctx, p, p.dest.attempt - 1)
 
 
-def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
+def _marker_of(ctx: Context, p: Payload, attempt: int) -> policy.Previous | None:
     name = marker.name(p.dest.arm, attempt)
     target = ctx.scratch / "previous-attempt"
     try:
-        local = ctx.verify_store().download_file(p.dest.path(name), target)
+        local = ctx.verify_store.download_file(p.dest.path(name), target)
         before = json_object(local.read_bytes(), limit=marker.MARKER_MAX_BYTES)
     except (StoreNotFound, StoreUnavailable, DeadlineExceeded, Interrupted, OSError,
             JsonProblem):
@@ -307,7 +295,7 @@ def _marker_of(ctx: Context, p: Payload, attempt: int) -> Previous | None:
         return None
     finally:
         shutil.rmtree(target, ignore_errors=True)
-    return previous_of(before)
+    return policy.previous_of(before)
 
 
 def _console_tail(ctx: Context) -> str:
@@ -321,13 +309,13 @@ def _console_tail(ctx: Context) -> str:
 def _look(ctx: Context, p: Payload) -> tuple[dict[str, bool], bool]:
     """Which completion artifacts the store has; without both, the heartbeat's verdict.
     One listing of the run's folder answers both (and whether there is a heartbeat)."""
-    listed = ctx.verify_store().list_folder(p.dest.hf_prefix)
+    listed = ctx.verify_store.list_folder(p.dest.hf_prefix)
     present = {name: name in listed for name in COMPLETION_ARTIFACTS}
     if all(present.values()) or HEARTBEAT not in listed:
         return present, False
     target = ctx.scratch / "heartbeat"
     try:  # the worker's own heartbeat for this attempt, typed strictly
-        local = ctx.verify_store().download_file(p.dest.path(HEARTBEAT), target)
+        local = ctx.verify_store.download_file(p.dest.path(HEARTBEAT), target)
         return present, heartbeat_says_retriable(local, p.dest.attempt)
     except (StoreNotFound, OSError, ValueError):
         return present, False
