@@ -480,13 +480,9 @@ class _Waker:
     def __init__(self) -> None:
         self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         weakref.finalize(self, procs.close_fds, self.fd, self._w)
-        # The process's signal wakeup descriptor too, when armed: the runner arms it before
-        # the worker starts and disarms it after, so it stays the same while supervise runs.
-        signals = wakeup_fd()
-        self._fds = (self.fd,) if signals is None else (self.fd, signals)
         self._poll = select.poll()
-        for fd in self._fds:
-            self._poll.register(fd, select.POLLIN)
+        self._poll.register(self.fd, select.POLLIN)
+        self._signals: int | None = None  # the wakeup descriptor registered, if any
 
     def wake(self) -> None:
         # One write(2), no lock: safe inside a signal handler. A full pipe is awake already.
@@ -495,8 +491,9 @@ class _Waker:
 
     def wait_until(self, done: Callable[[], bool], until_mono: float) -> bool:
         """Block until ``done()`` or the monotonic time ``until_mono``; returns ``done()``."""
+        signals = self._watch_signals()
         while True:
-            for fd in self._fds:
+            for fd in (self.fd,) if signals is None else (self.fd, signals):
                 with contextlib.suppress(OSError):  # drain before looking: no lost wake-up
                     while os.read(fd, 4096):
                         pass
@@ -506,6 +503,18 @@ class _Waker:
             if left <= 0:
                 return False
             self._poll.poll(procs.poll_ms(left))  # at most MAX_OS_WAIT_S: a longer wait loops
+
+    def _watch_signals(self) -> int | None:
+        """Poll the process's signal wakeup descriptor too (it may change between waits)."""
+        current = wakeup_fd()
+        if current != self._signals:
+            if self._signals is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poll.unregister(self._signals)
+            if current is not None:
+                self._poll.register(current, select.POLLIN)
+            self._signals = current
+        return current
 
 
 class _StallWatch:
