@@ -169,9 +169,10 @@ def _internal(ctx: Context, state: str, fault: str) -> str:
 
 def _mark(ctx: Context, handler: Handler | None) -> str:
     """Run Mark; when Mark itself fails, keep the outcome persisted (exit 3 says the
-    marker was not published) and still reach the terminal state of that outcome. Mark
-    runs to the end: a signal only sets the flag (``raise_on_interrupt`` is False here,
-    as :func:`_step` leaves it after every handler)."""
+    marker was not published) and still reach the terminal state of that outcome."""
+    # Mark runs to the end: a signal only sets the flag. False already (``_step`` leaves it
+    # so after every handler), and set here too: Mark's guarantee rests on no other code.
+    ctx.raise_on_interrupt = False
     try:
         if handler is None:
             raise LookupError("no handler for state Mark")
