@@ -3,7 +3,8 @@
 A line counts when it holds a token of code: blank lines, comments and docstrings (a
 module's, a class's or a function's first string, and any other bare string statement)
 do not. The test helpers (``fsm/testing``) and the demo's worker tree are not production
-code and are left out.
+code and are left out. Logical lines are counted too (tokenize's NEWLINE tokens, one per
+statement or clause header, docstrings left out): a measure that re-wrapping cannot move.
 
     python benchmarks/code_lines.py [ROOT]
 """
@@ -39,12 +40,23 @@ def code_lines(path: Path) -> int:
     return len(lines)
 
 
+def logical_lines(path: Path) -> int:
+    source = path.read_text(encoding="utf-8")
+    docs = {node.end_lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)}
+    return sum(1 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+               if tok.type == tokenize.NEWLINE and tok.start[0] not in docs)
+
+
 def main(root: Path) -> None:
     modules = [p for package in ("fsm", "states") for p in sorted((root / package).rglob("*.py"))
                if "testing" not in p.parts and "demo_tree" not in p.parts]
     total = sum(code_lines(p) for p in modules)
     top = len(list((root / "fsm").glob("*.py")))
-    print(f"{total} code lines in {len(modules)} modules; {top} modules at fsm/'s top level")
+    logical = sum(logical_lines(p) for p in modules)
+    print(f"{total} code lines ({logical} logical) in {len(modules)} modules; "
+          f"{top} modules at fsm/'s top level")
 
 
 if __name__ == "__main__":
