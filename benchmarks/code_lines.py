@@ -42,9 +42,7 @@ def code_lines(path: Path) -> int:
 
 def logical_lines(path: Path) -> int:
     source = path.read_text(encoding="utf-8")
-    docs = {node.end_lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)}
+    docs = _docstring_lines(ast.parse(source))
     return sum(1 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                if tok.type == tokenize.NEWLINE and tok.start[0] not in docs)
 

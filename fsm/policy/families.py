@@ -55,8 +55,8 @@ def cuda_number(*numbers: int) -> str:
     """A CUDA error by its number, as the libraries print it: "CUDA error 999", "cuda runtime
     error (999)", "Cuda failure 999", "CUDA Error: 999", "CUDA error DRIVER: '999'", glog's
     check "error == cudaSuccess (999 vs. 0)" or "CUDA_SUCCESS == cuInit(0) (0 vs. 999)",
-    "cudaRuntimeGetVersion() failed with error
-    #999". More than one number: the error's number in older CUDA releases too."""
+    "cudaRuntimeGetVersion() failed with error #999". More than one number: the error's
+    number in older CUDA releases too."""
     number = "(?:" + "|".join(map(str, numbers)) + ")"
     return (r"\bcuda\w*(?:[ _]runtime)?[ _]?(?:error|failure|err)\w*(?: DRIVER| RUNTIME)?\s*"
             rf"(?:code)?\s*[:=#]?\s*[('\"]?{number}[)'\"]?(?![\d.])"
@@ -234,11 +234,13 @@ CONSOLE_SIGNATURES: tuple[Signature, ...] = (
           "GPU contained, the context is lost",
           (CUDA_ERRORS, *_gh("wtdcode/vllm-backport#62", "daydreamlive/scope#749"))),
     _host("cuda-devices-unavailable", "gpu-unavailable", "gpu",
-          cuda_error(46, r"CUDA-capable device\(?s?\)?\s*(?:is|are|is/are)?\s*busy or "
-                     r"unavailable", "cudaErrorDevicesUnavailable",
-                     "CUDA_ERROR_DEVICE_UNAVAILABLE")
-          + "|" + cuda_error(216, r"exclusive-thread device (?:that is )?already in use",
-                             "cudaErrorDeviceAlreadyInUse", "CUDA_ERROR_CONTEXT_ALREADY_IN_USE"),
+          "|".join((
+              cuda_error(46, r"CUDA-capable device\(?s?\)?\s*(?:is|are|is/are)?\s*busy or "
+                         r"unavailable", "cudaErrorDevicesUnavailable",
+                         "CUDA_ERROR_DEVICE_UNAVAILABLE"),
+              cuda_error(216, r"exclusive-thread device (?:that is )?already in use",
+                         "cudaErrorDeviceAlreadyInUse", "CUDA_ERROR_CONTEXT_ALREADY_IN_USE"),
+          )),
           "CUDA finds every GPU busy or unavailable (cudaErrorDevicesUnavailable, 46), or a GPU "
           "in exclusive-thread mode already held (cudaErrorDeviceAlreadyInUse, 216): another "
           "process holds a GPU, the host's compute mode is exclusive, or the GPU is in a bad "
