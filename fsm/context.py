@@ -624,7 +624,7 @@ class Context:
         """The store for setup (FetchCode, ResolveSpec, Preload): bounded by the work
         deadline, its retries stopped by ``flag`` (a prefetch branch's cancel, which a signal
         triggers too), else by :attr:`setup_stop`."""
-        return self.store_for(Budget(self.work_deadline, flag or self.setup_stop))
+        return self.store_for(Budget(self.work_deadline, self.setup_stop if flag is None else flag))
 
     def store_for(self, budget: Budget) -> Store:
         """A store handle for the attempt's destination, every call bounded by ``budget``."""
